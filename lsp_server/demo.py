@@ -1,0 +1,126 @@
+"""`squidcode demo`: squidcode's main job end to end, as an editor would see it.
+
+Starts `squidcode serve` as a subprocess, connects a real LSP client (pygls), opens the bundled
+example workspace, requests inline completions at the end of an unfinished function, and prints
+each with its latency: the first includes the model load, the second is warm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from lsprotocol import types
+from pygls.lsp.client import LanguageClient
+
+__all__ = ["run_demo", "server_command", "DEMO_WORKSPACE", "DEMO_FILE"]
+
+DEMO_WORKSPACE = Path(__file__).parent / "demo_workspace"
+DEMO_FILE = DEMO_WORKSPACE / "inventory.py"
+
+
+def server_command() -> list[str]:
+    """`squidcode serve` from the running environment, falling back to `python -m lsp_server`."""
+    script = shutil.which("squidcode", path=str(Path(sys.executable).parent))
+    if script:
+        return [script, "serve"]
+    return [sys.executable, "-m", "lsp_server", "serve"]
+
+
+def _demo_client(progress: list[str]) -> LanguageClient:
+    client = LanguageClient("squidcode-demo", "1")
+
+    @client.feature(types.WINDOW_WORK_DONE_PROGRESS_CREATE)
+    def on_progress_create(params: types.WorkDoneProgressCreateParams) -> None:
+        return None
+
+    @client.feature(types.PROGRESS)
+    def on_progress(params: types.ProgressParams) -> None:
+        value = params.value
+        kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", "")
+        title = value.get("title") or value.get("message") if isinstance(value, dict) else ""
+        progress.append(f"{kind}: {title}")
+
+    @client.feature(types.WINDOW_LOG_MESSAGE)
+    def on_log(params: types.LogMessageParams) -> None:
+        return None
+
+    @client.feature(types.WINDOW_SHOW_MESSAGE)
+    def on_show(params: types.ShowMessageParams) -> None:
+        print(f"[server] {params.message}", file=sys.stderr)
+
+    return client
+
+
+async def _run() -> dict:
+    text = DEMO_FILE.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    # The cursor goes at the end of the unfinished function's (indented, empty) last line.
+    cursor = types.Position(line=len(lines) - 2, character=len(lines[-2]))
+    uri = DEMO_FILE.as_uri()
+    progress: list[str] = []
+    client = _demo_client(progress)
+    started = time.perf_counter()
+    await client.start_io(*server_command())
+    try:
+        await client.initialize_async(
+            types.InitializeParams(
+                process_id=None,
+                root_uri=DEMO_WORKSPACE.as_uri(),
+                workspace_folders=[types.WorkspaceFolder(uri=DEMO_WORKSPACE.as_uri(), name="demo")],
+                capabilities=types.ClientCapabilities(
+                    window=types.WindowClientCapabilities(work_done_progress=True)
+                ),
+            )
+        )
+        client.initialized(types.InitializedParams())
+        initialized_s = time.perf_counter() - started
+        client.text_document_did_open(
+            types.DidOpenTextDocumentParams(
+                text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)
+            )
+        )
+        runs = []
+        for label in ("first (includes model load)", "warm"):
+            t0 = time.perf_counter()
+            result = await client.text_document_inline_completion_async(
+                types.InlineCompletionParams(
+                    text_document=types.TextDocumentIdentifier(uri=uri),
+                    position=cursor,
+                    context=types.InlineCompletionContext(
+                        trigger_kind=types.InlineCompletionTriggerKind.Invoked
+                    ),
+                )
+            )
+            items = result.items if isinstance(result, types.InlineCompletionList) else (result or [])
+            insert = items[0].insert_text if items else None
+            runs.append({"label": label, "latency_s": round(time.perf_counter() - t0, 3),
+                         "text": insert if isinstance(insert, str) else getattr(insert, "value", None)})
+        await client.shutdown_async(None)
+        client.exit(None)
+    finally:
+        await client.stop()
+    return {
+        "file": str(DEMO_FILE),
+        "cursor": {"line": cursor.line, "character": cursor.character},
+        "initialized_s": round(initialized_s, 3),
+        "progress": progress,
+        "completions": runs,
+    }
+
+
+def run_demo(as_json: bool = False) -> int:
+    report = asyncio.run(_run())
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"squidcode demo: {report['file']} at line {report['cursor']['line'] + 1}")
+        print(f"server initialized in {report['initialized_s']:.2f}s; progress: {report['progress']}")
+        for run in report["completions"]:
+            print(f"\n--- inline completion, {run['label']}: {run['latency_s'] * 1000:.0f} ms ---")
+            print(run["text"] if run["text"] else "(no completion)")
+    return 0 if all(run["text"] for run in report["completions"]) else 1

@@ -1,0 +1,55 @@
+"""initialize / initialized: read settings, then load the model in the background with progress."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from lsprotocol import types
+from pygls.exceptions import JsonRpcException
+
+from ..logging_bridge import LOGGED_PACKAGES, LspLogHandler
+from ..server import CONFIG_SECTION, SquidServer
+
+__all__ = ["register"]
+
+log = logging.getLogger(__name__)
+
+
+def register(server: SquidServer) -> None:
+    @server.feature(types.INITIALIZE)
+    def on_initialize(ls: SquidServer, params: types.InitializeParams) -> None:
+        ls.initialization_options = params.initialization_options
+        ls.set_workspace_roots(params)
+
+    @server.feature(types.INITIALIZED)
+    async def on_initialized(ls: SquidServer, params: types.InitializedParams) -> None:
+        attach_log_bridge(ls)
+        ls.client_settings = await pull_client_settings(ls)
+        ls.reload_config()
+        log.info("squidcode %s ready; roots: %s", ls.version, [str(r) for r in ls.workspace_roots])
+        ls.start_model_load()
+
+
+async def pull_client_settings(ls: SquidServer):
+    """The client's `squidcode` settings via workspace/configuration, when it supports that."""
+    workspace = ls.client_capabilities.workspace if ls.client_capabilities else None
+    if not (workspace and workspace.configuration):
+        return ls.client_settings
+    request = types.ConfigurationParams(items=[types.ConfigurationItem(section=CONFIG_SECTION)])
+    try:
+        result = await asyncio.wait_for(ls.workspace_configuration_async(request), timeout=5)
+    except (JsonRpcException, TimeoutError) as exc:
+        log.info("workspace/configuration failed (%s); using other settings", exc)
+        return ls.client_settings
+    settings = result[0] if result else None
+    return settings if isinstance(settings, dict) else ls.client_settings
+
+
+def attach_log_bridge(ls: SquidServer) -> None:
+    """Mirror squidcode's own log records into the editor's output panel."""
+    loop = asyncio.get_running_loop()
+    for name in LOGGED_PACKAGES:
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, LspLogHandler) for h in logger.handlers):
+            logger.addHandler(LspLogHandler(ls, loop))

@@ -1,0 +1,271 @@
+"""The squidcode language server: state shared by the feature modules, and protocol hardening.
+
+Features live in `lsp_server/features/`, one module each; this module owns what they share: the
+validated configuration, the model (loaded off the event loop, with `$/progress`), the worker that
+runs model work, and the per-document supersede registry used for debounce and cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcParseError
+from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
+from pygls.uris import to_fs_path
+
+from agent.completion import Completion, CompletionRequest, complete
+from context.config import (
+    WORKSPACE_CONFIG_NAME,
+    ConfigLayer,
+    SquidConfig,
+    load_config_file,
+    merge_layers,
+    user_config_path,
+)
+from context.errors import SquidcodeError
+from context.runtime import ModelRuntime, get_runtime
+
+from .positions import offset_at
+
+__all__ = ["SquidServer", "SquidProtocol", "SupersedeRegistry", "SERVER_NAME", "CONFIG_SECTION"]
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "squidcode"
+CONFIG_SECTION = "squidcode"
+
+
+class SquidProtocol(LanguageServerProtocol):
+    """Answers a request whose params do not match the LSP schema with an error, not silence."""
+
+    def structure_message(self, data: dict[str, Any]):
+        try:
+            return super().structure_message(data)
+        except JsonRpcException as exc:
+            if "id" in data and "method" in data:
+                self._send_response(data["id"], error=exc.to_response_error())
+            raise
+
+
+@dataclass
+class _Pending:
+    generation: int
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+class SupersedeRegistry:
+    """One live request per document: starting a new one cancels the one before it."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, _Pending] = {}
+        self._counter = 0
+        self._lock = threading.Lock()
+
+    def begin(self, key: str) -> _Pending:
+        with self._lock:
+            self._counter += 1
+            previous = self._pending.get(key)
+            if previous is not None:
+                previous.cancelled.set()
+            current = _Pending(self._counter)
+            self._pending[key] = current
+            return current
+
+    def is_current(self, key: str, pending: _Pending) -> bool:
+        with self._lock:
+            return self._pending.get(key) is pending and not pending.cancelled.is_set()
+
+    def finish(self, key: str, pending: _Pending) -> None:
+        with self._lock:
+            if self._pending.get(key) is pending:
+                del self._pending[key]
+
+
+class SquidServer(LanguageServer):
+    """pygls server plus squidcode's shared state."""
+
+    def __init__(self, version: str):
+        super().__init__(SERVER_NAME, version, protocol_cls=SquidProtocol, max_workers=4)
+        self.config = SquidConfig()
+        self.config_problems: list[str] = []
+        self._file_problems: list[str] = []
+        self.initialization_options: Any = None
+        self.client_settings: Any = None
+        self.workspace_roots: list[Path] = []
+        self.supersede = SupersedeRegistry()
+        # Model work is serialised on one thread; the event loop never runs it.
+        self.model_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="squid-model")
+        self.runtime: ModelRuntime | None = None
+        self.model_error: str | None = None
+        self._model_task: asyncio.Task | None = None
+
+    # -- configuration -------------------------------------------------------------------------
+
+    def config_layers(self) -> list[ConfigLayer]:
+        user_file = user_config_path()
+        user_values, problems = load_config_file(user_file)
+        layers = [ConfigLayer(str(user_file), user_values)]
+        for root in self.workspace_roots:
+            path = root / WORKSPACE_CONFIG_NAME
+            values, file_problems = load_config_file(path)
+            problems += file_problems
+            layers.append(ConfigLayer(str(path), values))
+        if self.initialization_options is not None:
+            layers.append(ConfigLayer("initializationOptions", self.initialization_options))
+        if self.client_settings is not None:
+            layers.append(ConfigLayer("workspace settings", self.client_settings))
+        self._file_problems = problems
+        return layers
+
+    def reload_config(self) -> bool:
+        """Rebuild the configuration from every layer; True when the model settings changed."""
+        layers = self.config_layers()
+        config, problems = merge_layers(layers)
+        problems = self._file_problems + problems
+        model_changed = config.model != self.config.model
+        self.config = config
+        self.config_problems = problems
+        logging.getLogger("lsp_server").setLevel(config.log_level.upper())
+        for problem in problems:
+            log.warning("configuration: %s", problem)
+            self.window_show_message(
+                types.ShowMessageParams(
+                    type=types.MessageType.Warning, message=f"squidcode configuration: {problem}"
+                )
+            )
+        return model_changed
+
+    # -- the model -----------------------------------------------------------------------------
+
+    def start_model_load(self) -> None:
+        self.runtime = None
+        self.model_error = None
+        self._model_task = asyncio.ensure_future(self._load_model())
+
+    async def model_ready(self) -> ModelRuntime | None:
+        """The loaded model, waiting for a load in progress; None when it failed to load."""
+        if self._model_task is None:
+            self.start_model_load()
+        # shield: a cancelled completion request must not cancel the load others wait for.
+        await asyncio.shield(self._model_task)
+        return self.runtime
+
+    async def _load_model(self) -> None:
+        model_config = self.config.model
+        cache_dir = self.config.resolved_cache_dir()
+        token = await self._begin_progress("Loading model", model_config.path or "embedded model")
+        loop = asyncio.get_running_loop()
+        try:
+            self.runtime = await loop.run_in_executor(
+                self.model_executor, get_runtime, model_config, cache_dir
+            )
+        except SquidcodeError as exc:
+            self.model_error = str(exc)
+            log.error("model unavailable: %s", exc)
+            self.window_show_message(
+                types.ShowMessageParams(
+                    type=types.MessageType.Error,
+                    message=f"squidcode: {exc} Run `squidcode doctor` for details.",
+                )
+            )
+        finally:
+            self._end_progress(token, "model ready" if self.runtime else "model unavailable")
+
+    async def _begin_progress(self, title: str, message: str) -> str | None:
+        window = self.client_capabilities.window if self.client_capabilities else None
+        if not (window and window.work_done_progress):
+            return None
+        token = f"squidcode-{uuid.uuid4()}"
+        try:
+            await asyncio.wait_for(self.work_done_progress.create_async(token), timeout=5)
+        except (TimeoutError, JsonRpcException) as exc:
+            log.info("client did not accept a progress token (%s); loading silently", exc)
+            return None
+        self.work_done_progress.begin(
+            token, types.WorkDoneProgressBegin(title=f"squidcode: {title}", message=message)
+        )
+        return token
+
+    def _end_progress(self, token: str | None, message: str) -> None:
+        if token is not None:
+            self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
+
+    # -- completion ----------------------------------------------------------------------------
+
+    async def complete_at(self, uri: str, position: types.Position) -> Completion | None:
+        """A completion at `position`, or None: unopened document, superseded, cancelled, no model.
+
+        A newer request for the same document supersedes this one, during the debounce wait or
+        during generation; `$/cancelRequest` cancels the task and stops generation between tokens.
+        """
+        if not self.config.completion.enabled:
+            return None
+        opened = self.open_document_text(uri)
+        if opened is None:
+            log.info("completion asked for %s, which the client never opened", uri)
+            return None
+        text, language = opened
+        request = CompletionRequest(text, offset_at(text, position), language)
+        pending = self.supersede.begin(uri)
+        try:
+            await asyncio.sleep(self.config.completion.debounce_ms / 1000)
+            if not self.supersede.is_current(uri, pending):
+                return None
+            runtime = await self.model_ready()
+            if runtime is None or not self.supersede.is_current(uri, pending):
+                return None
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self.model_executor,
+                complete,
+                runtime,
+                request,
+                self.config.completion,
+                pending.cancelled.is_set,
+            )
+        except asyncio.CancelledError:
+            pending.cancelled.set()
+            raise
+        finally:
+            self.supersede.finish(uri, pending)
+
+    # -- documents -----------------------------------------------------------------------------
+
+    def open_document_text(self, uri: str) -> tuple[str, str | None] | None:
+        """Text and language of a document the client opened; None for one it never opened."""
+        document = self.workspace.text_documents.get(uri)
+        if document is None:
+            return None
+        return document.source, document.language_id
+
+    def set_workspace_roots(self, params: types.InitializeParams) -> None:
+        uris = [f.uri for f in params.workspace_folders or []]
+        if not uris and params.root_uri:
+            uris = [params.root_uri]
+        roots = [to_fs_path(uri) for uri in uris]
+        self.workspace_roots = [Path(root) for root in roots if root]
+
+    # -- protocol errors -----------------------------------------------------------------------
+
+    def report_server_error(self, error: Exception, source) -> None:
+        """Answer undecodable frames with a JSON-RPC parse error and keep serving."""
+        if isinstance(error, json.JSONDecodeError | UnicodeDecodeError):
+            log.warning("dropped a frame that is not valid UTF-8 JSON: %s", error)
+            parse_error = JsonRpcParseError(f"Parse error: {error}").to_response_error()
+            self.protocol._send_response(None, error=parse_error)
+            return
+        if isinstance(error, JsonRpcException):
+            # Already answered to the request (SquidProtocol) or logged by pygls.
+            log.warning("protocol error: %s", error)
+            return
+        super().report_server_error(error, source)
