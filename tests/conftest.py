@@ -1,0 +1,34 @@
+"""Shared fixtures: the real model (converted once per machine into the squidcode cache), the
+server command, and the bundled example workspace."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from context.config import ModelConfig, default_cache_dir
+from context.runtime import ModelRuntime, get_runtime
+
+REPO = Path(__file__).resolve().parent.parent
+SERVER_CMD = [sys.executable, "-m", "lsp_server", "serve"]
+DEMO_WORKSPACE = REPO / "lsp_server" / "demo_workspace"
+
+
+@pytest.fixture(scope="session")
+def model_cache_dir() -> Path:
+    """The default cache dir, holding a converted copy of the embedded model.
+
+    Servers started by the tests load from it in about a second instead of converting the GGUF
+    file again (~20 s); the first test session on a machine pays the conversion once.
+    """
+    cache = default_cache_dir()
+    ModelRuntime(ModelConfig(), cache)._model_dir()
+    return cache
+
+
+@pytest.fixture(scope="session")
+def runtime(model_cache_dir) -> ModelRuntime:
+    """The embedded model, loaded in the test process (shared by the unit tests)."""
+    return get_runtime(ModelConfig(), model_cache_dir)
