@@ -353,7 +353,12 @@ class ModelRuntime:
                 out = self.model(input_ids=step, cache=cache, use_cache=True)
                 cache, logits = out.cache, out.logits[:, -1, :]
             decode_s = time.perf_counter() - started - prefill_s
-        return GenerationResult(text, len(new_ids), len(prompt_ids), prefill_s, decode_s, reason)
+        result = GenerationResult(text, len(new_ids), len(prompt_ids), prefill_s, decode_s, reason)
+        log.info(
+            "generated %d tokens after a %d-token prompt (%s): prefill %.2fs, decode %.1f tok/s",
+            result.new_tokens, result.prompt_tokens, reason, prefill_s, result.tokens_per_s,
+        )
+        return result
 
     def _prefill(self, prompt_ids: list[int], should_stop: ShouldStop):
         """Run the prompt through the model in chunks, so a cancel lands within one chunk."""

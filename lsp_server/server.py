@@ -262,7 +262,8 @@ class SquidServer(LanguageServer):
         if isinstance(error, json.JSONDecodeError | UnicodeDecodeError):
             log.warning("dropped a frame that is not valid UTF-8 JSON: %s", error)
             parse_error = JsonRpcParseError(f"Parse error: {error}").to_response_error()
-            self.protocol._send_response(None, error=parse_error)
+            # JSON-RPC 2.0 requires `"id": null` here; lsprotocol's converter would omit a None id.
+            self.protocol._send_data({"jsonrpc": "2.0", "id": None, "error": parse_error})
             return
         if isinstance(error, JsonRpcException):
             # Already answered to the request (SquidProtocol) or logged by pygls.

@@ -1,0 +1,77 @@
+"""The real embedded model: loading, greedy determinism, stops, cancellation, token healing."""
+
+import pytest
+
+from agent.completion import CompletionRequest, complete
+from context.config import CompletionConfig, ModelConfig
+from context.errors import GenerationCancelled, ModelNotFoundError
+from context.runtime import ModelRuntime, get_runtime
+
+
+def test_embedded_model_loads_from_the_converted_copy(runtime):
+    assert runtime.loaded_from_cache
+    assert runtime.device == "cpu"
+    assert runtime.model.config.model_type == "llama"
+
+
+def test_get_runtime_shares_one_model_per_process(runtime, model_cache_dir):
+    assert get_runtime(ModelConfig(), model_cache_dir) is runtime
+
+
+def test_greedy_generation_is_deterministic_and_obeys_max_tokens(runtime):
+    first = runtime.generate("def add(a, b):\n", max_new_tokens=12)
+    second = runtime.generate("def add(a, b):\n", max_new_tokens=12)
+    assert first.text == second.text
+    assert 0 < first.new_tokens <= 12
+    assert first.prompt_tokens == len(runtime.encode("def add(a, b):\n"))
+
+
+def test_stop_sequence_cuts_the_text(runtime):
+    result = runtime.generate("for i in range(3):\n    print(i)\n", max_new_tokens=40, stop=("\n",))
+    assert "\n" not in result.text
+    assert result.stop_reason in ("stop", "eos")
+
+
+def test_should_stop_ends_generation_between_tokens(runtime):
+    calls = {"n": 0}
+
+    def stop_after_three_checks():
+        calls["n"] += 1
+        return calls["n"] > 4  # one check in prefill, then three tokens
+
+    result = runtime.generate("numbers = [1, 2, 3, 4, 5, 6, 7, 8", max_new_tokens=64,
+                              should_stop=stop_after_three_checks)
+    assert result.stop_reason == "stopped_by_caller"
+    assert result.new_tokens == 3
+
+
+def test_cancel_before_prefill_raises(runtime):
+    with pytest.raises(GenerationCancelled):
+        runtime.generate("x = 1", max_new_tokens=8, should_stop=lambda: True)
+
+
+def test_token_healing_regenerates_the_cut_text(runtime):
+    prompt_ids = runtime.encode("def f(x):\n    ")
+    last = runtime.decode(prompt_ids[-1:])
+    assert not last.strip()  # the prompt ends on a whitespace token
+    result = runtime.generate(prompt_ids[:-1], max_new_tokens=6, heal=last)
+    # The healed text is not returned, and what follows continues after it.
+    assert not result.text.startswith(last)
+    assert result.text.strip()
+
+
+def test_completion_after_indentation_is_code_not_whitespace(runtime):
+    text = "def square(x):\n    "
+    completion = complete(runtime, CompletionRequest(text, len(text)), CompletionConfig(max_tokens=12))
+    assert completion is not None
+    assert completion.text[0] not in " \t\n"
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        ModelRuntime(ModelConfig(path=str(tmp_path / "nope")), tmp_path).load()
+
+
+def test_directory_without_config_is_not_a_model(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="config.json"):
+        ModelRuntime(ModelConfig(path=str(tmp_path)), tmp_path).load()
