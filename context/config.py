@@ -154,6 +154,9 @@ _SECTIONS = {"model": ModelConfig, "completion": CompletionConfig}
 def _validate_section(
     cls: type, values: Any, source: str, prefix: str
 ) -> tuple[dict[str, Any], list[str]]:
+    if values is None or values == []:
+        # Clients written in Lua send an empty table as [], and null means "no settings".
+        return {}, []
     if not isinstance(values, Mapping):
         name = prefix.rstrip(".") or "settings"
         return {}, [f"{source}: '{name}' must be a table of settings, got {type(values).__name__}"]

@@ -171,6 +171,13 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _unreadable_model_errors() -> tuple[type[Exception], ...]:
+    """What loading a damaged model directory raises; safetensors' own error is not an OSError."""
+    from safetensors import SafetensorError
+
+    return (OSError, ValueError, RuntimeError, KeyError, SafetensorError)
+
+
 def cache_is_complete(target: Path) -> bool:
     try:
         manifest = json.loads((target / CACHE_MANIFEST).read_text())
@@ -212,7 +219,7 @@ class ModelRuntime:
         model_dir = self._model_dir()
         try:
             self._load_from(model_dir, dtype)
-        except (OSError, ValueError, RuntimeError) as exc:
+        except _unreadable_model_errors() as exc:
             raise ModelLoadError(f"Cannot load the model from {model_dir}: {exc}") from exc
         self.load_seconds = time.perf_counter() - started
         log.info(
@@ -253,7 +260,7 @@ class ModelRuntime:
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
             model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
-        except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        except _unreadable_model_errors() as exc:
             if not self.loaded_from_cache:
                 raise
             # A converted copy that does not load is corrupt (a killed write, a bad disk): rebuild it.

@@ -108,6 +108,9 @@ class SquidServer(LanguageServer):
         self.runtime: ModelRuntime | None = None
         self.model_error: str | None = None
         self._model_task: asyncio.Task | None = None
+        # Set once `initialized` has merged the client's settings; requests wait for it so that
+        # none is answered under defaults the user has overridden.
+        self.config_ready = asyncio.Event()
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -127,8 +130,12 @@ class SquidServer(LanguageServer):
         self._file_problems = problems
         return layers
 
-    def reload_config(self) -> bool:
-        """Rebuild the configuration from every layer; True when the model settings changed."""
+    def reload_config(self, report: bool = True) -> bool:
+        """Rebuild the configuration from every layer; True when the model settings changed.
+
+        `report=False` validates silently: used at `initialize`, whose problems are reported once
+        the client's own settings have been pulled at `initialized`.
+        """
         layers = self.config_layers()
         config, problems = merge_layers(layers)
         problems = self._file_problems + problems
@@ -136,7 +143,7 @@ class SquidServer(LanguageServer):
         self.config = config
         self.config_problems = problems
         logging.getLogger("lsp_server").setLevel(config.log_level.upper())
-        for problem in problems:
+        for problem in problems if report else ():
             log.warning("configuration: %s", problem)
             self.window_show_message(
                 types.ShowMessageParams(
@@ -208,6 +215,10 @@ class SquidServer(LanguageServer):
         A newer request for the same document supersedes this one, during the debounce wait or
         during generation; `$/cancelRequest` cancels the task and stops generation between tokens.
         """
+        try:
+            await asyncio.wait_for(self.config_ready.wait(), timeout=10)
+        except TimeoutError:
+            log.warning("no `initialized` from the client yet; completing with the settings known so far")
         if not self.config.completion.enabled:
             return None
         opened = self.open_document_text(uri)

@@ -21,12 +21,14 @@ def register(server: SquidServer) -> None:
     def on_initialize(ls: SquidServer, params: types.InitializeParams) -> None:
         ls.initialization_options = params.initialization_options
         ls.set_workspace_roots(params)
+        ls.reload_config(report=False)
 
     @server.feature(types.INITIALIZED)
     async def on_initialized(ls: SquidServer, params: types.InitializedParams) -> None:
         attach_log_bridge(ls)
         ls.client_settings = await pull_client_settings(ls)
         ls.reload_config()
+        ls.config_ready.set()
         log.info("squidcode %s ready; roots: %s", ls.version, [str(r) for r in ls.workspace_roots])
         ls.start_model_load()
 
