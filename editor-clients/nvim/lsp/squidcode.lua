@@ -15,6 +15,6 @@ return {
   root_markers = { '.git', '.squidcode.toml' },
   -- Server settings (the same keys as `.squidcode.toml`, e.g. `{ completion = { max_tokens = 48 } }`)
   -- go here or in `settings = { squidcode = { ... } }`. vim.empty_dict(), not {}: an empty Lua
-  -- table goes out as a JSON array, which the server rejects as settings.
+  -- table goes out as a JSON array (older servers rejected it as settings).
   init_options = vim.empty_dict(),
 }
