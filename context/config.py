@@ -178,7 +178,7 @@ def _validate_section(
             clean[key] = converted
         else:
             problems.append(
-                f"{source}: '{name}' {why}; using the default {_default_of(spec)!r}"
+                f"{source}: '{name}' {why}; this value is ignored (default: {_default_of(spec)!r})"
             )
     return clean, problems
 

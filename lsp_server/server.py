@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcParseError
@@ -254,7 +255,8 @@ class SquidServer(LanguageServer):
 
     def open_document_text(self, uri: str) -> tuple[str, str | None] | None:
         """Text and language of a document the client opened; None for one it never opened."""
-        document = self.workspace.text_documents.get(uri)
+        # pygls keys open documents by the percent-decoded URI (`%20`, `%E7%8C%AB`, `c%3A`...).
+        document = self.workspace.text_documents.get(unquote(uri))
         if document is None:
             return None
         return document.source, document.language_id
