@@ -112,7 +112,8 @@ def test_bad_value_is_a_problem_and_the_default_is_used(values, setting, words):
 def test_bad_value_problem_names_the_default():
     _, problems = config_from_mapping({"completion": {"max_tokens": "lots"}})
     assert problems == [
-        "settings: 'completion.max_tokens' must be an integer, got 'lots'; this value is ignored (default: 32)"
+        "settings: 'completion.max_tokens' must be an integer, got 'lots'; "
+        "this value is ignored (default: 32)"
     ]
 
 
