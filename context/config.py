@@ -29,6 +29,8 @@ __all__ = [
     "merge_layers",
     "config_from_mapping",
     "load_config_file",
+    "file_layers",
+    "load_file_config",
     "user_config_path",
     "default_cache_dir",
     "WORKSPACE_CONFIG_NAME",
@@ -121,6 +123,24 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], list[str]]:
         return tomllib.loads(raw.decode("utf-8")), []
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         return {}, [f"{path}: not valid TOML ({exc}); its settings are ignored"]
+
+
+def file_layers(workspace_roots: Iterable[Path]) -> tuple[list[ConfigLayer], list[str]]:
+    """The user's config file, then each workspace root's `.squidcode.toml`, as layers."""
+    layers: list[ConfigLayer] = []
+    problems: list[str] = []
+    for path in [user_config_path(), *(Path(root) / WORKSPACE_CONFIG_NAME for root in workspace_roots)]:
+        values, file_problems = load_config_file(path)
+        problems += file_problems
+        layers.append(ConfigLayer(str(path), values))
+    return layers, problems
+
+
+def load_file_config(workspace_roots: Iterable[Path]) -> tuple[SquidConfig, list[str]]:
+    """The configuration from files alone (the CLI's view; the server adds the client's layers)."""
+    layers, problems = file_layers(workspace_roots)
+    config, layer_problems = merge_layers(layers)
+    return config, problems + layer_problems
 
 
 def merge_layers(layers: Iterable[ConfigLayer]) -> tuple[SquidConfig, list[str]]:

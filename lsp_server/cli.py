@@ -99,13 +99,7 @@ def _serve(args) -> int:
 
 def _complete(args) -> int:
     from agent.completion import CompletionRequest, complete
-    from context.config import (
-        WORKSPACE_CONFIG_NAME,
-        ConfigLayer,
-        load_config_file,
-        merge_layers,
-        user_config_path,
-    )
+    from context.config import load_file_config
     from context.errors import SquidcodeError
     from context.runtime import get_runtime
 
@@ -115,15 +109,9 @@ def _complete(args) -> int:
     except (OSError, UnicodeDecodeError) as exc:
         print(f"squidcode: cannot read {path}: {exc}", file=sys.stderr)
         return 2
-    layers, problems = [], []
-    for config_file in (user_config_path(), _nearest_workspace_config(path, WORKSPACE_CONFIG_NAME)):
-        if config_file is None:
-            continue
-        values, file_problems = load_config_file(config_file)
-        problems += file_problems
-        layers.append(ConfigLayer(str(config_file), values))
-    config, layer_problems = merge_layers(layers)
-    for problem in problems + layer_problems:
+    workspace = _nearest_workspace_root(path)
+    config, problems = load_file_config([workspace] if workspace else [])
+    for problem in problems:
         print(f"squidcode: configuration: {problem}", file=sys.stderr)
     lines = text.split("\n")
     if line > len(lines):
@@ -151,12 +139,11 @@ def _complete(args) -> int:
     return 0
 
 
-def _nearest_workspace_config(path: Path, name: str) -> Path | None:
-    for folder in path.resolve().parents:
-        candidate = folder / name
-        if candidate.is_file():
-            return candidate
-    return None
+def _nearest_workspace_root(path: Path) -> Path | None:
+    """The closest folder above `path` holding a `.squidcode.toml`, as the server's root would."""
+    from context.config import WORKSPACE_CONFIG_NAME
+
+    return next((d for d in path.resolve().parents if (d / WORKSPACE_CONFIG_NAME).is_file()), None)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from context.config import (
-    WORKSPACE_CONFIG_NAME,
-    ConfigLayer,
-    SquidConfig,
-    load_config_file,
-    merge_layers,
-    user_config_path,
-)
+from context.config import WORKSPACE_CONFIG_NAME, SquidConfig, load_file_config, user_config_path
 from context.errors import SquidcodeError
 
 from . import __version__
@@ -44,18 +37,8 @@ def data_dir() -> Path:
     return Path(base) / "squidcode"
 
 
-def _load_config(workspace: Path) -> tuple[SquidConfig, list[str]]:
-    layers, problems = [], []
-    for path in (user_config_path(), workspace / WORKSPACE_CONFIG_NAME):
-        values, file_problems = load_config_file(path)
-        problems += file_problems
-        layers.append(ConfigLayer(str(path), values))
-    config, layer_problems = merge_layers(layers)
-    return config, problems + layer_problems
-
-
 def check_config(workspace: Path) -> Check:
-    _, problems = _load_config(workspace)
+    _, problems = load_file_config([workspace])
     files = f"{user_config_path()}, {workspace / WORKSPACE_CONFIG_NAME}"
     if problems:
         return Check("config", False, "; ".join(problems), "correct or remove the settings named above")
@@ -154,7 +137,7 @@ def check_writable(name: str, folder: Path) -> Check:
 
 def collect_checks(load_model: bool = True, workspace: Path | None = None) -> list[Check]:
     workspace = workspace or Path.cwd()
-    config, _ = _load_config(workspace)
+    config, _ = load_file_config([workspace])
     steps: list[Callable[[], Check]] = [
         lambda: Check("squidcode", True, f"{__version__} on Python {platform.python_version()}"),
         lambda: check_config(workspace),

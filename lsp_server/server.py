@@ -25,14 +25,7 @@ from pygls.protocol import LanguageServerProtocol
 from pygls.uris import to_fs_path
 
 from agent.completion import Completion, CompletionRequest, complete
-from context.config import (
-    WORKSPACE_CONFIG_NAME,
-    ConfigLayer,
-    SquidConfig,
-    load_config_file,
-    merge_layers,
-    user_config_path,
-)
+from context.config import ConfigLayer, SquidConfig, file_layers, merge_layers
 from context.errors import SquidcodeError
 from context.runtime import ModelRuntime, get_runtime
 
@@ -116,19 +109,11 @@ class SquidServer(LanguageServer):
     # -- configuration -------------------------------------------------------------------------
 
     def config_layers(self) -> list[ConfigLayer]:
-        user_file = user_config_path()
-        user_values, problems = load_config_file(user_file)
-        layers = [ConfigLayer(str(user_file), user_values)]
-        for root in self.workspace_roots:
-            path = root / WORKSPACE_CONFIG_NAME
-            values, file_problems = load_config_file(path)
-            problems += file_problems
-            layers.append(ConfigLayer(str(path), values))
+        layers, self._file_problems = file_layers(self.workspace_roots)
         if self.initialization_options is not None:
             layers.append(ConfigLayer("initializationOptions", self.initialization_options))
         if self.client_settings is not None:
             layers.append(ConfigLayer("workspace settings", self.client_settings))
-        self._file_problems = problems
         return layers
 
     def reload_config(self, report: bool = True) -> bool:
