@@ -4,8 +4,7 @@ The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the
 transformers dequantizes GGUF into torch weights, which costs ~20 s on two cores (~14 s dequantizing
 the weights, ~3 s converting the tokenizer), so the first load writes a converted copy (safetensors,
 config, tokenizer) into the cache directory; later loads read that in a couple of seconds, mostly
-Python imports. A copy that fails to load is treated
-as corrupt: it is removed and converted again.
+Python imports. A copy that fails to load is treated as corrupt: it is removed and converted again.
 
 Generation is a plain token loop over a KV cache rather than `generate()`, so that cancellation,
 stop sequences and chunked prefill are checked between forward passes.
