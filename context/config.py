@@ -24,6 +24,7 @@ from typing import Any
 __all__ = [
     "ModelConfig",
     "CompletionConfig",
+    "IndexConfig",
     "SquidConfig",
     "ConfigLayer",
     "merge_layers",
@@ -82,11 +83,23 @@ class CompletionConfig:
 
 
 @dataclass(frozen=True)
+class IndexConfig:
+    """The repository index: what is read, and how it follows changes."""
+
+    enabled: bool = True
+    max_file_bytes: int = field(default=1_000_000, metadata=_range(1_000, 100_000_000))
+    watch: bool = True
+    # File events are coalesced for this long before the index is updated.
+    debounce_ms: int = field(default=50, metadata=_range(0, 10_000))
+
+
+@dataclass(frozen=True)
 class SquidConfig:
     """Everything squidcode can be configured with."""
 
     model: ModelConfig = ModelConfig()
     completion: CompletionConfig = CompletionConfig()
+    index: IndexConfig = IndexConfig()
     log_level: str = field(default="info", metadata=_choice("debug", "info", "warning", "error"))
 
     def resolved_cache_dir(self) -> Path:
@@ -168,7 +181,7 @@ def _deep_update(target: dict[str, Any], update: Mapping[str, Any]) -> None:
             target[key] = value
 
 
-_SECTIONS = {"model": ModelConfig, "completion": CompletionConfig}
+_SECTIONS = {"model": ModelConfig, "completion": CompletionConfig, "index": IndexConfig}
 
 
 def _validate_section(

@@ -10,6 +10,8 @@ __all__ = [
     "ModelNotFoundError",
     "ModelLoadError",
     "GenerationCancelled",
+    "IndexStoreError",
+    "IndexCorruptError",
 ]
 
 
@@ -31,3 +33,11 @@ class ModelLoadError(SquidcodeError):
 
 class GenerationCancelled(SquidcodeError):
     """Generation stopped because its request was cancelled or superseded."""
+
+
+class IndexStoreError(SquidcodeError):
+    """The repository index database could not be read or written."""
+
+
+class IndexCorruptError(IndexStoreError):
+    """The repository index database is damaged; delete it (or reopen the store) to rebuild it."""

@@ -36,6 +36,7 @@ __all__ = [
     "converted_dir_for",
     "get_runtime",
     "locate_embedded_gguf",
+    "model_token_counter",
     "resolve_device",
 ]
 
@@ -407,6 +408,23 @@ def _pick_token(logits, temperature: float, top_p: float, generator) -> int:
 def _earliest_stop(text: str, stop: tuple[str, ...]) -> int | None:
     hits = [i for i in (text.find(s) for s in stop if s) if i >= 0]
     return min(hits) if hits else None
+
+
+def model_token_counter(cache_dir: Path) -> Callable[[str], int] | None:
+    """Count tokens with the embedded model's tokenizer, without loading the model (~0.2 s).
+
+    None when the model was never converted here or is not installed: callers then estimate.
+    """
+    try:
+        target = converted_dir_for(locate_embedded_gguf(), cache_dir)
+    except ModelNotFoundError:
+        return None
+    if not cache_is_complete(target):
+        return None
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(target / "tokenizer.json"))
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
 _RUNTIMES: dict[tuple, ModelRuntime] = {}

@@ -53,6 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     doctor.add_argument("--no-load", action="store_true", help="find the model but do not load it")
 
+    index = sub.add_parser("index", help="index the code under PATH (incremental after the first run)")
+    index.add_argument("path", type=Path, metavar="PATH")
+    index.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    search = sub.add_parser("search", help="search the index of PATH (indexing it first if needed)")
+    search.add_argument("path", type=Path, metavar="PATH")
+    search.add_argument("query")
+    search.add_argument("-k", type=int, default=10, help="how many results (default 10)")
+    search.add_argument("--json", action="store_true", help="print the results as JSON")
+
+    repo_map = sub.add_parser("map", help="print a ranked map of PATH's definitions")
+    repo_map.add_argument("path", type=Path, metavar="PATH")
+    repo_map.add_argument("--focus", type=Path, metavar="FILE", help="rank toward this file")
+    repo_map.add_argument("--tokens", type=int, default=1024, help="token budget (default 1024)")
+
     demo = sub.add_parser(
         "demo", help="start `squidcode serve`, open the bundled example, print an inline completion"
     )
@@ -74,6 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         from .doctor import run_doctor
 
         return run_doctor(as_json=args.json, load_model=not args.no_load)
+    if args.command in ("index", "search", "map"):
+        from . import cli_index
+
+        if args.command == "index":
+            return cli_index.run_index(args.path, args.json)
+        if args.command == "search":
+            return cli_index.run_search(args.path, args.query, args.k, args.json)
+        return cli_index.run_map(args.path, args.focus, args.tokens)
     if args.command == "demo":
         from .demo import run_demo
 

@@ -85,6 +85,28 @@ class SupersedeRegistry:
                 del self._pending[key]
 
 
+def _in_daemon_thread(fn, *args) -> asyncio.Future:
+    """Run `fn` on a daemon thread: a slow model load (a first GGUF conversion takes ~20 s) must not
+    hold up the process's exit when the editor shuts the server down."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(outcome: str, value) -> None:
+        if not future.done():
+            getattr(future, outcome)(value)
+
+    def target() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine, not swallowed
+            loop.call_soon_threadsafe(settle, "set_exception", exc)
+        else:
+            loop.call_soon_threadsafe(settle, "set_result", result)
+
+    threading.Thread(target=target, name="squid-model-load", daemon=True).start()
+    return future
+
+
 class SquidServer(LanguageServer):
     """pygls server plus squidcode's shared state."""
 
@@ -105,6 +127,7 @@ class SquidServer(LanguageServer):
         # Set once `initialized` has merged the client's settings; requests wait for it so that
         # none is answered under defaults the user has overridden.
         self.config_ready = asyncio.Event()
+        self.index_service = None  # context.index.service.IndexService once indexing starts
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -156,12 +179,9 @@ class SquidServer(LanguageServer):
     async def _load_model(self) -> None:
         model_config = self.config.model
         cache_dir = self.config.resolved_cache_dir()
-        token = await self._begin_progress("Loading model", model_config.path or "embedded model")
-        loop = asyncio.get_running_loop()
+        token = await self.begin_progress("Loading model", model_config.path or "embedded model")
         try:
-            self.runtime = await loop.run_in_executor(
-                self.model_executor, get_runtime, model_config, cache_dir
-            )
+            self.runtime = await _in_daemon_thread(get_runtime, model_config, cache_dir)
         except SquidcodeError as exc:
             self.model_error = str(exc)
             log.error("model unavailable: %s", exc)
@@ -172,9 +192,9 @@ class SquidServer(LanguageServer):
                 )
             )
         finally:
-            self._end_progress(token, "model ready" if self.runtime else "model unavailable")
+            self.end_progress(token, "model ready" if self.runtime else "model unavailable")
 
-    async def _begin_progress(self, title: str, message: str) -> str | None:
+    async def begin_progress(self, title: str, message: str) -> str | None:
         window = self.client_capabilities.window if self.client_capabilities else None
         if not (window and window.work_done_progress):
             return None
@@ -189,7 +209,7 @@ class SquidServer(LanguageServer):
         )
         return token
 
-    def _end_progress(self, token: str | None, message: str) -> None:
+    def end_progress(self, token: str | None, message: str) -> None:
         if token is not None:
             self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from lsprotocol import types
 
+from ..indexing import start_index
 from ..server import CONFIG_SECTION, SquidServer
 from .lifecycle import pull_client_settings
 
@@ -21,5 +22,8 @@ def register(server: SquidServer) -> None:
         else:
             # Pull-model clients send null settings and expect the server to ask.
             ls.client_settings = await pull_client_settings(ls)
+        index_before = ls.config.index
         if ls.reload_config():
             ls.start_model_load()
+        if ls.config.index != index_before:
+            start_index(ls)

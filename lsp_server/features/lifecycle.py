@@ -8,6 +8,7 @@ import logging
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 
+from ..indexing import start_index, stop_index
 from ..logging_bridge import LOGGED_PACKAGES, LspLogHandler
 from ..server import CONFIG_SECTION, SquidServer
 
@@ -31,6 +32,11 @@ def register(server: SquidServer) -> None:
         ls.config_ready.set()
         log.info("squidcode %s ready; roots: %s", ls.version, [str(r) for r in ls.workspace_roots])
         ls.start_model_load()
+        start_index(ls)
+
+    @server.feature(types.SHUTDOWN)
+    def on_shutdown(ls: SquidServer, params: None) -> None:
+        stop_index(ls)
 
 
 async def pull_client_settings(ls: SquidServer):

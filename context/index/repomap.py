@@ -1,0 +1,214 @@
+"""A token-budgeted map of the repository: the files that matter most to a focus file, with the
+signatures of their most-used definitions.
+
+The graph has an edge from file A to file B for every name A references that B defines. A name
+defined in many files says little about which one A means, so its weight is split between them
+(1/n), and repeated references count with a square root. Files are ranked with personalised
+PageRank (power iteration, plain dicts), the personalisation mass sitting on the focus file and on
+the files that define the given `names`. A definition's own score is the rank its file receives
+through edges naming it. Output, for the best files until `token_budget` is reached:
+
+    urllib/parse.py:
+      class SplitResult(_SplitResultBase, _NetlocResultMixinStr) (line 367)
+      def urlsplit(url, scheme='', allow_fragments=True) (line 453)
+
+The focus file itself is not listed (its text is already in the prompt). Output is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+__all__ = ["DAMPING", "default_token_counter", "rank_files", "render_repo_map"]
+
+DAMPING = 0.85
+_MAX_ITERATIONS = 100
+_TOLERANCE = 1e-10
+_MAX_DEFS_PER_FILE = 12
+_MAX_SIGNATURE_CHARS = 120
+# A definition named in `names` is listed before the file's other definitions.
+_NAMED_BOOST = 10.0
+
+
+def default_token_counter(text: str) -> int:
+    """A cheap estimate: about four characters per token."""
+    return (len(text) + 3) // 4
+
+
+@dataclass
+class _Graph:
+    rel: dict[str, str]  # path -> rel
+    defs: dict[str, list]  # path -> SymbolRows, in line order
+    edges: dict[str, dict[str, float]]  # A -> {B: weight}
+    named_edges: dict[tuple[str, str], dict[str, float]]  # (A, B) -> {name: weight}
+
+
+def _build_graph(store) -> _Graph:
+    rel: dict[str, str] = {}
+    defs: dict[str, list] = defaultdict(list)
+    definers: dict[str, set[str]] = defaultdict(set)
+    for row in store.all_symbols():
+        rel[row.path] = row.rel
+        defs[row.path].append(row)
+        definers[row.name].add(row.path)
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    for path, name, _line in store.all_references():
+        if name in definers:
+            counts[(path, name)] += 1
+    edges: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    named: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for (src, name), count in sorted(counts.items()):
+        targets = definers[name]
+        # A file that defines the name itself most likely means its own definition.
+        if src in targets:
+            continue
+        weight = math.sqrt(count) / len(targets)
+        for dst in sorted(targets):
+            edges[src][dst] += weight
+            named[(src, dst)][name] += weight
+    for path in defs:
+        defs[path].sort(key=lambda r: (r.start_line, r.qualname))
+    return _Graph(rel=rel, defs=dict(defs), edges={a: dict(b) for a, b in edges.items()},
+                  named_edges={k: dict(v) for k, v in named.items()})
+
+
+def _pagerank(nodes: list[str], edges: dict[str, dict[str, float]], personal: dict[str, float]) -> dict:
+    """Personalised PageRank by power iteration; dangling files hand their rank to `personal`."""
+    total = sum(personal.values())
+    if total <= 0:
+        personal = {n: 1.0 for n in nodes}
+        total = float(len(nodes))
+    p = {n: personal.get(n, 0.0) / total for n in nodes}
+    out_weight = {a: sum(targets.values()) for a, targets in edges.items()}
+    rank = dict(p)
+    for _ in range(_MAX_ITERATIONS):
+        dangling = sum(rank[n] for n in nodes if not out_weight.get(n))
+        new = {n: (1.0 - DAMPING + DAMPING * dangling) * p[n] for n in nodes}
+        for a in nodes:
+            targets = edges.get(a)
+            if not targets:
+                continue
+            share = DAMPING * rank[a] / out_weight[a]
+            for b, w in targets.items():
+                new[b] += share * w
+        delta = sum(abs(new[n] - rank[n]) for n in nodes)
+        rank = new
+        if delta < _TOLERANCE:
+            break
+    return rank
+
+
+def _resolve_focus(graph: _Graph, nodes: list[str], focus: str | None) -> str | None:
+    """The node for `focus`, given as an absolute path or a path relative to its root."""
+    if not focus:
+        return None
+    if focus in graph.defs or focus in graph.edges:
+        return focus
+    wanted = focus.replace("\\", "/").removeprefix("./")
+    by_rel = [n for n in nodes if graph.rel.get(n) == wanted]
+    # A file that only references names has no rel on record; its absolute path ends with it.
+    by_suffix = [n for n in nodes if n.replace("\\", "/").endswith("/" + wanted)]
+    candidates = by_rel or by_suffix
+    return candidates[0] if candidates else None
+
+
+def rank_files(store, focus: str | None = None, names: Iterable[str] = ()) -> list[tuple[str, float]]:
+    """(path, rank) of every file with definitions or references, best first (focus included)."""
+    graph = _build_graph(store)
+    return _ranked(graph, focus, set(names))[0]
+
+
+def _ranked(graph: _Graph, focus: str | None, names: set[str]) -> tuple[list[tuple[str, float]], str | None]:
+    nodes = sorted(set(graph.rel) | set(graph.edges))
+    focus_node = _resolve_focus(graph, nodes, focus)
+    personal: dict[str, float] = {}
+    if focus_node is not None:
+        personal[focus_node] = 1.0
+    for path, rows in graph.defs.items():
+        if any(r.name in names for r in rows):
+            personal[path] = personal.get(path, 0.0) + 1.0
+    rank = _pagerank(nodes, graph.edges, personal)
+    return sorted(rank.items(), key=lambda item: (-item[1], graph.rel.get(item[0], item[0]))), focus_node
+
+
+def _definition_scores(graph: _Graph, rank: dict[str, float]) -> dict[tuple[str, str], float]:
+    """(path, name) -> the rank that flows into the file through references to that name."""
+    out_weight = {a: sum(t.values()) for a, t in graph.edges.items()}
+    scores: dict[tuple[str, str], float] = defaultdict(float)
+    for (src, dst), by_name in graph.named_edges.items():
+        for name, w in by_name.items():
+            scores[(dst, name)] += rank.get(src, 0.0) * w / out_weight[src]
+    return scores
+
+
+def _one_line(signature: str) -> str:
+    text = " ".join(signature.split()).removesuffix(":").rstrip()
+    if len(text) > _MAX_SIGNATURE_CHARS:
+        text = text[: _MAX_SIGNATURE_CHARS - 3] + "..."
+    return text
+
+
+def _file_lines(rows: list, scores: dict, path: str, names: set[str]) -> list[str]:
+    """The file's definitions worth listing, most used first, then shown in line order."""
+
+    def score(row) -> float:
+        s = scores.get((path, row.name), 0.0)
+        return s * _NAMED_BOOST if row.name in names else s
+
+    wanted = [r for r in rows if r.kind != "variable" or score(r) > 0 or r.name in names]
+    best = sorted(wanted, key=lambda r: (-score(r), r.qualname.count("."), r.start_line))
+    chosen = sorted(best[:_MAX_DEFS_PER_FILE], key=lambda r: (r.start_line, r.qualname))
+    return [
+        "  " * (1 + r.qualname.count(".")) + f"{_one_line(r.signature or r.qualname)} (line {r.start_line})"
+        for r in chosen
+    ]
+
+
+def _fit(
+    parts: list[str], header: str, lines: list[str], budget: int, count: Callable[[str], int]
+) -> tuple[str, int] | None:
+    """The block with the most of the file's lines (at least one) that keeps the map within budget,
+    and how many lines it holds."""
+    lo, hi, best = 1, len(lines), None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        block = header + "\n" + "\n".join(lines[:mid]) + "\n"
+        if count("".join(parts) + block) <= budget:
+            best, lo = (block, mid), mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def render_repo_map(
+    store,
+    focus: str | None = None,
+    names: Iterable[str] = (),
+    token_budget: int = 1024,
+    count_tokens: Callable[[str], int] = default_token_counter,
+) -> str:
+    """The repository map for `focus` and `names`, at most `token_budget` tokens by `count_tokens`."""
+    if token_budget <= 0:
+        return ""
+    wanted = set(names)
+    graph = _build_graph(store)
+    ranked, focus_node = _ranked(graph, focus, wanted)
+    scores = _definition_scores(graph, dict(ranked))
+    parts: list[str] = []
+    for path, _rank in ranked:
+        rows = graph.defs.get(path)
+        if path == focus_node or not rows:
+            continue
+        lines = _file_lines(rows, scores, path, wanted)
+        if not lines:
+            continue
+        fitted = _fit(parts, f"{graph.rel[path]}:", lines, token_budget, count_tokens)
+        if fitted is None:
+            break
+        parts.append(fitted[0])
+        if fitted[1] < len(lines):
+            break  # the file only fit cut short: the budget is spent
+    return "".join(parts)

@@ -1,0 +1,140 @@
+"""The index of a workspace kept current in the background: what an editor session runs.
+
+One `IndexService` owns the store, the indexer and the watcher for a set of roots. The first full
+pass runs on its own low-priority thread (the editor's requests never wait for it), then the watcher
+keeps the index current; editor events (saves, watched-file changes, unsaved buffers) feed the same
+indexer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from ..config import IndexConfig
+from ..errors import SquidcodeError
+from .indexer import Indexer, default_index_path
+from .retrieval import search
+from .store import IndexStore, SymbolRow
+from .types import IndexReport, SearchHit
+from .watcher import IndexWatcher
+
+__all__ = ["IndexService"]
+
+log = logging.getLogger(__name__)
+
+ProgressCallback = Callable[[int, int], None]
+DoneCallback = Callable[[IndexReport | None, str | None], None]
+
+
+def _lower_this_threads_priority() -> None:
+    # On Linux a thread is a task with its own nice value: only the indexing thread yields the CPU.
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError) as exc:
+        log.debug("could not lower the indexing thread's priority: %s", exc)
+
+
+class IndexService:
+    """Background indexing, watching and querying for one workspace."""
+
+    def __init__(self, roots: Iterable[Path], config: IndexConfig, db_path: Path | None = None):
+        self.roots = [Path(r).resolve() for r in roots]
+        self.config = config
+        self.db_path = db_path or default_index_path(self.roots)
+        self.store = IndexStore(self.db_path)
+        self.indexer = Indexer(self.roots, self.store, max_file_bytes=config.max_file_bytes)
+        self.watcher: IndexWatcher | None = None
+        self.state = "idle"  # idle | indexing | ready | error | stopped
+        self.last_report: IndexReport | None = None
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, on_progress: ProgressCallback | None = None, on_done: DoneCallback | None = None) -> None:
+        """Index in the background, then watch; callbacks run on the indexing thread."""
+        self.state = "indexing"
+        self._thread = threading.Thread(
+            target=self._run, args=(on_progress, on_done), name="squid-index", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, on_progress: ProgressCallback | None, on_done: DoneCallback | None) -> None:
+        _lower_this_threads_priority()
+        try:
+            report = self.indexer.index_all(progress=on_progress, should_stop=self._stop.is_set)
+        except (SquidcodeError, OSError) as exc:
+            self.state, self.error = "error", str(exc)
+            log.error("indexing failed: %s", exc)
+            if on_done:
+                on_done(None, self.error)
+            return
+        if self._stop.is_set():
+            return
+        self.last_report = report
+        self.state = "ready"
+        log.info("index ready: %d files, %d chunks, %d symbols in %.1fs",
+                 report.files, report.chunks, report.symbols, report.seconds)
+        if self.config.watch:
+            self.watcher = IndexWatcher(self.indexer, debounce_s=self.config.debounce_ms / 1000)
+            self.watcher.start()
+        if on_done:
+            on_done(report, None)
+
+    def wait_until_indexed(self, timeout: float | None = None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.state == "ready"
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.store.close()
+        self.state = "stopped"
+
+    # -- editor events -----------------------------------------------------------------------
+
+    def notify_saved(self, path: Path) -> None:
+        if self.watcher is not None:
+            self.watcher.notify_saved(path)
+
+    def notify_changed(self, paths: Iterable[Path]) -> None:
+        if self.watcher is not None:
+            self.watcher.notify_changed(list(paths))
+
+    def set_overlay(self, path: Path, text: str) -> None:
+        if self._inside_roots(path):
+            self.indexer.set_overlay(path, text)
+
+    def clear_overlay(self, path: Path) -> None:
+        if self._inside_roots(path):
+            self.indexer.clear_overlay(path)
+
+    def _inside_roots(self, path: Path) -> bool:
+        return any(path.is_relative_to(root) for root in self.roots)
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def symbols(self, query: str, limit: int = 200) -> list[SymbolRow]:
+        return self.store.symbols_prefix(query, limit)
+
+    def search(self, query: str, k: int = 10) -> list[SearchHit]:
+        return search(self.store, query, k)
+
+    def status(self) -> dict:
+        stats = self.store.stats() if self.state != "stopped" else {}
+        report = self.last_report
+        return {
+            "state": self.state,
+            "roots": [str(r) for r in self.roots],
+            **stats,
+            "skipped": dict(report.skipped) if report else {},
+            "seconds": round(report.seconds, 3) if report else None,
+            "error": self.error,
+        }

@@ -1,0 +1,607 @@
+"""The repository index on disk: one SQLite file (WAL) holding files, chunks, symbols and references,
+with an FTS5 index over the chunks.
+
+Layout: `files` has one row per indexed file; `chunks`, `symbols` and `refs` hang off it with
+ON DELETE CASCADE, so replacing or removing a file is one DELETE plus inserts in one transaction.
+`chunks_fts` is an external-content FTS5 table over `chunks`, kept in sync by triggers (they also
+fire for cascaded deletes). The tokenizer is `unicode61`, which already splits snake_case at '_';
+each chunk also carries `terms`: the camelCase parts and the joined snake_case forms of its
+identifiers, so "url split" finds `urlSplit`, `url_split` and (through the query's joined pairs)
+`urlsplit`.
+
+Threads: every thread gets its own connection (WAL lets readers run while a writer commits); writes
+are serialised by a lock. A damaged or foreign database file is moved aside on open and a fresh one
+is created: the index is a cache and can always be rebuilt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import IndexCorruptError, IndexStoreError
+from .types import ParsedFile, SourceFile
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ChunkRow",
+    "SymbolRow",
+    "FileRow",
+    "IndexStore",
+    "chunk_terms",
+    "fts_match_expression",
+    "identifier_terms",
+    "query_terms",
+]
+
+log = logging.getLogger(__name__)
+
+# Bump when the schema or what is stored changes: an index of another version is rebuilt.
+SCHEMA_VERSION = 1
+
+# bm25 weights per FTS column (text, symbol, rel, terms): a hit on a definition's name or the file's
+# path says more than one word somewhere in a body. The identifier parts in `terms` help queries
+# written as separate words ("url split") but are noisy, hence their low weight (measured on the
+# stdlib: at 1.0 they cost natural-language queries recall, at 0.25 they do not).
+_BM25 = "bm25(chunks_fts, 1.0, 4.0, 2.0, 0.25)"
+_MAX_QUERY_TERMS = 32
+_FETCH = 1000
+
+_SCHEMA = f"""
+BEGIN IMMEDIATE;
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', '{SCHEMA_VERSION}');
+CREATE TABLE IF NOT EXISTS files(
+    id INTEGER PRIMARY KEY,
+    path TEXT NOT NULL UNIQUE,
+    root TEXT NOT NULL,
+    rel TEXT NOT NULL,
+    language TEXT,
+    content_hash TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    mtime REAL NOT NULL,
+    indexed_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS chunks(
+    id INTEGER PRIMARY KEY,
+    file_id INTEGER NOT NULL REFERENCES files(id) ON DELETE CASCADE,
+    start_line INTEGER NOT NULL,
+    end_line INTEGER NOT NULL,
+    symbol TEXT,
+    kind TEXT NOT NULL,
+    text TEXT NOT NULL,
+    rel TEXT NOT NULL,
+    terms TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file_id);
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
+    text, symbol, rel, terms,
+    content='chunks', content_rowid='id',
+    tokenize='unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER IF NOT EXISTS chunks_ai AFTER INSERT ON chunks BEGIN
+    INSERT INTO chunks_fts(rowid, text, symbol, rel, terms)
+    VALUES (new.id, new.text, new.symbol, new.rel, new.terms);
+END;
+CREATE TRIGGER IF NOT EXISTS chunks_ad AFTER DELETE ON chunks BEGIN
+    INSERT INTO chunks_fts(chunks_fts, rowid, text, symbol, rel, terms)
+    VALUES ('delete', old.id, old.text, old.symbol, old.rel, old.terms);
+END;
+CREATE TRIGGER IF NOT EXISTS chunks_au AFTER UPDATE ON chunks BEGIN
+    INSERT INTO chunks_fts(chunks_fts, rowid, text, symbol, rel, terms)
+    VALUES ('delete', old.id, old.text, old.symbol, old.rel, old.terms);
+    INSERT INTO chunks_fts(rowid, text, symbol, rel, terms)
+    VALUES (new.id, new.text, new.symbol, new.rel, new.terms);
+END;
+CREATE TABLE IF NOT EXISTS symbols(
+    id INTEGER PRIMARY KEY,
+    file_id INTEGER NOT NULL REFERENCES files(id) ON DELETE CASCADE,
+    name TEXT NOT NULL COLLATE NOCASE,
+    qualname TEXT NOT NULL COLLATE NOCASE,
+    tail TEXT NOT NULL COLLATE NOCASE,
+    kind TEXT NOT NULL,
+    start_line INTEGER NOT NULL,
+    end_line INTEGER NOT NULL,
+    signature TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS symbols_name ON symbols(name COLLATE NOCASE);
+CREATE INDEX IF NOT EXISTS symbols_tail ON symbols(tail COLLATE NOCASE);
+CREATE INDEX IF NOT EXISTS symbols_file ON symbols(file_id);
+CREATE TABLE IF NOT EXISTS refs(
+    file_id INTEGER NOT NULL REFERENCES files(id) ON DELETE CASCADE,
+    name TEXT NOT NULL,
+    line INTEGER NOT NULL,
+    PRIMARY KEY (file_id, name, line)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS refs_name ON refs(name);
+COMMIT;
+"""
+
+_EXPECTED_TABLES = {"meta", "files", "chunks", "chunks_fts", "symbols", "refs"}
+
+# Definitions before variables when several symbols share a name.
+_KIND_RANK = {"class": 0, "struct": 0, "interface": 0, "trait": 0, "enum": 0, "type": 1,
+              "function": 1, "method": 2}
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    """A chunk found by full-text search; `score` is the negated BM25 rank (higher is better)."""
+
+    path: str
+    rel: str
+    start_line: int
+    end_line: int
+    symbol: str | None
+    kind: str
+    text: str
+    score: float
+
+
+@dataclass(frozen=True)
+class SymbolRow:
+    path: str
+    rel: str
+    name: str
+    qualname: str
+    kind: str
+    start_line: int
+    end_line: int
+    signature: str
+
+
+@dataclass(frozen=True)
+class FileRow:
+    path: str
+    root: str
+    rel: str
+    language: str | None
+    content_hash: str
+    size: int
+    mtime: float
+
+
+# --- query and term helpers -------------------------------------------------------------------
+
+# unicode61 keeps letters and digits and splits on everything else, '_' included.
+_WORD = re.compile(r"[^\W_]+")
+_CAMEL_PART = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+_IDENT = re.compile(r"\w+")
+_HUMP = re.compile(r"[a-z0-9][A-Z]|[A-Z][A-Z][a-z]")
+_STOPWORDS = frozenset(
+    "a an and are as at be by do does for from how i in is it of on or the this that to we what "
+    "where which who why with".split()
+)
+
+
+def _camel_parts(word: str) -> list[str]:
+    parts = _CAMEL_PART.findall(word)
+    return [p.lower() for p in parts] if len(parts) > 1 else []
+
+
+def identifier_terms(text: str) -> str:
+    """The extra search terms of a chunk: camelCase parts and joined snake_case names, deduplicated."""
+    terms: dict[str, None] = {}
+    for word in set(_IDENT.findall(text)):
+        snake = "_" in word.strip("_")
+        if snake:
+            terms[word.replace("_", "").lower()] = None
+        for piece in word.split("_") if snake else (word,):
+            if _HUMP.search(piece):
+                terms.update(dict.fromkeys(_camel_parts(piece)))
+    return " ".join(terms)
+
+
+def chunk_terms(parsed: ParsedFile) -> list[str]:
+    """`identifier_terms` of each chunk (with its symbol), in order; cheap to compute in a worker."""
+    return [identifier_terms(c.text if c.symbol is None else f"{c.symbol}\n{c.text}") for c in parsed.chunks]
+
+
+def query_terms(query: str) -> list[str]:
+    """Free text -> lowercase search terms: its words, their camelCase parts, adjacent words joined."""
+    words = _WORD.findall(query)[:_MAX_QUERY_TERMS]
+    terms: dict[str, None] = {}
+    for word in words:
+        terms[word.lower()] = None
+        terms.update(dict.fromkeys(_camel_parts(word)))
+    for first, second in zip(words, words[1:], strict=False):
+        if first.lower() not in _STOPWORDS and second.lower() not in _STOPWORDS:
+            terms[(first + second).lower()] = None
+    kept = [t for t in terms if t not in _STOPWORDS]
+    return (kept or list(terms))[:_MAX_QUERY_TERMS]
+
+
+def fts_match_expression(query: str) -> str | None:
+    """A safe FTS5 MATCH expression (quoted terms, OR-ed) for free text, or None if it has no words."""
+    terms = query_terms(query)
+    if not terms:
+        return None
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+_CORRUPT_CODES = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
+
+
+def _translate(exc: sqlite3.Error, action: str) -> IndexStoreError:
+    if getattr(exc, "sqlite_errorname", "").startswith(_CORRUPT_CODES):
+        return IndexCorruptError(f"the index database is damaged ({exc}) while trying to {action}")
+    return IndexStoreError(f"cannot {action} in the index database: {exc}")
+
+
+@contextmanager
+def _sqlite_errors(action: str) -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise _translate(exc, action) from exc
+
+
+# --- opening, checking, moving aside ----------------------------------------------------------
+
+
+def _problem_with(path: Path) -> str | None:
+    """Why an existing database file cannot be used as an index, or None if it can."""
+    try:
+        # Read-only: a read-write connection would delete the -wal/-shm of a damaged file on close.
+        conn = sqlite3.connect(path.absolute().as_uri() + "?mode=ro", uri=True, isolation_level=None,
+                               timeout=30)
+    except sqlite3.Error as exc:
+        return f"cannot open it: {exc}"
+    try:
+        check = conn.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            return f"quick_check failed: {check}"
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables:
+            return None
+        if "meta" not in tables:
+            return "it is not a squidcode index (no meta table)"
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None or row[0] != str(SCHEMA_VERSION):
+            found = row[0] if row else "none"
+            return f"schema version {found}, expected {SCHEMA_VERSION}"
+        if not _EXPECTED_TABLES <= tables:
+            return f"tables missing: {', '.join(sorted(_EXPECTED_TABLES - tables))}"
+        return None
+    except sqlite3.Error as exc:
+        return str(exc)
+    finally:
+        conn.close()
+
+
+def _companions(path: Path) -> list[Path]:
+    return [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
+
+
+def _move_aside(path: Path, reason: str) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while target.exists():
+        target = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+        n += 1
+    try:
+        os.replace(path, target)
+        for companion, moved in zip(_companions(path), _companions(target), strict=True):
+            if companion.exists():
+                os.replace(companion, moved)
+    except OSError as exc:
+        raise IndexStoreError(f"the index {path} is unusable ({reason}) and cannot be moved aside: "
+                              f"{exc.strerror}") from exc
+    log.warning("index database %s is unusable (%s); moved it to %s and starting a fresh index",
+                path, reason, target)
+    return target
+
+
+class IndexStore:
+    """The SQLite repository index. Safe to share between threads (one connection per thread)."""
+
+    def __init__(self, db_path: Path) -> None:
+        self.path = Path(db_path)
+        self.recovered_from: Path | None = None
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._conns_lock = threading.Lock()
+        self._write_lock = threading.RLock()
+        self._depth = 0
+        self._closed = False
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise IndexStoreError(
+                f"cannot create the index folder {self.path.parent}: {exc.strerror}"
+            ) from exc
+        if self.path.exists():
+            reason = _problem_with(self.path)
+            if reason is not None:
+                self.recovered_from = _move_aside(self.path, reason)
+        else:
+            # A WAL left without its database would be replayed into the new, empty one.
+            for companion in _companions(self.path):
+                companion.unlink(missing_ok=True)
+        with _sqlite_errors("create the schema"):
+            conn = self._conn()
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(_SCHEMA)
+
+    # --- connections and transactions ---
+
+    def _connect(self) -> sqlite3.Connection:
+        with _sqlite_errors("open the database"):
+            conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
+                                   timeout=30)
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA temp_store=MEMORY")
+            conn.execute("PRAGMA cache_size=-16384")
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._closed:
+                raise IndexStoreError(f"the index store {self.path} is closed")
+            conn = self._connect()
+            self._local.conn = conn
+            with self._conns_lock:
+                self._conns.append(conn)
+        return conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One write transaction; nested calls join the outer one. Rolled back on any exception."""
+        with self._write_lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            conn = self._conn()
+            with _sqlite_errors("begin a transaction"):
+                conn.execute("BEGIN IMMEDIATE")
+            self._depth = 1
+            try:
+                yield
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            else:
+                with _sqlite_errors("commit"):
+                    conn.execute("COMMIT")
+            finally:
+                self._depth = 0
+
+    def close(self) -> None:
+        with self._conns_lock:
+            self._closed = True
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error as exc:
+                log.debug("closing an index connection failed: %s", exc)
+
+    def __enter__(self) -> IndexStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- writes ---
+
+    def replace_file(self, source: SourceFile, content_hash: str, parsed: ParsedFile,
+                     terms: list[str] | None = None) -> None:
+        """Replace everything stored for `source.path` with `parsed`, atomically. `terms`: the
+        precomputed `chunk_terms(parsed)`, if a worker already did that work."""
+        rel = source.rel
+        terms = chunk_terms(parsed) if terms is None else terms
+        chunk_rows = [(c.start_line, c.end_line, c.symbol, c.kind, c.text, rel, t)
+                      for c, t in zip(parsed.chunks, terms, strict=True)]
+        with self.transaction(), _sqlite_errors(f"store {source.path}"):
+            conn = self._conn()
+            conn.execute("DELETE FROM files WHERE path = ?", (str(source.path),))
+            file_id = conn.execute(
+                "INSERT INTO files(path, root, rel, language, content_hash, size, mtime, indexed_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (str(source.path), str(source.root), rel, parsed.language, content_hash,
+                 source.size, source.mtime, time.time()),
+            ).lastrowid
+            conn.executemany(
+                "INSERT INTO chunks(file_id, start_line, end_line, symbol, kind, text, rel, terms) "
+                f"VALUES ({file_id}, ?, ?, ?, ?, ?, ?, ?)",
+                chunk_rows,
+            )
+            conn.executemany(
+                "INSERT INTO symbols(file_id, name, qualname, tail, kind, start_line, end_line, signature) "
+                f"VALUES ({file_id}, ?, ?, ?, ?, ?, ?, ?)",
+                ((s.name, s.qualname, s.qualname.rsplit(".", 1)[-1], s.kind, s.start_line, s.end_line,
+                  s.signature) for s in parsed.symbols),
+            )
+            conn.executemany(
+                f"INSERT OR IGNORE INTO refs(file_id, name, line) VALUES ({file_id}, ?, ?)",
+                ((r.name, r.line) for r in parsed.references),
+            )
+
+    def touch_file(self, path: Path | str, size: int, mtime: float) -> bool:
+        """Record a new (size, mtime) for a file whose content did not change."""
+        with self.transaction(), _sqlite_errors(f"update {path}"):
+            cur = self._conn().execute("UPDATE files SET size = ?, mtime = ? WHERE path = ?",
+                                       (size, mtime, str(path)))
+            return cur.rowcount > 0
+
+    def remove_file(self, path: Path | str) -> bool:
+        """Drop a file and everything hanging off it; False if it was not indexed."""
+        with self.transaction(), _sqlite_errors(f"remove {path}"):
+            return self._conn().execute("DELETE FROM files WHERE path = ?", (str(path),)).rowcount > 0
+
+    def remove_under(self, folder: Path | str) -> int:
+        """Drop every file below `folder`; returns how many."""
+        with self.transaction(), _sqlite_errors(f"remove files under {folder}"):
+            return self._conn().execute("DELETE FROM files WHERE path >= ? AND path < ?",
+                                        _under(folder)).rowcount
+
+    def rename_file(self, old: Path | str, new_source: SourceFile) -> bool:
+        """Move a file's rows to a new path (content unchanged); False if `old` was not indexed."""
+        new = str(new_source.path)
+        with self.transaction(), _sqlite_errors(f"rename {old}"):
+            conn = self._conn()
+            row = conn.execute("SELECT id FROM files WHERE path = ?", (str(old),)).fetchone()
+            if row is None:
+                return False
+            if new != str(old):
+                conn.execute("DELETE FROM files WHERE path = ?", (new,))
+            conn.execute(
+                "UPDATE files SET path = ?, root = ?, rel = ?, size = ?, mtime = ? WHERE id = ?",
+                (new, str(new_source.root), new_source.rel, new_source.size, new_source.mtime, row[0]),
+            )
+            conn.execute("UPDATE chunks SET rel = ? WHERE file_id = ?", (new_source.rel, row[0]))
+            return True
+
+    def optimize(self) -> None:
+        """Merge the FTS index's segments (after a large pass) and refresh the planner's statistics."""
+        with self.transaction(), _sqlite_errors("optimize"):
+            self._conn().execute("INSERT INTO chunks_fts(chunks_fts) VALUES ('optimize')")
+        with _sqlite_errors("optimize"):
+            self._conn().execute("PRAGMA optimize")
+
+    # --- reads ---
+
+    def _rows(self, sql: str, params: Iterable[object] = ()) -> list[tuple]:
+        with _sqlite_errors("read"):
+            return self._conn().execute(sql, tuple(params)).fetchall()
+
+    def _iter_rows(self, sql: str) -> Iterator[tuple]:
+        with _sqlite_errors("read"):
+            cur = self._conn().execute(sql)
+            while rows := cur.fetchmany(_FETCH):
+                yield from rows
+
+    def file_hashes(self) -> dict[str, tuple[str, float, int]]:
+        """path -> (content_hash, mtime, size) of every indexed file."""
+        rows = self._rows("SELECT path, content_hash, mtime, size FROM files")
+        return {path: (digest, mtime, size) for path, digest, mtime, size in rows}
+
+    def file(self, path: Path | str) -> FileRow | None:
+        rows = self._rows("SELECT path, root, rel, language, content_hash, size, mtime FROM files "
+                          "WHERE path = ?", (str(path),))
+        return FileRow(*rows[0]) if rows else None
+
+    def all_files(self) -> Iterator[FileRow]:
+        for row in self._iter_rows("SELECT path, root, rel, language, content_hash, size, mtime FROM files "
+                                   "ORDER BY path"):
+            yield FileRow(*row)
+
+    def files_under(self, folder: Path | str) -> list[FileRow]:
+        rows = self._rows("SELECT path, root, rel, language, content_hash, size, mtime FROM files "
+                          "WHERE path >= ? AND path < ? ORDER BY path", _under(folder))
+        return [FileRow(*row) for row in rows]
+
+    def fts_chunks(self, query: str, limit: int) -> list[ChunkRow]:
+        """Chunks matching any word of a free-text query, best first. Never raises on odd input."""
+        expr = fts_match_expression(query)
+        if expr is None or limit <= 0:
+            return []
+        sql = (
+            f"SELECT f.path, c.rel, c.start_line, c.end_line, c.symbol, c.kind, c.text, {_BM25} AS r "
+            "FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid JOIN files f ON f.id = c.file_id "
+            "WHERE chunks_fts MATCH ? ORDER BY r LIMIT ?"
+        )
+        try:
+            rows = self._conn().execute(sql, (expr, limit)).fetchall()
+        except sqlite3.OperationalError as exc:
+            # The expression is built from quoted words only; this is a last line of defence.
+            log.debug("FTS query %r failed: %s", expr, exc)
+            return []
+        except sqlite3.Error as exc:
+            raise _translate(exc, "search") from exc
+        return [ChunkRow(*row[:7], score=-row[7]) for row in rows]
+
+    def symbols_named(self, names: list[str], limit: int) -> list[SymbolRow]:
+        """Definitions named exactly (case-insensitively) as one of `names`; a dotted name matches the
+        qualname or its end. Exact-case matches and classes/functions come first."""
+        found: dict[tuple, tuple] = {}
+        for order, name in enumerate(dict.fromkeys(n.strip() for n in names if n and n.strip())):
+            for row in self._symbol_rows_named(name, limit):
+                key = (row[0], row[3], row[5])
+                exact = row[2] == name or row[3] == name
+                found.setdefault(key, ((order, not exact, _KIND_RANK.get(row[4], 3), len(row[1]),
+                                        row[1], row[5]), row))
+        ranked = sorted(found.values(), key=lambda item: item[0])
+        return [SymbolRow(*row) for _, row in ranked[:max(limit, 0)]]
+
+    def _symbol_rows_named(self, name: str, limit: int) -> list[tuple]:
+        select = ("SELECT f.path, f.rel, s.name, s.qualname, s.kind, s.start_line, s.end_line, s.signature "
+                  "FROM symbols s JOIN files f ON f.id = s.file_id ")
+        if "." in name.strip("."):
+            escaped = _escape_like(name)
+            return self._rows(select + "WHERE s.qualname = ? OR s.qualname LIKE ? ESCAPE '\\' LIMIT ?",
+                              (name, "%." + escaped, limit * 4))
+        return self._rows(select + "WHERE s.name = ? UNION "
+                          + select + "WHERE s.tail = ? LIMIT ?", (name, name, limit * 4))
+
+    def symbols_prefix(self, prefix: str, limit: int) -> list[SymbolRow]:
+        """Definitions whose name starts with `prefix` (case-insensitive), shortest names first."""
+        rows = self._rows(
+            "SELECT f.path, f.rel, s.name, s.qualname, s.kind, s.start_line, s.end_line, s.signature "
+            "FROM symbols s JOIN files f ON f.id = s.file_id WHERE s.name LIKE ? ESCAPE '\\' "
+            "ORDER BY length(s.name), s.name, f.rel, s.start_line LIMIT ?",
+            (_escape_like(prefix) + "%", max(limit, 0)),
+        )
+        return [SymbolRow(*row) for row in rows]
+
+    def all_symbols(self) -> Iterator[SymbolRow]:
+        for row in self._iter_rows(
+            "SELECT f.path, f.rel, s.name, s.qualname, s.kind, s.start_line, s.end_line, s.signature "
+            "FROM symbols s JOIN files f ON f.id = s.file_id ORDER BY s.file_id, s.start_line"
+        ):
+            yield SymbolRow(*row)
+
+    def all_references(self) -> Iterator[tuple[str, str, int]]:
+        """(path, name, line) of every reference."""
+        yield from self._iter_rows(
+            "SELECT f.path, r.name, r.line FROM refs r JOIN files f ON f.id = r.file_id"
+        )
+
+    def stats(self, references: bool = True) -> dict[str, int]:
+        """Row counts; counting references (the largest table) can be left out when speed matters."""
+        refs = "(SELECT count(*) FROM refs)" if references else "-1"
+        counts = self._rows(
+            "SELECT (SELECT count(*) FROM files), (SELECT count(*) FROM chunks), "
+            f"(SELECT count(*) FROM symbols), {refs}"
+        )[0]
+        names = ("files", "chunks", "symbols", "references")
+        return {name: n for name, n in zip(names, counts, strict=True) if n >= 0}
+
+    def integrity_problems(self) -> list[str]:
+        """What `PRAGMA integrity_check` and the FTS index's own check report; empty when healthy."""
+        problems = [r[0] for r in self._rows("PRAGMA integrity_check") if r[0] != "ok"]
+        try:
+            self._conn().execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES ('integrity-check', 1)")
+        except sqlite3.Error as exc:
+            problems.append(f"chunks_fts: {exc}")
+        return problems
+
+
+def _under(folder: Path | str) -> tuple[str, str]:
+    """The range of paths strictly below `folder`, for an indexed range scan."""
+    prefix = str(folder).rstrip(os.sep) + os.sep
+    return prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

@@ -1,0 +1,230 @@
+"""Keep the index current while files change: a watchdog observer on the roots feeding the indexer.
+
+File events (and the editor's didSave / didChangeWatchedFiles, through `notify_saved` /
+`notify_changed`) go into one pending set. A worker thread waits until events have been quiet for
+the debounce interval (or a cap has passed since the first one), then applies them: moves first, as
+renames that keep a file's rows when its content is unchanged, then every other touched path is
+re-checked against the disk (indexed, or dropped if gone or now skipped). Events in VCS internals
+and cache folders never reach the queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from watchdog.events import (
+    DirModifiedEvent,
+    FileClosedNoWriteEvent,
+    FileOpenedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
+from watchdog.observers import Observer
+
+from ..errors import SquidcodeError
+from .indexer import Indexer, lower_thread_priority, merge_reports
+from .types import IndexReport
+from .walk import ALWAYS_SKIP_DIRS
+
+__all__ = ["IndexWatcher", "IGNORED_DIR_NAMES"]
+
+log = logging.getLogger(__name__)
+
+BatchCallback = Callable[[IndexReport], None]
+
+# The walk's VCS and cache folders: their churn never changes the index.
+IGNORED_DIR_NAMES = ALWAYS_SKIP_DIRS
+_IGNORED_EVENTS = (DirModifiedEvent, FileOpenedEvent, FileClosedNoWriteEvent)
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, watcher: IndexWatcher) -> None:
+        self._watcher = watcher
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if isinstance(event, _IGNORED_EVENTS):
+            return
+        src = os.fsdecode(event.src_path)
+        dest = os.fsdecode(event.dest_path) if event.dest_path else ""
+        if dest:
+            self._watcher._add_move(Path(src), Path(dest))
+        else:
+            self._watcher._add_paths([Path(src)])
+
+
+class IndexWatcher:
+    """Watches the indexer's roots and applies debounced changes on its own thread."""
+
+    def __init__(self, indexer: Indexer, debounce_s: float = 0.05,
+                 on_batch: BatchCallback | None = None, max_delay_s: float = 1.0,
+                 observe: bool = True) -> None:
+        """`on_batch` runs on the watcher's thread after each committed update; `max_delay_s` caps how
+        long a stream of events can postpone one; `observe=False` relies on `notify_*` alone."""
+        self.indexer = indexer
+        self.observe = observe
+        self.debounce_s = debounce_s
+        self.max_delay_s = max(max_delay_s, debounce_s)
+        self.on_batch = on_batch
+        self.batches = 0
+        self._cond = threading.Condition()
+        self._paths: dict[Path, None] = {}
+        self._moves: list[tuple[Path, Path]] = []
+        self._first_at = 0.0
+        self._last_at = 0.0
+        self._busy = False
+        self._stopping = False
+        self._observer: Observer | None = None
+        self._thread: threading.Thread | None = None
+        store = indexer.store.path
+        self._own_files = {store, *(store.with_name(store.name + s) for s in ("-wal", "-shm", "-journal"))}
+
+    # --- lifecycle ---
+
+    def start(self) -> None:
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="squid-index-watch", daemon=True)
+        self._thread.start()
+        if not self.observe:
+            return
+        observer = Observer()
+        handler = _Handler(self)
+        try:
+            for root in _outermost(self.indexer.roots):
+                observer.schedule(handler, str(root), recursive=True)
+            observer.start()
+        except OSError as exc:
+            # Typically the inotify watch limit; editor notifications still keep the index current.
+            log.warning("cannot watch %s for changes (%s); only editor saves will update the index",
+                        ", ".join(map(str, self.indexer.roots)), exc)
+            return
+        self._observer = observer
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout)
+            self._observer = None
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def __enter__(self) -> IndexWatcher:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # --- feeding the queue ---
+
+    def notify_saved(self, path: Path) -> None:
+        """The editor saved `path` (didSave)."""
+        self._add_paths([Path(path)])
+
+    def notify_changed(self, paths: Iterable[Path]) -> None:
+        """The editor reports created / changed / deleted files (didChangeWatchedFiles)."""
+        self._add_paths([Path(p) for p in paths])
+
+    def _wanted(self, path: Path) -> bool:
+        return path not in self._own_files and IGNORED_DIR_NAMES.isdisjoint(path.parts)
+
+    def _add_paths(self, paths: list[Path]) -> None:
+        wanted = [p for p in paths if self._wanted(p)]
+        if wanted:
+            with self._cond:
+                self._paths.update(dict.fromkeys(wanted))
+                self._touch()
+
+    def _add_move(self, old: Path, new: Path) -> None:
+        old_wanted, new_wanted = self._wanted(old), self._wanted(new)
+        if old_wanted and new_wanted:
+            with self._cond:
+                self._moves.append((old, new))
+                self._touch()
+        elif old_wanted or new_wanted:
+            # Moved into or out of an ignored folder: for the index, a deletion or a creation.
+            self._add_paths([old if old_wanted else new])
+
+    def _touch(self) -> None:
+        now = time.monotonic()
+        self._first_at = self._first_at or now
+        self._last_at = now
+        self._cond.notify_all()
+
+    # --- applying ---
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Block until nothing is pending or being applied; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._paths or self._moves or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def _run(self) -> None:
+        lower_thread_priority(5)
+        while True:
+            with self._cond:
+                if not self._wait_for_quiet():
+                    return
+                paths, moves = list(self._paths), self._moves
+                self._paths, self._moves, self._first_at = {}, [], 0.0
+                self._busy = True
+            try:
+                self._apply(paths, moves)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _wait_for_quiet(self) -> bool:
+        """With the condition held: wait for events, then for the debounce; False when stopping."""
+        while not (self._paths or self._moves):
+            if self._stopping:
+                return False
+            self._cond.wait()
+        while not self._stopping:
+            now = time.monotonic()
+            quiet_left = self._last_at + self.debounce_s - now
+            cap_left = self._first_at + self.max_delay_s - now
+            if quiet_left <= 0 or cap_left <= 0:
+                return True
+            self._cond.wait(min(quiet_left, cap_left))
+        return False
+
+    def _apply(self, paths: list[Path], moves: list[tuple[Path, Path]]) -> None:
+        report = IndexReport()
+        moved: set[Path] = set()
+        try:
+            for old, new in moves:
+                merge_reports(report, self.indexer.move_path(old, new))
+                moved.update((old, new))
+            rest = [p for p in paths if p not in moved]
+            if rest:
+                merge_reports(report, self.indexer.update_paths(rest))
+        except (SquidcodeError, OSError) as exc:
+            log.error("updating the index failed: %s", exc)
+            return
+        self.batches += 1
+        if self.on_batch is not None:
+            self.on_batch(report)
+
+
+def _outermost(roots: list[Path]) -> list[Path]:
+    ordered = sorted(set(roots), key=lambda r: len(r.parts))
+    kept: list[Path] = []
+    for root in ordered:
+        if not any(root.is_relative_to(k) for k in kept):
+            kept.append(root)
+    return kept

@@ -1,0 +1,190 @@
+"""The watcher on real files and a real watchdog observer: creations, edits, deletions and moves
+reach the index, VCS and cache churn does not, bursts are coalesced, editor notifications feed the
+same queue, and a save is searchable quickly (the measured p50/p95 are printed)."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from context.index.indexer import Indexer
+from context.index.store import IndexStore
+from context.index.types import IndexReport
+from context.index.watcher import IndexWatcher
+
+BASE = {
+    "pkg/__init__.py": "",
+    "pkg/urls.py": "def url_split(address):\n    return address.partition('://')\n",
+    "pkg/maths.py": "def add_numbers(a, b):\n    return a + b\n",
+    ".gitignore": "skipme/\n",
+}
+
+
+class Batches:
+    """Collects the watcher's batch reports and lets a test wait for the next one."""
+
+    def __init__(self) -> None:
+        self.reports: list[IndexReport] = []
+        self.event = threading.Event()
+
+    def __call__(self, report: IndexReport) -> None:
+        self.reports.append(report)
+        self.event.set()
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def symbol_names(store: IndexStore) -> set[str]:
+    return {s.qualname for s in store.all_symbols()}
+
+
+def rels(store: IndexStore) -> set[str]:
+    return {f.rel for f in store.all_files()}
+
+
+@pytest.fixture
+def ws(tmp_path) -> Path:
+    root = tmp_path / "ws"
+    for rel, text in BASE.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def setup(ws, tmp_path):
+    store = IndexStore(tmp_path / "db" / "index.sqlite3")
+    indexer = Indexer([ws], store)
+    indexer.index_all()
+    batches = Batches()
+    watcher = IndexWatcher(indexer, debounce_s=0.05, on_batch=batches)
+    watcher.start()
+    yield ws, store, watcher, batches
+    watcher.stop()
+    store.close()
+
+
+def test_create_modify_delete_reach_the_index(setup):
+    ws, store, watcher, batches = setup
+    (ws / "pkg/fresh.py").write_text("def freshly_created():\n    pass\n", encoding="utf-8")
+    assert wait_for(lambda: "freshly_created" in symbol_names(store))
+    (ws / "pkg/maths.py").write_text("def multiply(a, b):\n    return a * b\n", encoding="utf-8")
+    assert wait_for(lambda: "multiply" in symbol_names(store))
+    assert "add_numbers" not in symbol_names(store)
+    (ws / "pkg/fresh.py").unlink()
+    assert wait_for(lambda: "pkg/fresh.py" not in rels(store))
+    assert watcher.wait_idle(10)
+    assert sum(r.parsed for r in batches.reports) >= 2 and sum(r.removed for r in batches.reports) >= 1
+    assert store.integrity_problems() == []
+
+
+def test_move_keeps_rows_and_folder_moves_and_deletes(setup):
+    ws, store, watcher, batches = setup
+    (ws / "pkg/urls.py").rename(ws / "pkg/addresses.py")
+    assert wait_for(lambda: rels(store) >= {"pkg/addresses.py"} and "pkg/urls.py" not in rels(store))
+    assert watcher.wait_idle(10)
+    assert sum(r.parsed for r in batches.reports) == 0  # renamed, not re-parsed
+    (ws / "pkg").rename(ws / "lib")
+    assert wait_for(lambda: {"lib/addresses.py", "lib/maths.py"} <= rels(store)
+                    and not any(r.startswith("pkg/") for r in rels(store)))
+    assert [s.rel for s in store.symbols_named(["url_split"], 5)] == ["lib/addresses.py"]
+    shutil.rmtree(ws / "lib")
+    assert wait_for(lambda: rels(store) == {".gitignore"})
+    assert store.integrity_problems() == []
+
+
+def test_vcs_and_cache_churn_never_reaches_the_indexer(setup):
+    ws, store, watcher, batches = setup
+    for folder in (".git/objects/ab", "pkg/__pycache__", "node_modules/x"):
+        (ws / folder).mkdir(parents=True)
+        (ws / folder / "churn.py").write_text("def churn():\n    pass\n", encoding="utf-8")
+    time.sleep(0.3)
+    assert watcher.wait_idle(10)
+    assert batches.reports == [] and "churn" not in symbol_names(store)
+    # A .gitignore'd file does reach the indexer, which classifies it and leaves it out.
+    (ws / "skipme").mkdir()
+    (ws / "skipme/hidden.py").write_text("def hidden():\n    pass\n", encoding="utf-8")
+    assert wait_for(lambda: batches.reports != [])
+    assert watcher.wait_idle(10)
+    assert "hidden" not in symbol_names(store)
+
+
+def test_a_burst_of_saves_is_coalesced(setup):
+    ws, store, watcher, batches = setup
+    for i in range(20):
+        (ws / f"pkg/burst_{i}.py").write_text(f"def burst_{i}():\n    pass\n", encoding="utf-8")
+    assert wait_for(lambda: {f"burst_{i}" for i in range(20)} <= symbol_names(store))
+    assert watcher.wait_idle(10)
+    assert sum(r.parsed for r in batches.reports) == 20
+    assert len(batches.reports) <= 5
+
+
+def test_editor_notifications_without_an_observer(ws, tmp_path):
+    with IndexStore(tmp_path / "db.sqlite3") as store:
+        indexer = Indexer([ws], store)
+        indexer.index_all()
+        batches = Batches()
+        with IndexWatcher(indexer, debounce_s=0.01, on_batch=batches, observe=False) as watcher:
+            (ws / "pkg/saved.py").write_text("def saved_in_editor():\n    pass\n", encoding="utf-8")
+            time.sleep(0.2)
+            assert "saved_in_editor" not in symbol_names(store)  # nobody watches the disk
+            watcher.notify_saved(ws / "pkg/saved.py")
+            assert wait_for(lambda: "saved_in_editor" in symbol_names(store))
+            (ws / "pkg/maths.py").unlink()
+            (ws / "pkg/other.py").write_text("def other():\n    pass\n", encoding="utf-8")
+            watcher.notify_changed([ws / "pkg/maths.py", ws / "pkg/other.py"])
+            assert wait_for(lambda: "other" in symbol_names(store) and "pkg/maths.py" not in rels(store))
+            assert watcher.wait_idle(10)
+        assert batches.reports[-1].files == store.stats()["files"]
+
+
+def test_stop_is_prompt_and_final(setup):
+    ws, store, watcher, batches = setup
+    started = time.monotonic()
+    watcher.stop()
+    assert time.monotonic() - started < 5
+    (ws / "pkg/late.py").write_text("def too_late():\n    pass\n", encoding="utf-8")
+    time.sleep(0.3)
+    assert "too_late" not in symbol_names(store)
+
+
+def searchable(store: IndexStore, token: str) -> bool:
+    return any(token in hit.text for hit in store.fts_chunks(token, 3))
+
+
+def test_a_saved_change_is_searchable_quickly(setup):
+    ws, store, watcher, batches = setup
+    target = ws / "pkg/maths.py"
+    latencies = []
+    for i in range(20):
+        token = f"latencyprobe{i}x"
+        batches.event.clear()
+        started = time.monotonic()
+        target.write_text(f"def {token}(a, b):\n    return a + b\n", encoding="utf-8")
+        deadline = started + 10
+        while not searchable(store, token) and time.monotonic() < deadline:
+            batches.event.wait(max(deadline - time.monotonic(), 0))
+            batches.event.clear()
+        latencies.append(time.monotonic() - started)
+        assert searchable(store, token), f"save {i} never became searchable"
+        # Let the save's trailing events (close after write) settle so each save is measured alone.
+        time.sleep(0.1)
+        assert watcher.wait_idle(10)
+    latencies.sort()
+    p50 = statistics.median(latencies)
+    p95 = latencies[int(round(0.95 * (len(latencies) - 1)))]
+    print(f"\nsave -> searchable over {len(latencies)} saves: p50 {p50 * 1000:.0f} ms, "
+          f"p95 {p95 * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms")
+    assert p95 < 1.0

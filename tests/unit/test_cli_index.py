@@ -1,0 +1,78 @@
+"""`squidcode index`, `search` and `map` as a user runs them, on a small real project."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "lsp_server", "--log-level", "warning"]
+
+FILES = {
+    "geometry/shapes.py": "import math\n\n\nclass Circle:\n    def __init__(self, radius):\n"
+                          "        self.radius = radius\n\n    def area(self):\n"
+                          "        return math.pi * self.radius ** 2\n",
+    "geometry/render.py": "from geometry.shapes import Circle\n\n\ndef draw_circle(radius):\n"
+                          "    return Circle(radius).area()\n",
+    "tools/slugify.go": "package tools\n\nfunc Slugify(title string) string {\n\treturn title\n}\n",
+    "image.png": "\x89PNG\x00\x00binary",
+}
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    for rel, text in FILES.items():
+        path = tmp_path / "proj" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path / "proj"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_index_json_counts_files_chunks_symbols_and_skips(project):
+    out = run("index", str(project), "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert set(report) == {"files", "chunks", "symbols", "skipped", "seconds"}
+    assert report["files"] == 3
+    assert report["skipped"] == {"binary": 1}
+    assert report["symbols"] >= 5  # Circle, __init__, area, draw_circle, Slugify
+    assert report["chunks"] >= 3
+
+
+def test_search_finds_the_definition_first_with_relative_paths(project):
+    out = run("search", str(project), "where is draw_circle defined", "-k", "3", "--json")
+    assert out.returncode == 0, out.stderr
+    hits = json.loads(out.stdout)
+    assert hits[0]["path"] == "geometry/render.py"
+    assert hits[0]["symbol"] == "draw_circle"
+    assert hits[0]["start_line"] <= 4 <= hits[0]["end_line"]
+    assert set(hits[0]) == {"path", "start_line", "end_line", "symbol", "score"}
+    assert len(hits) <= 3
+
+
+def test_search_picks_up_changes_after_reindex(project):
+    assert run("index", str(project)).returncode == 0
+    (project / "geometry" / "render.py").write_text("def draw_square(side):\n    return side * side\n")
+    assert run("index", str(project)).returncode == 0
+    hits = json.loads(run("search", str(project), "draw_square", "--json").stdout)
+    assert hits and hits[0]["symbol"] == "draw_square"
+    stale = json.loads(run("search", str(project), "draw_circle", "--json").stdout)
+    assert all(h["symbol"] != "draw_circle" for h in stale)
+
+
+def test_map_lists_signatures_ranked_toward_the_focus(project):
+    out = run("map", str(project), "--focus", str(project / "geometry" / "render.py"), "--tokens", "200")
+    assert out.returncode == 0, out.stderr
+    assert "geometry/shapes.py" in out.stdout
+    assert "class Circle" in out.stdout
+
+
+def test_index_rejects_a_path_that_is_not_a_folder(tmp_path):
+    out = run("index", str(tmp_path / "missing"))
+    assert out.returncode == 2
+    assert "not a folder" in out.stderr
