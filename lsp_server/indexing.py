@@ -43,7 +43,11 @@ def start_index(ls) -> None:
     def on_done(report, error) -> None:
         loop.call_soon_threadsafe(finish, error)
 
-    service.start(on_progress=reporter.report_threadsafe, on_done=on_done)
+    service.start(
+        on_progress=reporter.report_threadsafe,
+        on_done=on_done,
+        on_update=lambda: loop.call_soon_threadsafe(send_index_status, ls),
+    )
 
 
 def stop_index(ls) -> None:

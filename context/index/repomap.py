@@ -1,9 +1,12 @@
 """A token-budgeted map of the repository: the files that matter most to a focus file, with the
 signatures of their most-used definitions.
 
-The graph has an edge from file A to file B for every name A references that B defines. A name
-defined in many files says little about which one A means, so its weight is split between them
-(1/n), and repeated references count with a square root. Files are ranked with personalised
+The graph has an edge from file A to file B for every name A references that B defines (there is
+no import resolution: names are matched as written). How much a reference says is weighed: its
+weight is split between the n files defining the name (1/n, and a tenth of that beyond 5 files),
+repeated references count with a square root, a plain short name (`doc`, `end`: as likely a local
+variable) counts a tenth of a snake_case, CamelCase or long one, and a name B defines only as a
+method or attribute counts a quarter (`x.name` could be anything's). Files are ranked with personalised
 PageRank (power iteration, plain dicts), the personalisation mass sitting on the focus file and on
 the files that define the given `names`. A definition's own score is the rank its file receives
 through edges naming it. Output, for the best files until `token_budget` is reached:
@@ -18,6 +21,7 @@ The focus file itself is not listed (its text is already in the prompt). Output 
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -31,6 +35,14 @@ _MAX_DEFS_PER_FILE = 12
 _MAX_SIGNATURE_CHARS = 120
 # A definition named in `names` is listed before the file's other definitions.
 _NAMED_BOOST = 10.0
+# A name defined in more files than this says little about which one a reference means.
+_COMMON_DEFINERS = 5
+_COMMON_FACTOR = 0.1
+_MEMBER_FACTOR = 0.25
+_PLAIN_NAME_FACTOR = 0.1
+_SPECIFIC_LENGTH = 8
+# "def f(x):  # a trailing comment" -> "def f(x)"
+_TRAILING_COMMENT = re.compile(r":\s*#[^'\"]*$")
 
 
 def default_token_counter(text: str) -> int:
@@ -46,17 +58,39 @@ class _Graph:
     named_edges: dict[tuple[str, str], dict[str, float]]  # (A, B) -> {name: weight}
 
 
+def _specific(name: str) -> bool:
+    """A name that hardly means anything but a definition: snake_case, CamelCase, or long."""
+    core = name.strip("_")
+    if "_" in core or len(core) >= _SPECIFIC_LENGTH:
+        return True
+    return any(c.isupper() for c in core) and not core.isupper()
+
+
+def _edge_weight(count: int, definers: dict[str, bool], name: str, dst: str) -> float:
+    """How much `count` references to `name` say about the file `dst` that defines it."""
+    weight = math.sqrt(count) / len(definers)
+    if not _specific(name):
+        weight *= _PLAIN_NAME_FACTOR  # doc, end, value: as likely a local variable as this definition
+    if len(definers) > _COMMON_DEFINERS:
+        weight *= _COMMON_FACTOR  # split, get, run: defined all over, meant anywhere
+    if not definers[dst]:
+        weight *= _MEMBER_FACTOR  # only a method or attribute there: `x.name` could be anything's
+    return weight
+
+
 def _build_graph(store) -> _Graph:
     rel: dict[str, str] = {}
     defs: dict[str, list] = defaultdict(list)
-    definers: dict[str, set[str]] = defaultdict(set)
+    # name -> {path: defined at the top level of that file (not only as a member)}
+    definers: dict[str, dict[str, bool]] = defaultdict(dict)
     for row in store.all_symbols():
         rel[row.path] = row.rel
         defs[row.path].append(row)
-        definers[row.name].add(row.path)
+        top = "." not in row.qualname
+        definers[row.name][row.path] = definers[row.name].get(row.path, False) or top
     counts: dict[tuple[str, str], int] = defaultdict(int)
     for path, name, _line in store.all_references():
-        if name in definers:
+        if name in definers and not (name.startswith("__") and name.endswith("__")):
             counts[(path, name)] += 1
     edges: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     named: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -65,14 +99,18 @@ def _build_graph(store) -> _Graph:
         # A file that defines the name itself most likely means its own definition.
         if src in targets:
             continue
-        weight = math.sqrt(count) / len(targets)
         for dst in sorted(targets):
+            weight = _edge_weight(count, targets, name, dst)
             edges[src][dst] += weight
             named[(src, dst)][name] += weight
     for path in defs:
         defs[path].sort(key=lambda r: (r.start_line, r.qualname))
-    return _Graph(rel=rel, defs=dict(defs), edges={a: dict(b) for a, b in edges.items()},
-                  named_edges={k: dict(v) for k, v in named.items()})
+    return _Graph(
+        rel=rel,
+        defs=dict(defs),
+        edges={a: dict(b) for a, b in edges.items()},
+        named_edges={k: dict(v) for k, v in named.items()},
+    )
 
 
 def _pagerank(nodes: list[str], edges: dict[str, dict[str, float]], personal: dict[str, float]) -> dict:
@@ -145,7 +183,7 @@ def _definition_scores(graph: _Graph, rank: dict[str, float]) -> dict[tuple[str,
 
 
 def _one_line(signature: str) -> str:
-    text = " ".join(signature.split()).removesuffix(":").rstrip()
+    text = _TRAILING_COMMENT.sub("", " ".join(signature.split())).removesuffix(":").rstrip()
     if len(text) > _MAX_SIGNATURE_CHARS:
         text = text[: _MAX_SIGNATURE_CHARS - 3] + "..."
     return text

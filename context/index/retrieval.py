@@ -1,15 +1,22 @@
-"""Search the repository index: BM25 over chunks, exact symbol lookup, and their rank fusion.
+"""Search the repository index: BM25 over chunks, symbol lookup, and their rank fusion.
 
-`search(store, query, k, mode=...)` answers "where is X defined" and "code that does Y" queries:
+`search(store, query, k, mode=...)` answers "where is X defined" and "code that does Y" questions:
 
-- "bm25": the query, stripped of question words and stop words, against the chunks' full-text index;
-- "symbols": identifier-like tokens of the query (as typed, split at snake_case / CamelCase
-  boundaries, and adjacent words joined) looked up as definition names, ranked by how well and how
-  specifically they match;
-- "fused" (default): reciprocal rank fusion of the two lists.
+- "bm25": the query, stripped of question words and stop words and with base forms of inflected
+  words added (the FTS index has no stemmer), against the chunks' full-text index;
+- "symbols": definitions named by the query: identifiers as typed, split at snake_case / CamelCase
+  boundaries, adjacent words joined ("line wrapper" -> LineWrapper, also through synonyms:
+  "delete tree" -> rmtree), and prefix look-ups of plain words scored by how many of the name's
+  parts the query spells; ranked by match quality, specificity (a name defined in many files says
+  less, unless another query word names the file), kind and size;
+- "fused" (default): weighted reciprocal rank fusion of four lists: BM25; BM25 with a few synonyms
+  per word from a small programming vocabulary; that synonym pool re-ranked by its "heads" (the
+  definition's name, signature and docstring: the IDF-weighted share of query words, or their
+  synonyms, found there); and the symbol list (weighted up for "where is X defined" questions).
 
-Hits are de-duplicated (one per definition, and never two near-identical line ranges of a file) and
-carry the symbol they cover and a 1-based inclusive line range.
+Hits are de-duplicated (one per definition, never two near-identical line ranges of a file) and
+carry the symbol they cover and a 1-based inclusive line range; a fused hit whose chunk also holds
+code merged in before the definition is narrowed to the definition's own lines.
 """
 
 from __future__ import annotations
@@ -22,10 +29,20 @@ from dataclasses import dataclass, field
 
 from .types import SearchHit
 
-__all__ = ["MODES", "RRF_K", "QueryTerms", "analyse_query", "light_stem", "search", "split_identifier"]
+__all__ = [
+    "MODES",
+    "RRF_K",
+    "QueryTerms",
+    "analyse_query",
+    "light_stem",
+    "search",
+    "split_identifier",
+    "synonyms",
+    "word_forms",
+]
 
 MODES = ("bm25", "symbols", "fused")
-RRF_K = 3
+RRF_K = 10
 
 # A long query is cut here: enough for any real question, bounded work for pasted junk.
 _MAX_TERMS = 24
@@ -47,24 +64,61 @@ _QUESTION_WORDS = frozenset(
     implementation implements implement located locate location code show shows""".split()
 )
 _DEFINITION_WORDS = frozenset("""where defined define defines definition declared declaration""".split())
-_KIND_WORDS = {"class": "class", "classes": "class", "function": "function", "functions": "function",
-               "method": "method", "methods": "method", "def": "function", "struct": "struct",
-               "interface": "interface", "trait": "trait", "variable": "variable", "constant": "variable"}
-_KIND_WEIGHT = {"class": 1.0, "function": 1.0, "struct": 1.0, "interface": 1.0, "trait": 1.0,
-                "enum": 1.0, "method": 0.9, "type": 0.9}
-_INFLECTIONS = (("ies", ("y",)), ("ing", ("", "e")), ("ied", ("y",)), ("ed", ("", "e")), ("ly", ("",)),
-                ("est", ("", "e")), ("es", ("", "e")), ("s", ("",)))
-_SUFFIXES = (("sses", "ss"), ("ies", "y"), ("ingly", ""), ("edly", ""), ("ing", ""), ("est", ""),
-             ("ed", ""), ("ly", ""), ("er", ""), ("es", ""), ("s", ""))
+_KIND_WORDS = {
+    "class": "class",
+    "classes": "class",
+    "function": "function",
+    "functions": "function",
+    "method": "method",
+    "methods": "method",
+    "def": "function",
+    "struct": "struct",
+    "interface": "interface",
+    "trait": "trait",
+    "variable": "variable",
+    "constant": "variable",
+}
+_KIND_WEIGHT = {
+    "class": 1.0,
+    "function": 1.0,
+    "struct": 1.0,
+    "interface": 1.0,
+    "trait": 1.0,
+    "enum": 1.0,
+    "method": 0.9,
+    "type": 0.9,
+}
+_INFLECTIONS = (
+    ("ies", ("y",)),
+    ("ing", ("", "e")),
+    ("ied", ("y",)),
+    ("ed", ("", "e")),
+    ("ly", ("",)),
+    ("est", ("", "e")),
+    ("es", ("", "e")),
+    ("s", ("",)),
+)
+_SUFFIXES = (
+    ("sses", "ss"),
+    ("ies", "y"),
+    ("ingly", ""),
+    ("edly", ""),
+    ("ing", ""),
+    ("est", ""),
+    ("ed", ""),
+    ("ly", ""),
+    ("er", ""),
+    ("es", ""),
+    ("s", ""),
+)
 # The BM25 pool the head ranker re-orders, and how much of a chunk counts as its head.
 _POOL = 500
 _HEAD_LINES = 12
 _HEAD_SEARCH = 40
-_HEAD_WEIGHT = 2.0
+_HEAD_WEIGHT = 1.0
+_SYNONYM_BM25_WEIGHT = 1.0
 _POOL_PRIOR = 0.1
 _NAME_WEIGHT = 0.5
-# Module code and text windows rarely answer "code that does Y".
-_NO_SYMBOL_FACTOR = 1.0
 # Prefix look-ups for plain words (guess -> guess_type), and the weakest name match kept.
 _PREFIX_MIN = 4
 _PREFIX_WORDS = 8
@@ -75,7 +129,7 @@ _QUALNAME_WORD_BONUS = 0.5
 # Reciprocal rank fusion weights of the symbol list, by what the query looks like.
 _SYMBOL_WEIGHT_DEFINITION = 2.0
 _SYMBOL_WEIGHT_IDENTIFIER = 1.0
-_SYMBOL_WEIGHT_PLAIN = 0.3
+_SYMBOL_WEIGHT_PLAIN = 0.6
 _FTS_SYNONYMS = 3
 _JOIN_SYNONYMS = 4
 # General programming vocabulary, one group per line: the words a question uses and the ones code
@@ -169,11 +223,6 @@ class QueryTerms:
     identifiers: list[str] = field(default_factory=list)  # tokens that look like code (as typed)
     kind_hint: str | None = None  # "class" / "function" / ... when the query names one
     wants_definition: bool = False  # "where is X defined", "definition of X", or just a name or two
-
-    @property
-    def text(self) -> str:
-        """The BM25 query: content words with identifiers intact."""
-        return " ".join(self.words)
 
 
 def _is_identifier_like(token: str) -> bool:
@@ -325,10 +374,25 @@ def search(store, query: str, k: int = 10, *, mode: str = "fused") -> list[Searc
     pool = _bm25_hits(store, terms, _POOL, with_synonyms=True)
     lists = [
         (1.0, bm25, False),
+        (_SYNONYM_BM25_WEIGHT, pool[:depth], False),
         (_HEAD_WEIGHT, _head_ranked(pool, terms)[:depth], False),
         (_symbol_weight(terms), _symbol_hits(store, terms, depth), True),
     ]
-    return _dedupe(_fuse(lists), k)
+    return _dedupe(_promote_dotted(_fuse(lists), terms), k)
+
+
+def _promote_dotted(hits: list[SearchHit], terms: QueryTerms) -> list[SearchHit]:
+    """A typed dotted name (`LineWrapper.wrap`) is unambiguous: definitions ending with it go first,
+    ahead of a chunk of the whole class that merely contains them."""
+    dotted = [i.lower() for i in terms.identifiers if "." in i]
+    if not dotted:
+        return hits
+
+    def exact(hit: SearchHit) -> bool:
+        name = (hit.symbol or "").lower()
+        return any(name == d or name.endswith("." + d) for d in dotted)
+
+    return [h for h in hits if exact(h)] + [h for h in hits if not exact(h)]
 
 
 # --- BM25 -----------------------------------------------------------------------------------------
@@ -350,8 +414,15 @@ def _fts_text(terms: QueryTerms, with_synonyms: bool = False) -> str:
 def _bm25_hits(store, terms: QueryTerms, limit: int, with_synonyms: bool = False) -> list[SearchHit]:
     rows = store.fts_chunks(_fts_text(terms, with_synonyms), limit)
     return [
-        SearchHit(path=r.path, rel=r.rel, start_line=r.start_line, end_line=r.end_line, symbol=r.symbol,
-                  score=float(r.score), text=r.text)
+        SearchHit(
+            path=r.path,
+            rel=r.rel,
+            start_line=r.start_line,
+            end_line=r.end_line,
+            symbol=r.symbol,
+            score=float(r.score),
+            text=r.text,
+        )
         for r in rows
     ]
 
@@ -377,8 +448,9 @@ def _head_ranked(pool: list[SearchHit], terms: QueryTerms) -> list[SearchHit]:
         return []
     for joined in _joined_stems(terms) - groups.keys():
         groups[joined] = frozenset({joined})
-    single = [t for t in groups if t in _query_stems(terms)]
-    matched = [_matched_terms(_stems(_head(h)), groups) for h in pool]
+    query = _query_stems(terms)
+    single = [t for t in groups if t in query]
+    matched = [_matched_terms(_head_stems(_head(h)), groups) for h in pool]
     df = {t: sum(t in m for m in matched) for t in groups}
     idf = {t: math.log(1.0 + len(pool) / (1.0 + df[t])) for t in groups}
     total = sum(idf[t] for t in single) or 1.0
@@ -386,15 +458,19 @@ def _head_ranked(pool: list[SearchHit], terms: QueryTerms) -> list[SearchHit]:
     for rank, (hit, head) in enumerate(zip(pool, matched, strict=True)):
         name = _matched_terms(_stems(hit.symbol.rsplit(".", 1)[-1]), groups) if hit.symbol else set()
         score = (sum(idf[t] for t in head) + _NAME_WEIGHT * sum(idf[t] for t in name)) / total
-        if not hit.symbol:
-            score *= _NO_SYMBOL_FACTOR
         score += _POOL_PRIOR * (1.0 - rank / len(pool))
         scored.append((-score, rank, hit))
     scored.sort(key=lambda item: (item[0], item[1]))
     return [_with_score(hit, -neg) for neg, _, hit in scored]
 
 
-def _matched_terms(stems: set[str], groups: dict[str, frozenset[str]]) -> set[str]:
+@functools.lru_cache(maxsize=32768)
+def _head_stems(head: str) -> frozenset[str]:
+    """Heads recur from query to query; their stems are worth keeping."""
+    return frozenset(_stems(head))
+
+
+def _matched_terms(stems: set[str] | frozenset[str], groups: dict[str, frozenset[str]]) -> set[str]:
     return {t for t, group in groups.items() if not group.isdisjoint(stems)}
 
 
@@ -459,8 +535,9 @@ def _part_quality(name: str, query: set[str]) -> float:
     return 3.0 * (matched / len(parts)) * (0.5 + 0.5 * matched / len(query))
 
 
-def _symbol_score(row, quality: float, per_name: int, terms: QueryTerms,
-                  context: tuple[set[str], set[str]]) -> float:
+def _symbol_score(
+    row, quality: float, per_name: int, terms: QueryTerms, context: tuple[set[str], set[str]]
+) -> float:
     """How good a definition is as an answer: match quality, specificity, kind, size and context."""
     own = set(split_identifier(row.name))
     # "subprocess run": another query word naming the module is strong evidence (and settles which
@@ -515,8 +592,15 @@ def _symbol_hits(store, terms: QueryTerms, limit: int) -> list[SearchHit]:
             scored.append((_symbol_score(r, q, per_name.get(r.name.lower(), 1), terms, context), r))
     scored.sort(key=lambda sr: (-sr[0], sr[1].rel, sr[1].start_line))
     return [
-        SearchHit(path=r.path, rel=r.rel, start_line=r.start_line, end_line=r.end_line, symbol=r.qualname,
-                  score=s, text=r.signature)
+        SearchHit(
+            path=r.path,
+            rel=r.rel,
+            start_line=r.start_line,
+            end_line=r.end_line,
+            symbol=r.qualname,
+            score=s,
+            text=r.signature,
+        )
         for s, r in scored[:limit]
     ]
 
@@ -569,13 +653,27 @@ def _merge(chunk: SearchHit | None, symbol: SearchHit | None) -> SearchHit:
         return chunk  # the chunk's text was cut short: keep it as it is
     first = symbol.start_line - chunk.start_line
     text = "\n".join(lines[first : symbol.end_line - chunk.start_line + 1])
-    return SearchHit(path=chunk.path, rel=chunk.rel, start_line=symbol.start_line, end_line=symbol.end_line,
-                     symbol=chunk.symbol, score=chunk.score, text=text)
+    return SearchHit(
+        path=chunk.path,
+        rel=chunk.rel,
+        start_line=symbol.start_line,
+        end_line=symbol.end_line,
+        symbol=chunk.symbol,
+        score=chunk.score,
+        text=text,
+    )
 
 
 def _with_score(hit: SearchHit, score: float) -> SearchHit:
-    return SearchHit(path=hit.path, rel=hit.rel, start_line=hit.start_line, end_line=hit.end_line,
-                     symbol=hit.symbol, score=score, text=hit.text)
+    return SearchHit(
+        path=hit.path,
+        rel=hit.rel,
+        start_line=hit.start_line,
+        end_line=hit.end_line,
+        symbol=hit.symbol,
+        score=score,
+        text=hit.text,
+    )
 
 
 def _same_region(a: SearchHit, b: SearchHit) -> bool:

@@ -54,15 +54,18 @@ class IndexService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, on_progress: ProgressCallback | None = None, on_done: DoneCallback | None = None) -> None:
-        """Index in the background, then watch; callbacks run on the indexing thread."""
+    def start(self, on_progress: ProgressCallback | None = None, on_done: DoneCallback | None = None,
+              on_update: Callable[[], None] | None = None) -> None:
+        """Index in the background, then watch. Callbacks run on the indexing or watcher thread:
+        `on_done` after the first pass, `on_update` after each later committed change."""
         self.state = "indexing"
         self._thread = threading.Thread(
-            target=self._run, args=(on_progress, on_done), name="squid-index", daemon=True
+            target=self._run, args=(on_progress, on_done, on_update), name="squid-index", daemon=True
         )
         self._thread.start()
 
-    def _run(self, on_progress: ProgressCallback | None, on_done: DoneCallback | None) -> None:
+    def _run(self, on_progress: ProgressCallback | None, on_done: DoneCallback | None,
+             on_update: Callable[[], None] | None) -> None:
         _lower_this_threads_priority()
         try:
             report = self.indexer.index_all(progress=on_progress, should_stop=self._stop.is_set)
@@ -78,9 +81,14 @@ class IndexService:
         self.state = "ready"
         log.info("index ready: %d files, %d chunks, %d symbols in %.1fs",
                  report.files, report.chunks, report.symbols, report.seconds)
-        if self.config.watch:
-            self.watcher = IndexWatcher(self.indexer, debounce_s=self.config.debounce_ms / 1000)
-            self.watcher.start()
+        # Without `watch` the watcher still runs, fed by the editor's own events only.
+        self.watcher = IndexWatcher(
+            self.indexer, debounce_s=self.config.debounce_ms / 1000, observe=self.config.watch,
+            on_batch=(lambda *_: on_update()) if on_update else None,
+        )
+        self.watcher.start()
+        # Buffers opened during the first pass may have been read before their overlay was set.
+        self.watcher.notify_changed(Path(p) for p in self.indexer.overlay_paths())
         if on_done:
             on_done(report, None)
 
@@ -109,12 +117,22 @@ class IndexService:
             self.watcher.notify_changed(list(paths))
 
     def set_overlay(self, path: Path, text: str) -> None:
-        if self._inside_roots(path):
-            self.indexer.set_overlay(path, text)
+        """Record an unsaved buffer; it is indexed off the caller's thread (the editor's loop)."""
+        if not self._inside_roots(path):
+            return
+        if self.watcher is not None:
+            self.watcher.set_overlay(path, text)
+        else:
+            # The first pass is still running and reads overlays when it reaches the file.
+            self.indexer.set_overlay(path, text, update=False)
 
     def clear_overlay(self, path: Path) -> None:
-        if self._inside_roots(path):
-            self.indexer.clear_overlay(path)
+        if not self._inside_roots(path):
+            return
+        if self.watcher is not None:
+            self.watcher.clear_overlay(path)
+        else:
+            self.indexer.clear_overlay(path, update=False)
 
     def _inside_roots(self, path: Path) -> bool:
         return any(path.is_relative_to(root) for root in self.roots)

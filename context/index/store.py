@@ -53,6 +53,7 @@ SCHEMA_VERSION = 1
 # stdlib: at 1.0 they cost natural-language queries recall, at 0.25 they do not).
 _BM25 = "bm25(chunks_fts, 1.0, 4.0, 2.0, 0.25)"
 _MAX_QUERY_TERMS = 32
+_MAX_QUERY_CHARS = 4000
 _FETCH = 1000
 
 _SCHEMA = f"""
@@ -207,11 +208,12 @@ def chunk_terms(parsed: ParsedFile) -> list[str]:
 
 def query_terms(query: str) -> list[str]:
     """Free text -> lowercase search terms: its words, their camelCase parts, adjacent words joined."""
-    words = _WORD.findall(query)[:_MAX_QUERY_TERMS]
+    words = _WORD.findall(query[:_MAX_QUERY_CHARS])[:_MAX_QUERY_TERMS]
     terms: dict[str, None] = {}
     for word in words:
         terms[word.lower()] = None
-        terms.update(dict.fromkeys(_camel_parts(word)))
+        if _HUMP.search(word):
+            terms.update(dict.fromkeys(_camel_parts(word)))
     for first, second in zip(words, words[1:], strict=False):
         if first.lower() not in _STOPWORDS and second.lower() not in _STOPWORDS:
             terms[(first + second).lower()] = None
@@ -232,8 +234,12 @@ def fts_match_expression(query: str) -> str | None:
 _CORRUPT_CODES = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
 
 
+def _is_corruption(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorname", "").startswith(_CORRUPT_CODES)
+
+
 def _translate(exc: sqlite3.Error, action: str) -> IndexStoreError:
-    if getattr(exc, "sqlite_errorname", "").startswith(_CORRUPT_CODES):
+    if _is_corruption(exc):
         return IndexCorruptError(f"the index database is damaged ({exc}) while trying to {action}")
     return IndexStoreError(f"cannot {action} in the index database: {exc}")
 
@@ -250,33 +256,37 @@ def _sqlite_errors(action: str) -> Iterator[None]:
 
 
 def _problem_with(path: Path) -> str | None:
-    """Why an existing database file cannot be used as an index, or None if it can."""
+    """Why an existing database file cannot be used as an index (it is damaged or not ours), or None
+    if it can. Errors that say nothing about the file itself (busy, permissions) raise instead."""
     try:
         # Read-only: a read-write connection would delete the -wal/-shm of a damaged file on close.
         conn = sqlite3.connect(path.absolute().as_uri() + "?mode=ro", uri=True, isolation_level=None,
                                timeout=30)
+        try:
+            return _check_contents(conn)
+        finally:
+            conn.close()
     except sqlite3.Error as exc:
-        return f"cannot open it: {exc}"
-    try:
-        check = conn.execute("PRAGMA quick_check").fetchone()[0]
-        if check != "ok":
-            return f"quick_check failed: {check}"
-        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if not tables:
-            return None
-        if "meta" not in tables:
-            return "it is not a squidcode index (no meta table)"
-        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None or row[0] != str(SCHEMA_VERSION):
-            found = row[0] if row else "none"
-            return f"schema version {found}, expected {SCHEMA_VERSION}"
-        if not _EXPECTED_TABLES <= tables:
-            return f"tables missing: {', '.join(sorted(_EXPECTED_TABLES - tables))}"
+        if _is_corruption(exc):
+            return str(exc)
+        raise IndexStoreError(f"cannot open the index database {path}: {exc}") from exc
+
+
+def _check_contents(conn: sqlite3.Connection) -> str | None:
+    check = conn.execute("PRAGMA quick_check").fetchone()[0]
+    if check != "ok":
+        return f"quick_check failed: {check}"
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not tables:
         return None
-    except sqlite3.Error as exc:
-        return str(exc)
-    finally:
-        conn.close()
+    if "meta" not in tables:
+        return "it is not a squidcode index (no meta table)"
+    row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    if row is None or row[0] != str(SCHEMA_VERSION):
+        return f"schema version {row[0] if row else 'none'}, expected {SCHEMA_VERSION}"
+    if not _EXPECTED_TABLES <= tables:
+        return f"tables missing: {', '.join(sorted(_EXPECTED_TABLES - tables))}"
+    return None
 
 
 def _companions(path: Path) -> list[Path]:
@@ -523,11 +533,11 @@ class IndexStore:
         )
         try:
             rows = self._conn().execute(sql, (expr, limit)).fetchall()
-        except sqlite3.OperationalError as exc:
-            # The expression is built from quoted words only; this is a last line of defence.
-            log.debug("FTS query %r failed: %s", expr, exc)
-            return []
         except sqlite3.Error as exc:
+            if str(exc).startswith("fts5:"):
+                # The expression is built from quoted words only; this is a last line of defence.
+                log.debug("FTS query %r failed: %s", expr, exc)
+                return []
             raise _translate(exc, "search") from exc
         return [ChunkRow(*row[:7], score=-row[7]) for row in rows]
 

@@ -31,7 +31,7 @@ from .indexer import Indexer, lower_thread_priority, merge_reports
 from .types import IndexReport
 from .walk import ALWAYS_SKIP_DIRS
 
-__all__ = ["IndexWatcher", "IGNORED_DIR_NAMES"]
+__all__ = ["IndexWatcher", "IGNORED_DIR_NAMES", "FULL_PASS_PATHS"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,8 @@ BatchCallback = Callable[[IndexReport], None]
 
 # The walk's VCS and cache folders: their churn never changes the index.
 IGNORED_DIR_NAMES = ALWAYS_SKIP_DIRS
+# Beyond this many changed paths in one batch, a full (incremental) pass is cheaper.
+FULL_PASS_PATHS = 500
 _IGNORED_EVENTS = (DirModifiedEvent, FileOpenedEvent, FileClosedNoWriteEvent)
 
 
@@ -80,7 +82,7 @@ class IndexWatcher:
         self._stopping = False
         self._observer: Observer | None = None
         self._thread: threading.Thread | None = None
-        store = indexer.store.path
+        store = indexer.store.path.absolute()
         self._own_files = {store, *(store.with_name(store.name + s) for s in ("-wal", "-shm", "-journal"))}
 
     # --- lifecycle ---
@@ -133,8 +135,24 @@ class IndexWatcher:
         """The editor reports created / changed / deleted files (didChangeWatchedFiles)."""
         self._add_paths([Path(p) for p in paths])
 
+    def set_overlay(self, path: Path, text: str) -> None:
+        """An editor buffer's unsaved text for `path`: recorded now, indexed on the watcher's thread."""
+        self.indexer.set_overlay(path, text, update=False)
+        self._add_paths([Path(path).absolute()])
+
+    def clear_overlay(self, path: Path) -> None:
+        """The buffer was closed: the disk's content is indexed again, on the watcher's thread."""
+        self.indexer.clear_overlay(path, update=False)
+        self._add_paths([Path(path).absolute()])
+
     def _wanted(self, path: Path) -> bool:
-        return path not in self._own_files and IGNORED_DIR_NAMES.isdisjoint(path.parts)
+        if path in self._own_files:
+            return False
+        # Only the part below a root counts: a root may itself live under, say, a "venv" folder.
+        for root in self.indexer.roots:
+            if path.is_relative_to(root):
+                return IGNORED_DIR_NAMES.isdisjoint(path.relative_to(root).parts)
+        return False
 
     def _add_paths(self, paths: list[Path]) -> None:
         wanted = [p for p in paths if self._wanted(p)]
@@ -211,7 +229,10 @@ class IndexWatcher:
                 merge_reports(report, self.indexer.move_path(old, new))
                 moved.update((old, new))
             rest = [p for p in paths if p not in moved]
-            if rest:
+            if len(rest) > FULL_PASS_PATHS:
+                # A checkout or a build touched many files: one walk beats checking each path.
+                merge_reports(report, self.indexer.index_all())
+            elif rest:
                 merge_reports(report, self.indexer.update_paths(rest))
         except (SquidcodeError, OSError) as exc:
             log.error("updating the index failed: %s", exc)

@@ -154,6 +154,23 @@ def test_progress_and_should_stop_between_batches_then_resume(tmp_path, store):
     assert store.stats()["files"] == 50
 
 
+def test_updates_during_a_full_pass_win_over_its_older_reads(tmp_path, store):
+    files = {f"m{i:03}.py": f"def func_{i}():\n    return {i}\n" for i in range(50)}
+    root = write_tree(tmp_path / "many", files)
+    indexer = Indexer([root], store, workers=0, batch_files=10)
+    last = root / "m049.py"
+
+    def edit_while_indexing(done: int, total: int) -> None:
+        if done == 10:
+            for version in ("first_version", "second_version"):
+                last.write_text(f"def {version}():\n    pass\n", encoding="utf-8")
+                indexer.update_paths([last])
+
+    indexer.index_all(progress=edit_while_indexing)
+    assert {"second_version"} == {s.name for s in store.all_symbols() if s.name.endswith("_version")}
+    assert store.stats()["files"] == 50
+
+
 def test_default_index_path_is_per_set_of_roots(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     a, b = tmp_path / "a", tmp_path / "b"
@@ -367,6 +384,30 @@ def snapshot(store: IndexStore) -> dict:
     return rows
 
 
+def children_of(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(p) for p in (task / "children").read_text().split()]
+    return found
+
+
+def is_running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's reaper may be slow to collect it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_until(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not predicate():
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads process trees from /proc")
 def test_killed_mid_index_leaves_a_consistent_index_and_resumes(tmp_path):
     root = write_tree(tmp_path / "big", {f"mod{i:04}.py": generated_module(i) for i in range(600)})
     with IndexStore(tmp_path / "clean.sqlite3") as clean_store:
@@ -375,17 +416,21 @@ def test_killed_mid_index_leaves_a_consistent_index_and_resumes(tmp_path):
     db = tmp_path / "killed.sqlite3"
     child = subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(root), str(db), "2"], cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers: list[int] = []
     try:
         done = 0
         while done < 120:
             line = child.stdout.readline()
             assert line and line != "finished\n", f"the child ended unkilled: {child.stderr.read()}"
             done = int(line.split()[0])
+        workers = children_of(child.pid)
         child.send_signal(signal.SIGKILL)
     finally:
         child.kill()
         child.wait(30)
     assert child.returncode == -signal.SIGKILL
+    # The parse workers notice their parent is gone and leave (no orphans left running).
+    assert workers and wait_until(lambda: not any(map(is_running, workers)), 10), workers
 
     with IndexStore(db) as store:
         assert store.recovered_from is None

@@ -13,7 +13,7 @@ from context.index.repomap import default_token_counter, rank_files, render_repo
 from context.index.store import IndexStore
 
 FILES = {
-    "app/main.py": '''
+    "app/main.py": """
         from shop.db import Database, open_database
         from shop.models import Order
 
@@ -23,8 +23,8 @@ FILES = {
             order.total_price()
             Database.vacuum(db)
             setup()
-    ''',
-    "shop/db.py": '''
+    """,
+    "shop/db.py": """
         class Database:
             def __init__(self, path):
                 self.path = path
@@ -39,8 +39,8 @@ FILES = {
 
         def setup():
             pass
-    ''',
-    "shop/models.py": '''
+    """,
+    "shop/models.py": """
         from shop.pricing import apply_discount
         from util.text import slugify
 
@@ -54,25 +54,25 @@ FILES = {
 
             def slug(self):
                 return slugify(str(self.number))
-    ''',
-    "shop/pricing.py": '''
+    """,
+    "shop/pricing.py": """
         def apply_discount(amount, rate):
             return amount * (1 - rate)
 
 
         def setup():
             pass
-    ''',
-    "util/text.py": '''
+    """,
+    "util/text.py": """
         def slugify(text):
             return "-".join(text.lower().split())
 
 
         def setup():
             pass
-    ''',
+    """,
     # Unrelated to app/main.py: nothing it uses lives here, and it uses nothing of the others.
-    "tools/plot.py": '''
+    "tools/plot.py": """
         def draw_chart(points):
             return [p * 2 for p in points]
 
@@ -83,14 +83,14 @@ FILES = {
 
         def setup():
             pass
-    ''',
-    "tools/report.py": '''
+    """,
+    "tools/report.py": """
         from tools.plot import draw_chart, render_legend
 
         def report():
             draw_chart([1, 2])
             render_legend(["a"])
-    ''',
+    """,
 }
 
 

@@ -104,7 +104,7 @@ FILES = {
                 oldest = next(iter(self.items))
                 del self.items[oldest]
     ''',
-    "tests/test_urls.py": '''
+    "tests/test_urls.py": """
         from netkit.urls import split_url, join_url
 
 
@@ -115,7 +115,7 @@ FILES = {
 
         def test_join_url():
             assert join_url("http://h/a/b", "c") == "http://h/a/c"
-    ''',
+    """,
     "README.md": """
         # netkit
 
@@ -267,8 +267,22 @@ def test_fused_at_least_as_good_as_each_ranker(repo):
 
 @pytest.mark.parametrize(
     "query",
-    ["", "   ", "!!!@@@###", "(((", '"', "*", "AND OR NOT NEAR", "col:text", "'; DROP TABLE files; --",
-     "\x00\x01", "ünïcödé 🐍 wörds", "x" * 100_000, "split " * 5_000, "a the of is"],
+    [
+        "",
+        "   ",
+        "!!!@@@###",
+        "(((",
+        '"',
+        "*",
+        "AND OR NOT NEAR",
+        "col:text",
+        "'; DROP TABLE files; --",
+        "\x00\x01",
+        "ünïcödé 🐍 wörds",
+        "x" * 100_000,
+        "split " * 5_000,
+        "a the of is",
+    ],
 )
 @pytest.mark.parametrize("mode", MODES)
 def test_junk_queries_are_safe(repo, query, mode):

@@ -380,3 +380,11 @@ def test_two_writer_threads_serialise(store):
         t.join(30)
     assert errors == [] and store.stats()["files"] == 60
     assert store.integrity_problems() == []
+
+
+def test_a_folder_in_the_way_raises_and_is_left_alone(tmp_path):
+    path = tmp_path / "index.sqlite3"
+    path.mkdir()
+    with pytest.raises(IndexStoreError):
+        IndexStore(path)
+    assert path.is_dir() and list(tmp_path.iterdir()) == [path]

@@ -121,6 +121,30 @@ def test_vcs_and_cache_churn_never_reaches_the_indexer(setup):
     assert "hidden" not in symbol_names(store)
 
 
+def test_a_root_below_a_folder_named_like_a_skipped_one(tmp_path):
+    root = tmp_path / "venv" / "project"
+    root.mkdir(parents=True)
+    with IndexStore(tmp_path / "db.sqlite3") as store:
+        indexer = Indexer([root], store)
+        indexer.index_all()
+        with IndexWatcher(indexer, debounce_s=0.01):
+            (root / "mod.py").write_text("def inside_venv_named_root():\n    pass\n", encoding="utf-8")
+            assert wait_for(lambda: "inside_venv_named_root" in symbol_names(store))
+
+
+def test_many_paths_in_one_batch_take_a_full_pass(setup, monkeypatch):
+    ws, store, watcher, batches = setup
+    monkeypatch.setattr("context.index.watcher.FULL_PASS_PATHS", 5)
+    calls = []
+    real = watcher.indexer.index_all
+    monkeypatch.setattr(watcher.indexer, "index_all", lambda: calls.append(1) or real())
+    watcher.debounce_s = 0.3  # all ten writes land in one batch even on a busy machine
+    for i in range(10):
+        (ws / f"pkg/many_{i}.py").write_text(f"def many_{i}():\n    pass\n", encoding="utf-8")
+    assert wait_for(lambda: {f"many_{i}" for i in range(10)} <= symbol_names(store))
+    assert watcher.wait_idle(10) and calls
+
+
 def test_a_burst_of_saves_is_coalesced(setup):
     ws, store, watcher, batches = setup
     for i in range(20):
@@ -148,6 +172,19 @@ def test_editor_notifications_without_an_observer(ws, tmp_path):
             assert wait_for(lambda: "other" in symbol_names(store) and "pkg/maths.py" not in rels(store))
             assert watcher.wait_idle(10)
         assert batches.reports[-1].files == store.stats()["files"]
+
+
+def test_overlays_through_the_watcher_do_not_block_the_caller(setup):
+    ws, store, watcher, batches = setup
+    target = ws / "pkg/maths.py"
+    watcher.debounce_s = 0.5  # so the check right after the call surely runs before the update
+    watcher.set_overlay(target, "def typed_not_saved():\n    pass\n")
+    assert "typed_not_saved" not in symbol_names(store)  # applied later, on the watcher's thread
+    assert wait_for(lambda: "typed_not_saved" in symbol_names(store))
+    assert "add_numbers" not in symbol_names(store)
+    watcher.clear_overlay(target)
+    assert wait_for(lambda: "add_numbers" in symbol_names(store))
+    assert "typed_not_saved" not in symbol_names(store)
 
 
 def test_stop_is_prompt_and_final(setup):
