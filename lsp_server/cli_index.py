@@ -7,11 +7,10 @@ import os
 import sys
 from pathlib import Path
 
+from context.config import SquidConfig, load_file_config
 from context.index.indexer import Indexer, default_index_path
 from context.index.repomap import render_repo_map
 from context.index.retrieval import search
-
-from context.config import SquidConfig, load_file_config
 from context.index.store import IndexStore
 from context.runtime import model_token_counter
 

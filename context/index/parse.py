@@ -13,11 +13,20 @@ over `MAX_CHUNK_LINES` becomes overlapping line windows that keep the symbol; ru
 whose parse yields nothing, get plain line windows. Chunk text is bounded in characters as well, so
 a file that is one enormous line costs a bounded amount of work.
 
+TSX goes through a helper process (`GUARDED_LANGUAGES`): its grammar loops forever on some inputs
+(tree-sitter-typescript#323) and the binding has no timeout, so a stuck parse is killed and the file
+gets line windows.
+
 Everything here is a module-level function over plain values, so a process pool can run it.
 """
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
 import re
 import threading
 from collections.abc import Callable, Iterable
@@ -35,6 +44,7 @@ import tree_sitter_typescript
 from .types import Chunk, ParsedFile, Reference, Symbol
 
 __all__ = [
+    "GUARDED_LANGUAGES",
     "LANGUAGE_BY_SUFFIX",
     "MAX_CHUNK_LINES",
     "MERGE_LINES",
@@ -69,7 +79,12 @@ SMALL_CONTAINER_LINES = 40  # a class this short stays one chunk; longer ones sp
 ATTACH_MAX_LINES = 10  # comments/attributes directly above a definition join its chunk
 MAX_CHUNK_CHARS = 16_000
 MAX_SLICES_PER_LINE = 16  # an enormous line is indexed up to MAX_CHUNK_CHARS * this characters
-MAX_PARSE_BYTES = 2_000_000  # beyond this, no grammar: windows only (parse and capture time grow with size)
+MAX_PARSE_CHARS = 2_000_000  # beyond this, no grammar: windows only (parse and capture time grow with size)
+# Grammars seen to loop forever on some inputs (tree-sitter-typescript#323: `<a {{b:>c:d(e f)` in TSX);
+# they run in a helper process that is killed after GUARD_TIMEOUT_S (+ a little per character).
+GUARDED_LANGUAGES = frozenset({"tsx"})
+GUARD_TIMEOUT_S = 10.0
+GUARD_SECONDS_PER_MILLION_CHARS = 5.0
 MAX_DEFINITIONS = 20_000  # per file; a data file of 600k assignments is not 600k symbols
 MAX_NAME_CHARS = 100
 MAX_SIGNATURE_CHARS = 200
@@ -185,6 +200,8 @@ _GRAMMARS: dict[str, Callable[[], object]] = {
     "lua": tree_sitter_lua.language,
 }
 
+log = logging.getLogger(__name__)
+
 # Parsers and query cursors keep state, so each thread gets its own.
 _per_thread = threading.local()
 
@@ -234,12 +251,16 @@ def parse_source(text: str, rel_path: str) -> ParsedFile:
     language = language_for(rel_path)
     if not text or text.isspace():
         return ParsedFile(language=language)
-    lines = text.split("\n")
-    if text.endswith("\n"):
-        lines.pop()
+    if language is None or len(text) > MAX_PARSE_CHARS:
+        return _windows_only(text, language)
+    if language in GUARDED_LANGUAGES:
+        return _guarded_parse(text, rel_path, language)
+    return _parse_with_grammar(text, language)
+
+
+def _parse_with_grammar(text: str, language: str) -> ParsedFile:
+    lines = _split_lines(text)
     source = text.encode("utf-8", "surrogatepass")
-    if language is None or len(source) > MAX_PARSE_BYTES:
-        return ParsedFile(language=language, chunks=_window_chunks(lines, 1, len(lines), None, "window"))
     parser, query = _tools(language)
     tree = parser.parse(source)
     captures = tree_sitter.QueryCursor(query).captures(tree.root_node)
@@ -253,6 +274,107 @@ def parse_source(text: str, rel_path: str) -> ParsedFile:
     if not chunks:
         chunks = _window_chunks(lines, 1, len(lines), None, "window")
     return ParsedFile(language=language, chunks=chunks, symbols=symbols, references=references)
+
+
+def _windows_only(text: str, language: str | None) -> ParsedFile:
+    lines = _split_lines(text)
+    return ParsedFile(language=language, chunks=_window_chunks(lines, 1, len(lines), None, "window"))
+
+
+def _split_lines(text: str) -> list[str]:
+    # "\n" only, as tree-sitter counts rows (str.splitlines also splits on \r, \x0c, \u2028...).
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()
+    return lines
+
+
+# ---------------------------------------------------------------- guarded grammars
+
+
+def _guarded_parse(text: str, rel_path: str, language: str) -> ParsedFile:
+    timeout = GUARD_TIMEOUT_S + GUARD_SECONDS_PER_MILLION_CHARS * len(text) / 1_000_000
+    parsed = _guard.parse(text, rel_path, timeout)
+    return parsed if parsed is not None else _windows_only(text, language)
+
+
+class _ParseGuard:
+    """A helper process that parses for grammars known to loop forever on some inputs.
+
+    The binding offers no timeout or cancellation, and a stuck parse would hold a CPU and whatever
+    lock its caller holds; a helper process can be killed. One helper per process, started on first
+    use (about 0.1 s) and again after it was killed; requests are serialised.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner_pid = 0
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._connection: multiprocessing.connection.Connection | None = None
+
+    def parse(self, text: str, rel_path: str, timeout: float) -> ParsedFile | None:
+        """The helper's ParsedFile, or None when it could not run or took longer than `timeout`."""
+        with self._lock:
+            connection = self._running()
+            if connection is None:
+                return None
+            try:
+                connection.send((text, rel_path))
+                if connection.poll(timeout):
+                    return connection.recv()
+                log.warning("parsing %s did not finish in %.0fs; indexed as plain lines", rel_path, timeout)
+            except (OSError, EOFError, pickle.PickleError) as error:
+                log.warning("the parse helper failed on %s (%s); indexed as plain lines", rel_path, error)
+            self._stop()
+            return None
+
+    def _running(self) -> multiprocessing.connection.Connection | None:
+        if self._owner_pid != os.getpid():
+            self._process = self._connection = None  # inherited through fork: not ours to use
+            self._owner_pid = os.getpid()
+        if self._process is not None and self._process.is_alive():
+            return self._connection
+        self._stop()
+        if multiprocessing.current_process().daemon:
+            log.warning(
+                "cannot start a parse helper from a daemon process; guarded grammars give plain lines"
+            )
+            return None
+        context = multiprocessing.get_context("spawn")
+        ours, theirs = context.Pipe()
+        process = context.Process(
+            target=_serve_parses, args=(theirs,), name="squidcode-parse-guard", daemon=True
+        )
+        try:
+            process.start()
+        except OSError as error:
+            log.warning("cannot start a parse helper (%s); guarded grammars give plain lines", error)
+            return None
+        finally:
+            theirs.close()
+        self._process, self._connection = process, ours
+        return ours
+
+    def _stop(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+        if self._process is not None:
+            self._process.kill()
+            self._process.join(timeout=5)
+        self._process = self._connection = None
+
+
+def _serve_parses(connection: multiprocessing.connection.Connection) -> None:
+    """The helper process: parse what the parent sends until it hangs up."""
+    while True:
+        try:
+            text, rel_path = connection.recv()
+        except EOFError:
+            return
+        connection.send(_parse_with_grammar(text, language_for(rel_path) or ""))
+
+
+_guard = _ParseGuard()
 
 
 # ---------------------------------------------------------------- definitions
@@ -299,7 +421,7 @@ def _describe(kind: str, node: tree_sitter.Node, source: bytes) -> _Def | None:
         end_line=end_line,
         signature=_signature(source, span, node, body),
         name_start=name_node.start_byte,
-        prefix=prefix,
+        prefix=_collapse(prefix)[:MAX_NAME_CHARS],
     )
 
 

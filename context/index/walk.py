@@ -30,6 +30,7 @@ the roots, a hard link, nested roots) is listed and counted once.
 from __future__ import annotations
 
 import codecs
+import errno
 import functools
 import logging
 import os
@@ -108,7 +109,7 @@ _GENERATED_MARKER = re.compile(
 )
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
 # Git's own variables would point git at another repository than the root's.
-_GIT_ENV_OVERRIDES = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_CEILING_DIRECTORIES")
+_GIT_ENV_OVERRIDES = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
 
 
 def walk_roots(roots: Sequence[Path], max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> WalkResult:
@@ -316,10 +317,8 @@ def _follow_link(path: str, real_roots: list[str]) -> os.stat_result | str | Non
     stays inside the roots, whose content is walked where it really is)."""
     try:
         real = os.path.realpath(path, strict=True)
-    except FileNotFoundError:
-        return "unreadable"  # broken link
-    except OSError:
-        return "symlink_loop"  # ELOOP: links pointing at each other
+    except OSError as error:  # ELOOP: links pointing at each other; ENOENT: a broken link
+        return "symlink_loop" if error.errno == errno.ELOOP else "unreadable"
     if not _inside(real, real_roots):
         return "symlink_loop"
     try:
@@ -349,7 +348,7 @@ def _read_head(path: str) -> bytes:
 
 
 def _content_verdict(name: str, head: bytes, truncated: bool) -> str | None:
-    """ "binary", "generated" or None (fine) from the first bytes of a file."""
+    """The skip reason ("binary" or "generated") the first bytes of a file give, or None."""
     if b"\0" in head[:BINARY_SNIFF_BYTES]:
         return "binary"
     try:

@@ -4,7 +4,9 @@ tolerance, enormous input, and a smoke run over the running interpreter's standa
 
 from __future__ import annotations
 
+import multiprocessing
 import pickle
+import random
 import sysconfig
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from context.index import parse
 from context.index.parse import (
     MAX_CHUNK_CHARS,
     MAX_CHUNK_LINES,
@@ -556,10 +559,45 @@ def test_stdlib_smoke():
 
 
 def test_parse_runs_in_threads_and_processes():
-    sources = [(PYTHON, "a.py"), (GO, "b.go"), (RUST, "c.rs"), (LUA, "d.lua")]
+    tsx = "export function App(props: Props) {\n  return <Button onClick={() => go(props)} />;\n}\n"
+    sources = [(PYTHON, "a.py"), (GO, "b.go"), (RUST, "c.rs"), (LUA, "d.lua"), (tsx, "e.tsx")]
     expected = [parse_source(text, rel) for text, rel in sources]
     with ThreadPoolExecutor(max_workers=4) as pool:
         assert list(pool.map(parse_source, *zip(*sources, strict=True))) == expected
-    with ProcessPoolExecutor(max_workers=1) as pool:
+    spawn = multiprocessing.get_context("spawn")  # as the indexer's pool
+    with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
         assert list(pool.map(parse_source, *zip(*sources, strict=True))) == expected
     assert pickle.loads(pickle.dumps(expected)) == expected
+
+
+TSX_LOOP = "<a {{b:>c:d(e f)\n"  # tree-sitter-typescript#323: the TSX grammar never returns on this
+
+
+def test_tsx_parse_that_never_ends_is_abandoned(monkeypatch):
+    monkeypatch.setattr(parse, "GUARD_TIMEOUT_S", 1.5)
+    started = time.monotonic()
+    parsed = parse_source(TSX_LOOP, "Broken.tsx")
+    assert time.monotonic() - started < 10.0
+    assert parsed == ParsedFile(language="tsx", chunks=[Chunk(1, 1, TSX_LOOP.rstrip("\n"), None, "window")])
+    assert not [p for p in multiprocessing.active_children() if p.name == "squidcode-parse-guard"]
+    # The helper comes back for the next file.
+    after = parse_source("export const one = () => <b>1</b>;\n", "One.tsx")
+    assert symbols_of(after) == [("one", "function", 1, 1)]
+
+
+def random_text(rng: random.Random) -> str:
+    alphabet = "def class fn func function local end(){}[]<>/:;=,.\n \t'\"`ab\\#*-!@$?é\ud800"
+    return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 800)))
+
+
+def test_random_input_never_raises(monkeypatch):
+    monkeypatch.setattr(parse, "GUARD_TIMEOUT_S", 1.0)
+    rng = random.Random(20240611)
+    for _ in range(80):
+        text = random_text(rng)
+        line_count = len(text.split("\n"))
+        for rel in ("f.py", "f.js", "f.ts", "f.tsx", "f.go", "f.rs", "f.lua", "f.txt"):
+            parsed = parse_source(text, rel)
+            assert all(1 <= c.start_line <= c.end_line <= line_count for c in parsed.chunks), rel
+            assert all(1 <= s.start_line <= s.end_line <= line_count for s in parsed.symbols), rel
+            assert bool(parsed.chunks) == bool(text.strip()), rel
