@@ -28,6 +28,14 @@ def _open(root: Path) -> tuple[IndexStore, Indexer, SquidConfig]:
     return store, Indexer([root], store, max_file_bytes=config.index.max_file_bytes), config
 
 
+def _open_indexed(root: Path) -> tuple[IndexStore, SquidConfig]:
+    """The store of `root`, indexed first when it holds nothing yet."""
+    store, indexer, config = _open(root)
+    if store.stats()["files"] == 0:
+        indexer.index_all()
+    return store, config
+
+
 def _check_root(path: Path) -> Path | None:
     root = path.resolve()
     if not root.is_dir():
@@ -61,10 +69,8 @@ def run_search(path: Path, query: str, k: int, as_json: bool) -> int:
     root = _check_root(path)
     if root is None:
         return 2
-    store, indexer, _ = _open(root)
+    store, _ = _open_indexed(root)
     with store:
-        if store.stats()["files"] == 0:
-            indexer.index_all()
         hits = search(store, query, k)
     rows = [
         {"path": os.path.relpath(hit.path, root), "start_line": hit.start_line, "end_line": hit.end_line,
@@ -86,10 +92,8 @@ def run_map(path: Path, focus: Path | None, tokens: int) -> int:
     root = _check_root(path)
     if root is None:
         return 2
-    store, indexer, config = _open(root)
+    store, config = _open_indexed(root)
     with store:
-        if store.stats()["files"] == 0:
-            indexer.index_all()
         focus_path = str(focus.resolve()) if focus else None
         counter = model_token_counter(config.resolved_cache_dir())
         kwargs = {"count_tokens": counter} if counter else {}

@@ -21,6 +21,7 @@ code merged in before the definition is narrowed to the definition's own lines.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -665,15 +666,7 @@ def _merge(chunk: SearchHit | None, symbol: SearchHit | None) -> SearchHit:
 
 
 def _with_score(hit: SearchHit, score: float) -> SearchHit:
-    return SearchHit(
-        path=hit.path,
-        rel=hit.rel,
-        start_line=hit.start_line,
-        end_line=hit.end_line,
-        symbol=hit.symbol,
-        score=score,
-        text=hit.text,
-    )
+    return dataclasses.replace(hit, score=score)
 
 
 def _same_region(a: SearchHit, b: SearchHit) -> bool:
