@@ -45,6 +45,12 @@ def _demo_client(progress: list[str]) -> LanguageClient:
         title = value.get("title") or value.get("message") if isinstance(value, dict) else ""
         progress.append(f"{kind}: {title}")
 
+    @client.feature("squidcode/indexStatus")
+    def on_index_status(params) -> None:
+        state = getattr(params, "state", "?")
+        progress.append(f"index {state}: {getattr(params, 'files', 0)} files, "
+                        f"{getattr(params, 'symbols', 0)} symbols")
+
     @client.feature(types.WINDOW_LOG_MESSAGE)
     def on_log(params: types.LogMessageParams) -> None:
         return None

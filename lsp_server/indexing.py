@@ -78,7 +78,9 @@ class _ProgressReporter:
         self._token = await self._ls.begin_progress("Indexing", "scanning the workspace")
 
     def report_threadsafe(self, done: int, total: int) -> None:
-        percent = int(done * 100 / total) if total else 100
+        if not total:
+            return
+        percent = int(done * 100 / total)
         if percent != self._last_percent:
             self._last_percent = percent
             self._loop.call_soon_threadsafe(self._report, done, total, percent)
