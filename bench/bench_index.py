@@ -149,13 +149,15 @@ def search_latency(store: IndexStore, queries: list[dict], passes: int) -> dict:
 
 
 def repo_map_time(store: IndexStore, runs: int = 3) -> dict:
+    """The first call builds the reference graph; later calls reuse it until the index changes."""
     times, text = [], ""
-    for _ in range(runs):
+    for _ in range(runs + 1):
         t0 = time.perf_counter()
         text = render_repo_map(store, focus=REPO_MAP_FOCUS, token_budget=1024)
         times.append(time.perf_counter() - t0)
     return {
-        "median_s": median(times),
+        "first_s": times[0],
+        "median_s": median(times[1:]),
         "focus": REPO_MAP_FOCUS,
         "chars": len(text),
         "first_lines": text.splitlines()[:6],
@@ -303,7 +305,10 @@ def print_table(report: dict) -> None:
         q = report["quality"][mode]
         cells = [f"{q[split]['recall@5']:.3f} / {q[split]['mrr']:.3f}" for split in ("all", "dev", "holdout")]
         rows.append((f"Quality {mode}: recall@5 / MRR@10", "  ".join(cells) + "  (all / dev / holdout)"))
-    rows.append(("Repo map, 1024 tokens (median of 3)", f"{report['repo_map']['median_s'] * 1000:.0f} ms"))
+    rows.append(("Repo map, 1024 tokens, first call (builds the graph)",
+                 f"{report['repo_map']['first_s'] * 1000:.0f} ms"))
+    rows.append(("Repo map, 1024 tokens, later calls (median of 3)",
+                 f"{report['repo_map']['median_s'] * 1000:.0f} ms"))
     rows.append(
         (
             "Watcher: write -> searchable p50 / p95",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -153,9 +154,27 @@ def _resolve_focus(graph: _Graph, nodes: list[str], focus: str | None) -> str | 
     return candidates[0] if candidates else None
 
 
+# The graph costs ~1 s to build on the standard library; it is kept per database until the index
+# changes. Keyed by the database file, holding (generation, graph).
+_GRAPH_CACHE: dict[str, tuple[tuple, _Graph]] = {}
+_GRAPH_CACHE_LOCK = threading.Lock()
+
+
+def _graph_for(store) -> _Graph:
+    key, generation = str(store.path), store.generation()
+    with _GRAPH_CACHE_LOCK:
+        cached = _GRAPH_CACHE.get(key)
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+    graph = _build_graph(store)
+    with _GRAPH_CACHE_LOCK:
+        _GRAPH_CACHE[key] = (generation, graph)
+    return graph
+
+
 def rank_files(store, focus: str | None = None, names: Iterable[str] = ()) -> list[tuple[str, float]]:
     """(path, rank) of every file with definitions or references, best first (focus included)."""
-    graph = _build_graph(store)
+    graph = _graph_for(store)
     return _ranked(graph, focus, set(names))[0]
 
 
@@ -232,7 +251,7 @@ def render_repo_map(
     if token_budget <= 0:
         return ""
     wanted = set(names)
-    graph = _build_graph(store)
+    graph = _graph_for(store)
     ranked, focus_node = _ranked(graph, focus, wanted)
     scores = _definition_scores(graph, dict(ranked))
     parts: list[str] = []

@@ -587,6 +587,13 @@ class IndexStore:
             "SELECT f.path, r.name, r.line FROM refs r JOIN files f ON f.id = r.file_id"
         )
 
+    def generation(self) -> tuple:
+        """A fingerprint of the files table that changes whenever a file is added, replaced or removed
+        (so derived structures, like the repo map's graph, know when to rebuild)."""
+        return tuple(self._rows(
+            "SELECT count(*), coalesce(max(indexed_at), 0), coalesce(sum(id), 0) FROM files"
+        )[0])
+
     def stats(self, references: bool = True) -> dict[str, int]:
         """Row counts; counting references (the largest table) can be left out when speed matters."""
         refs = "(SELECT count(*) FROM refs)" if references else "-1"

@@ -192,3 +192,25 @@ def test_without_focus_and_on_an_empty_index(store, tmp_path):
     with IndexStore(tmp_path / "empty.db") as empty:
         assert render_repo_map(empty, focus="x.py") == ""
     assert render_repo_map(store, focus="no/such/file.py", token_budget=0) == ""
+
+
+def test_graph_is_reused_until_the_index_changes(tmp_path, monkeypatch):
+    from context.index import repomap
+
+    (tmp_path / "a.py").write_text("from b import helper\n\n\ndef main():\n    return helper()\n")
+    (tmp_path / "b.py").write_text("def helper():\n    return 1\n")
+    builds = []
+    real_build = repomap._build_graph
+    # Counts builds; the real builder still does the work.
+    monkeypatch.setattr(repomap, "_build_graph", lambda s: builds.append(1) or real_build(s))
+    with IndexStore(tmp_path / "db" / "index.sqlite3") as store:
+        indexer = Indexer([tmp_path], store)
+        indexer.index_all()
+        first = render_repo_map(store, focus=str(tmp_path / "a.py"))
+        assert render_repo_map(store, focus=str(tmp_path / "a.py")) == first
+        assert len(builds) == 1
+        (tmp_path / "b.py").write_text("def helper_renamed():\n    return 1\n")
+        indexer.update_paths([tmp_path / "b.py"])
+        changed = render_repo_map(store, focus=str(tmp_path / "a.py"))
+        assert len(builds) == 2
+        assert "helper_renamed" in changed and "def helper()" not in changed
