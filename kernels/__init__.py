@@ -1,3 +1,5 @@
-"""Numeric kernels, each with a plain-torch reference beside its fast path (see the issues)."""
+"""Numeric kernels, each with a plain-torch reference beside its fast path."""
 
-__all__: list[str] = []
+from .rope import ROPE_LAYOUTS, rope_shift
+
+__all__ = ["ROPE_LAYOUTS", "rope_shift"]
