@@ -322,8 +322,13 @@ class ModelRuntime:
         seed: int | None = None,
         should_stop: ShouldStop | None = None,
         heal: str = "",
+        past=None,
     ) -> GenerationResult:
         """Continue `prompt`; `should_stop` is polled between forward passes.
+
+        `past` is a transformers cache that already holds the context before `prompt` (for example
+        Squid-composed document caches at positions 0..n-1); only `prompt` is prefilled, at positions
+        n.. onwards. Generation extends that cache in place: pass a copy of anything kept for reuse.
 
         `heal` is text that was cut off the end of the prompt (token healing): the first tokens are
         constrained to regenerate it, and it is not part of the returned text. A prompt that ends
@@ -341,7 +346,7 @@ class ModelRuntime:
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         with self._lock, torch.inference_mode():
             started = time.perf_counter()
-            cache, logits = self._prefill(prompt_ids, should_stop)
+            cache, logits = self._prefill(prompt_ids, should_stop, past)
             prefill_s = time.perf_counter() - started
             new_ids: list[int] = []
             text, reason = "", "length"
@@ -369,17 +374,18 @@ class ModelRuntime:
                 cache, logits = out.cache, out.logits[:, -1, :]
             decode_s = time.perf_counter() - started - prefill_s
         result = GenerationResult(text, len(new_ids), len(prompt_ids), prefill_s, decode_s, reason)
+        # prompt_tokens counts what was prefilled here, not what `past` already held.
         log.info(
             "generated %d tokens after a %d-token prompt (%s): prefill %.2fs, decode %.1f tok/s",
             result.new_tokens, result.prompt_tokens, reason, prefill_s, result.tokens_per_s,
         )
         return result
 
-    def _prefill(self, prompt_ids: list[int], should_stop: ShouldStop):
+    def _prefill(self, prompt_ids: list[int], should_stop: ShouldStop, past=None):
         """Run the prompt through the model in chunks, so a cancel lands within one chunk."""
         import torch
 
-        cache = None
+        cache = past
         logits = None
         for start in range(0, len(prompt_ids), PREFILL_CHUNK):
             if should_stop():

@@ -75,3 +75,19 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
 def test_directory_without_config_is_not_a_model(tmp_path):
     with pytest.raises(ModelNotFoundError, match="config.json"):
         ModelRuntime(ModelConfig(path=str(tmp_path)), tmp_path).load()
+
+
+def test_generation_from_a_prefilled_cache_equals_generation_from_the_whole_prompt(runtime):
+    import torch
+    from transformers import DynamicCache
+
+    source = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+    ids = runtime.encode(source)
+    whole = runtime.generate(ids, max_new_tokens=10)
+    context_ids, query_ids = ids[:-7], ids[-7:]
+    with torch.inference_mode():
+        out = runtime.model(input_ids=torch.tensor([context_ids]), cache=DynamicCache(), use_cache=True)
+    past = out.cache
+    seeded = runtime.generate(query_ids, max_new_tokens=10, past=past)
+    assert seeded.text == whole.text
+    assert seeded.prompt_tokens == len(query_ids)
