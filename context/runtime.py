@@ -201,6 +201,9 @@ class ModelRuntime:
         self.model = None
         self.tokenizer = None
         self.source = ""
+        # The LoRA adapter applied on top of the base weights, None for the base model. Anything
+        # derived from the model's activations (Squid KV caches) is keyed by it.
+        self.adapter_id: str | None = None
         self.load_seconds = 0.0
         self.loaded_from_cache = False
         self._lock = threading.Lock()
