@@ -25,6 +25,7 @@ __all__ = [
     "ModelConfig",
     "CompletionConfig",
     "IndexConfig",
+    "FeedbackConfig",
     "SquidConfig",
     "ConfigLayer",
     "merge_layers",
@@ -34,6 +35,7 @@ __all__ = [
     "load_file_config",
     "user_config_path",
     "default_cache_dir",
+    "default_data_dir",
     "WORKSPACE_CONFIG_NAME",
 ]
 
@@ -94,12 +96,39 @@ class IndexConfig:
 
 
 @dataclass(frozen=True)
+class FeedbackConfig:
+    """What squidcode records about how its output is received, and whether a team receives it."""
+
+    # Local recording of keep/revert signals; nothing leaves the machine unless `share` is on too.
+    record: bool = True
+    # How code is kept: full text (secrets redacted), a hash only, or nothing.
+    storage: str = field(default="full", metadata=_choice("full", "hashed", "none"))
+    # None means $SQUIDCODE_DATA_DIR, else $XDG_DATA_HOME/squidcode (~/.local/share/squidcode).
+    db_path: str | None = None
+    # Seconds after an accepted or applied edit at which its region is judged.
+    checkpoints_s: tuple[float, ...] = field(
+        default=(30.0, 120.0, 300.0, 600.0), metadata=_range(0.05, 86400)
+    )
+    # A shown completion neither accepted nor superseded within this time counts as dismissed.
+    dismiss_after_s: float = field(default=60.0, metadata=_range(0.05, 86400))
+    # A model change within this time after an output is recorded as a switch away from it.
+    switch_window_s: float = field(default=600.0, metadata=_range(0.0, 86400))
+    # Team collection (opt-in): upload to `endpoint` with `token`.
+    share: bool = False
+    endpoint: str | None = None
+    token: str | None = None
+    upload_interval_s: float = field(default=30.0, metadata=_range(0.05, 86400))
+    upload_batch: int = field(default=200, metadata=_range(1, 10_000))
+
+
+@dataclass(frozen=True)
 class SquidConfig:
     """Everything squidcode can be configured with."""
 
     model: ModelConfig = ModelConfig()
     completion: CompletionConfig = CompletionConfig()
     index: IndexConfig = IndexConfig()
+    feedback: FeedbackConfig = FeedbackConfig()
     log_level: str = field(default="info", metadata=_choice("debug", "info", "warning", "error"))
 
     def resolved_cache_dir(self) -> Path:
@@ -116,6 +145,14 @@ class ConfigLayer:
 
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "squidcode"
+
+
+def default_data_dir() -> Path:
+    """Where squidcode keeps user data (the feedback store): never inside a workspace."""
+    if explicit := os.environ.get("SQUIDCODE_DATA_DIR"):
+        return Path(explicit)
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "squidcode"
 
 
@@ -182,6 +219,7 @@ def _deep_update(target: dict[str, Any], update: Mapping[str, Any]) -> None:
 
 
 _SECTIONS = {"model": ModelConfig, "completion": CompletionConfig, "index": IndexConfig}
+_SECTIONS["feedback"] = FeedbackConfig
 
 
 def _validate_section(
@@ -248,6 +286,14 @@ def _check_value(spec: Any, value: Any) -> tuple[bool, Any, str]:
         if isinstance(value, list | tuple) and all(isinstance(v, str) and v for v in value):
             return True, tuple(value), ""
         return False, None, f"must be a list of non-empty strings, got {value!r}"
+    if kind == "tuple[float, ...]":
+        low, high = meta.get("range", (float("-inf"), float("inf")))
+        numbers = isinstance(value, list | tuple) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and low <= v <= high for v in value
+        )
+        if numbers and value:
+            return True, tuple(sorted(float(v) for v in value)), ""
+        return False, None, f"must be a non-empty list of numbers between {low} and {high}, got {value!r}"
     raise TypeError(f"config field {spec.name} has an unsupported type {kind}")
 
 

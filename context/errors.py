@@ -12,6 +12,8 @@ __all__ = [
     "GenerationCancelled",
     "IndexStoreError",
     "IndexCorruptError",
+    "FeedbackStoreError",
+    "FeedbackUploadError",
 ]
 
 
@@ -41,3 +43,11 @@ class IndexStoreError(SquidcodeError):
 
 class IndexCorruptError(IndexStoreError):
     """The repository index database is damaged; delete it (or reopen the store) to rebuild it."""
+
+
+class FeedbackStoreError(SquidcodeError):
+    """The feedback database could not be opened, read or written."""
+
+
+class FeedbackUploadError(SquidcodeError):
+    """A batch of feedback could not be delivered to the team collector."""

@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="start `squidcode serve`, open the bundled example, print an inline completion"
     )
     demo.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    from .cli_feedback import add_parsers as add_feedback_parsers
+
+    add_feedback_parsers(sub)
     return parser
 
 
@@ -101,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import run_demo
 
         return run_demo(as_json=args.json)
+    if args.command in ("feedback", "collector"):
+        from . import cli_feedback
+
+        return cli_feedback.run(args)
     raise AssertionError(f"unhandled command {args.command}")
 
 

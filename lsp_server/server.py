@@ -128,6 +128,12 @@ class SquidServer(LanguageServer):
         # none is answered under defaults the user has overridden.
         self.config_ready = asyncio.Event()
         self.index_service = None  # context.index.service.IndexService once indexing starts
+        self.feedback = None  # feedback.recorder.FeedbackRecorder once configured (features/edit_tracking)
+        # Called as listener(method, params) for didChange / didClose: features that follow
+        # documents (feedback edit tracking) without owning those notifications. Must be fast.
+        self.document_listeners: list = []
+        # Called as listener(old_config, new_config) after every configuration reload.
+        self.config_listeners: list = []
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -149,7 +155,7 @@ class SquidServer(LanguageServer):
         config, problems = merge_layers(layers)
         problems = self._file_problems + problems
         model_changed = config.model != self.config.model
-        self.config = config
+        previous, self.config = self.config, config
         self.config_problems = problems
         logging.getLogger("lsp_server").setLevel(config.log_level.upper())
         for problem in problems if report else ():
@@ -159,6 +165,11 @@ class SquidServer(LanguageServer):
                     type=types.MessageType.Warning, message=f"squidcode configuration: {problem}"
                 )
             )
+        for listener in self.config_listeners:
+            try:
+                listener(previous, config)
+            except Exception:  # noqa: BLE001 - a failing listener is logged and skipped
+                log.exception("configuration listener %r failed", listener)
         return model_changed
 
     # -- the model -----------------------------------------------------------------------------
@@ -257,6 +268,14 @@ class SquidServer(LanguageServer):
             self.supersede.finish(uri, pending)
 
     # -- documents -----------------------------------------------------------------------------
+
+    def notify_document_listeners(self, method: str, params: Any) -> None:
+        """Hand a document notification to each listener; a failing one is logged and skipped."""
+        for listener in self.document_listeners:
+            try:
+                listener(method, params)
+            except Exception:  # noqa: BLE001 - the editor's notification must not be lost to a plugin
+                log.exception("document listener %r failed on %s", listener, method)
 
     def open_document_text(self, uri: str) -> tuple[str, str | None] | None:
         """Text and language of a document the client opened; None for one it never opened."""

@@ -38,6 +38,7 @@ def register(server: SquidServer) -> None:
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     async def did_change(ls: SquidServer, params: types.DidChangeTextDocumentParams) -> None:
+        ls.notify_document_listeners(types.TEXT_DOCUMENT_DID_CHANGE, params)
         schedule_overlay(ls, params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
@@ -48,6 +49,7 @@ def register(server: SquidServer) -> None:
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: SquidServer, params: types.DidCloseTextDocumentParams) -> None:
+        ls.notify_document_listeners(types.TEXT_DOCUMENT_DID_CLOSE, params)
         if (handle := pending.pop(params.text_document.uri, None)) is not None:
             handle.cancel()
         path = _path(params.text_document.uri)

@@ -1,0 +1,197 @@
+"""The team collector: an ASGI app (served by uvicorn) that receives uploaded feedback.
+
+    POST /v1/events   Authorization: Bearer TOKEN   {"events": [{"id", "table", "row"}, ...]}
+        -> 200 {"accepted": n, "duplicates": m}; 400 bad JSON, 401 bad token, 413 too large,
+           422 a malformed event (the whole batch is refused; nothing is stored)
+    GET  /v1/health   -> 200 {"ok": true}
+    GET  /v1/stats    Authorization: Bearer TOKEN -> {"events": n, "by_table": {...}}  (that team's)
+
+Tokens map to team names; rows are stored with the team of the token that sent them, in SQLite
+(one transaction per batch, INSERT OR IGNORE on the row id, so a retried batch is stored once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import re
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .store import TABLES
+
+__all__ = ["CollectorStore", "create_app", "parse_tokens", "MAX_BODY_BYTES", "MAX_EVENTS"]
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_EVENTS = 10_000
+_ID = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+
+
+class CollectorStore:
+    """The collector's SQLite database (WAL); safe to call from several threads."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
+        self._lock = threading.Lock()
+        with self._lock, self._conn:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute(
+                "CREATE TABLE IF NOT EXISTS received (id TEXT PRIMARY KEY, team TEXT NOT NULL, "
+                "tbl TEXT NOT NULL, row TEXT NOT NULL, received_at REAL NOT NULL)"
+            )
+
+    def insert(self, team: str, events: list[dict[str, Any]]) -> tuple[int, int]:
+        now = time.time()
+        with self._lock, self._conn:
+            before = self._conn.total_changes
+            self._conn.executemany(
+                "INSERT OR IGNORE INTO received (id, team, tbl, row, received_at) VALUES (?, ?, ?, ?, ?)",
+                [(e["id"], team, e["table"], json.dumps(e["row"]), now) for e in events],
+            )
+            accepted = self._conn.total_changes - before
+        return accepted, len(events) - accepted
+
+    def stats(self, team: str) -> dict[str, Any]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT tbl, COUNT(*) FROM received WHERE team = ? GROUP BY tbl", [team]
+            ).fetchall()
+        return {"events": sum(n for _, n in rows), "by_table": dict(rows)}
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def parse_tokens(spec: str) -> dict[str, str]:
+    """Tokens from "team=token,team2=token2" (or lines of a file); a bare token is team "default"."""
+    tokens: dict[str, str] = {}
+    for item in re.split(r"[,\n]", spec):
+        item = item.strip()
+        if not item or item.startswith("#"):
+            continue
+        team, sep, token = item.partition("=")
+        token, team = (token.strip(), team.strip()) if sep else (team, "default")
+        if len(token) < 8:
+            raise ValueError(f"collector token for team {team!r} is shorter than 8 characters")
+        tokens[token] = team
+    return tokens
+
+
+def validate_batch(payload: Any) -> list[dict[str, Any]]:
+    """The events of an upload, or ValueError saying what is wrong (the first problem found)."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("events"), list):
+        raise ValueError('expected {"events": [...]}')
+    events = payload["events"]
+    if not 0 < len(events) <= MAX_EVENTS:
+        raise ValueError(f"a batch holds 1 to {MAX_EVENTS} events, got {len(events)}")
+    for index, event in enumerate(events):
+        if not isinstance(event, dict) or set(event) != {"id", "table", "row"}:
+            raise ValueError(f"event {index}: expected exactly the keys id, table, row")
+        if not isinstance(event["id"], str) or not _ID.fullmatch(event["id"]):
+            raise ValueError(f"event {index}: id must be 1-64 letters, digits, '-' or '_'")
+        if event["table"] not in TABLES:
+            raise ValueError(f"event {index}: table must be one of {', '.join(TABLES)}")
+        row = event["row"]
+        if not isinstance(row, dict) or row.get("id") != event["id"]:
+            raise ValueError(f"event {index}: row must be an object whose id is the event's id")
+    return events
+
+
+def create_app(store: CollectorStore, tokens: dict[str, str]):
+    """The ASGI application."""
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        method, path = scope["method"], scope["path"]
+        if path == "/v1/health" and method == "GET":
+            await _respond(send, 200, {"ok": True})
+            return
+        if path not in ("/v1/events", "/v1/stats"):
+            await _respond(send, 404, {"error": f"no route {path}"})
+            return
+        team = _team(scope, tokens)
+        if team is None:
+            await _respond(send, 401, {"error": "missing or unknown bearer token"})
+            return
+        if path == "/v1/stats" and method == "GET":
+            await _respond(send, 200, await asyncio.to_thread(store.stats, team))
+        elif path == "/v1/events" and method == "POST":
+            status, body = await _receive_events(receive, store, team)
+            await _respond(send, status, body)
+        else:
+            await _respond(send, 405, {"error": f"{method} not allowed on {path}"})
+
+    return app
+
+
+def _team(scope, tokens: dict[str, str]) -> str | None:
+    headers = dict(scope.get("headers") or [])
+    auth = headers.get(b"authorization", b"").decode("latin-1")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return None
+    # Constant-time comparison against each known token.
+    for known, team in tokens.items():
+        if hmac.compare_digest(known.encode(), token.strip().encode()):
+            return team
+    return None
+
+
+async def _receive_events(receive, store: CollectorStore, team: str) -> tuple[int, dict]:
+    body = bytearray()
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if len(body) > MAX_BODY_BYTES:
+            return 413, {"error": f"a batch is at most {MAX_BODY_BYTES} bytes"}
+        if not message.get("more_body"):
+            break
+    try:
+        payload = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        return 400, {"error": f"body is not UTF-8 JSON: {exc}"}
+    try:
+        events = validate_batch(payload)
+    except ValueError as exc:
+        return 422, {"error": str(exc)}
+    try:
+        accepted, duplicates = await asyncio.to_thread(store.insert, team, events)
+    except sqlite3.Error as exc:
+        log.error("collector store failed: %s", exc)
+        return 503, {"error": "the collector cannot store events right now"}
+    return 200, {"accepted": accepted, "duplicates": duplicates}
+
+
+async def _respond(send, status: int, body: dict) -> None:
+    data = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _lifespan(receive, send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
