@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sqlite3
 import threading
 import time
 import uuid
@@ -30,7 +31,7 @@ from context.errors import FeedbackStoreError
 
 from .consent import Consent
 from .redact import for_storage, redact
-from .store import FeedbackStore, default_db_path
+from .store import FeedbackStore, default_db_path, translate_sqlite_error
 from .tracking import EditTracker, Observation, Pos, TextChange
 
 __all__ = ["FeedbackRecorder", "new_id"]
@@ -93,11 +94,13 @@ class FeedbackRecorder:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         consent: Consent | None = None,
+        store_factory: Callable[[Path], FeedbackStore] = FeedbackStore,
     ):
         self.db_path = Path(db_path) if db_path else default_db_path(config)
         self.consent = consent or Consent.beside(self.db_path)
         self.config = self.consent.apply(config)
         self.clock, self.monotonic = clock, monotonic
+        self.store_factory = store_factory
         self.tracker = EditTracker(config.checkpoints_s, clock=monotonic)
         self.session_id = new_id()
         self.dropped = 0
@@ -484,14 +487,16 @@ class FeedbackRecorder:
             if stop and not self._writable(backlog):
                 return
             try:
-                store = store or FeedbackStore(self.db_path)
+                store = store or self.store_factory(self.db_path)
                 self._commit(store, backlog)
                 backlog, failures = [], 0
                 self.last_error = None
                 if stop:
                     store.close()
                     return
-            except FeedbackStoreError as exc:
+            except (FeedbackStoreError, sqlite3.Error) as exc:
+                if isinstance(exc, sqlite3.Error):
+                    exc = translate_sqlite_error(exc, self.db_path)
                 failures += 1
                 if str(exc) != self.last_error:
                     log.warning("feedback not written yet (%d rows waiting): %s", len(backlog), exc)

@@ -19,7 +19,8 @@ __all__ = ["redact", "Redaction", "for_storage", "text_hash", "shannon_entropy"]
 
 _SECRET_NAME = (
     r"(?:password|passwd|passphrase|pwd|secret|token|api[_-]?key|apikey|access[_-]?key|"
-    r"private[_-]?key|client[_-]?secret|auth[_-]?token|credentials?|session[_-]?key|signing[_-]?key)"
+    r"private[_-]?key|client[_-]?secret|auth[_-]?token|credentials?|session[_-]?key|signing[_-]?key|"
+    r"(?<=[A-Za-z0-9])[_\-]key\b|(?<=[A-Z0-9])_KEY)"
 )
 
 # (kind, pattern, group to replace: 0 for the whole match)
@@ -52,8 +53,8 @@ _PATTERNS: list[tuple[str, re.Pattern[str], int]] = [
     (
         "assigned_secret",
         re.compile(
-            rf"(?i)[\"']?\b[\w.\-]*{_SECRET_NAME}[\w\-]*[\"']?\s*(?::=|=>|[:=])\s*"
-            r"(?:[rbfu]?\"([^\"\n]{3,})\"|[rbfu]?'([^'\n]{3,})'|([^\s,;'\"()\[\]{}#]{6,}))"
+            rf"(?i)[\"']?\b[\w.\-]*{_SECRET_NAME}\b[\"']?[ \t]*(?::=|=>|[:=])[ \t]*"
+            r"(?:[rbfu]?\"([^\"\n]{3,})\"|[rbfu]?'([^'\n]{3,})'|([^\s,;'\"()\[\]{}#]{6,})(?![(\w.\[]))"
         ),
         -1,
     ),
@@ -61,7 +62,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str], int]] = [
     ("conn_string_password", re.compile(r"(?i)\b(?:password|pwd)\s*=\s*([^;'\"\s]+)"), 1),
 ]
 
-_CANDIDATE = re.compile(r"[A-Za-z0-9+/_\-]{20,}={0,2}")
+_CANDIDATE = re.compile(r"[A-Za-z0-9+/_\-]{24,}={0,2}")
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,8 @@ def _is_placeholder(value: str) -> bool:
         or bool(re.fullmatch(r"[A-Za-z_][\w.]*\(.*", value))  # a call
         or bool(re.fullmatch(r"(?:self|os|env|config|settings|process)\.[\w.\[\]]+", value))
         or bool(re.fullmatch(r"\$\{?\w+\}?|<[\w\-]+>|\{\{.*\}\}|%\(?\w+\)?s?", value))
+        or bool(re.fullmatch(r"[A-Z][A-Z0-9_]*|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+", value))  # constants, a.b
+        or bool(re.search(r"\{[^{}]*\}", value))  # an f-string / template interpolation
     )
 
 

@@ -61,7 +61,8 @@ class Region:
     old_text: str
     created: float
     pending: list[float]  # checkpoint offsets (s) not yet observed, ascending
-    undone_in_one: bool = False  # one change replaced exactly the region with its old text
+    undone_in_one: bool = False  # one change replaced the untouched region with its old text
+    touched: bool = False  # some change fell inside or across the region
     coarse: bool = False  # a change swallowed the region: its bounds are approximate
     snapshot: str | None = None  # the region's text when its document was closed
 
@@ -136,7 +137,8 @@ def _move(region: Region, s: Pos, e: Pos, text: str, utf16: bool) -> None:
     elif e <= a:  # before the region (an insertion right at its start shifts it)
         region.start, region.end = _map_after(a, s, e, shape), _map_after(b, s, e, shape)
     elif a <= s and e <= b:  # inside
-        region.undone_in_one = s == a and e == b and text == region.old_text
+        region.undone_in_one = not region.touched and s == a and e == b and text == region.old_text
+        region.touched = True
         region.end = _map_after(b, s, e, shape)
     elif s <= a and e >= b:  # swallows the whole region
         region.start, region.end = s, _end_of_insert(s, shape)
@@ -144,8 +146,10 @@ def _move(region: Region, s: Pos, e: Pos, text: str, utf16: bool) -> None:
         region.undone_in_one = False
     elif s < a:  # across the start
         region.start, region.end = s, _map_after(b, s, e, shape)
+        region.touched = True
     else:  # across the end
         region.end = _end_of_insert(s, shape)
+        region.touched = True
 
 
 def _offset(text: str, line_starts: list[int], pos: Pos, utf16: bool) -> int:
@@ -294,7 +298,7 @@ class EditTracker:
             return []
         created: list[Region] = []
         if any(change.start is None for change in changes):
-            changes = [self._as_range_change(doc.text, text_after)]
+            changes = self._as_range_changes(doc.text, text_after)
         for change in changes:
             s, e = change.start, change.end
             for region in doc.regions:
@@ -304,18 +308,16 @@ class EditTracker:
         doc.text = text_after
         return created
 
-    def _as_range_change(self, before: str, after: str) -> TextChange:
-        """A whole-text replacement as the one range change it amounts to (common prefix/suffix)."""
-        prefix = 0
-        limit = min(len(before), len(after))
-        while prefix < limit and before[prefix] == after[prefix]:
-            prefix += 1
-        suffix = 0
-        while suffix < limit - prefix and before[-1 - suffix] == after[-1 - suffix]:
-            suffix += 1
-        start = _position_of(before, prefix, self.utf16)
-        end = _position_of(before, len(before) - suffix, self.utf16)
-        return TextChange(start, end, after[prefix : len(after) - suffix])
+    def _as_range_changes(self, before: str, after: str) -> list[TextChange]:
+        """A whole-text replacement as the line range changes it amounts to, last first (so that
+        each applies to the text the previous one left)."""
+        old_lines, new_lines = before.splitlines(keepends=True), after.splitlines(keepends=True)
+        matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+        changes = []
+        for tag, i1, i2, j1, j2 in reversed(matcher.get_opcodes()):
+            if tag != "equal":
+                changes.append(TextChange((i1, 0), (i2, 0), "".join(new_lines[j1:j2])))
+        return changes
 
     def _meet_expectations(
         self, doc: _Document, uri: str, change: TextChange, text_after: str
