@@ -69,7 +69,9 @@ def change(client: LanguageClient, uri: str, version: int, start, end, text: str
 
 async def command(client: LanguageClient, name: str, argument=None):
     arguments = None if argument is None else [argument]
-    return await client.workspace_execute_command_async(types.ExecuteCommandParams(command=name, arguments=arguments))
+    return await client.workspace_execute_command_async(
+        types.ExecuteCommandParams(command=name, arguments=arguments)
+    )
 
 
 async def complete(client: LanguageClient, uri: str, line: int, character: int) -> types.InlineCompletionItem:

@@ -43,8 +43,9 @@ def make(tmp_path: Path, clock: Clock, **config) -> FeedbackRecorder:
 
 
 def show(recorder: FeedbackRecorder, output: str = OUTPUT, uri: str = URI) -> str:
-    return recorder.record_completion_episode(uri=uri, position=(2, 4), output=output, prompt_text=PROMPT,
-                                              model_id="m1", language="python")
+    return recorder.record_completion_episode(
+        uri=uri, position=(2, 4), output=output, prompt_text=PROMPT, model_id="m1", language="python"
+    )
 
 
 def episodes(path: Path):
@@ -70,7 +71,9 @@ def test_accepted_completion_gets_an_outcome_at_each_checkpoint(tmp_path, clock)
     (item,) = episodes(recorder.db_path)
     assert [e["kind"] for e in item.events] == ["shown", "accepted"]
     assert [(o["checkpoint_s"], o["status"], o["kept_text"]) for o in item.outcomes] == [
-        (30.0, "unchanged", OUTPUT), (120.0, "mostly_unchanged", "return a + c")]
+        (30.0, "unchanged", OUTPUT),
+        (120.0, "mostly_unchanged", "return a + c"),
+    ]
     assert item.episode["prompt_text"].startswith('TOKEN = "[REDACTED:github_token]"')
     assert item.episode["extra"]["position"] == [2, 4]
     recorder.close()
@@ -96,8 +99,10 @@ def test_dismissal_by_supersede_and_by_timeout(tmp_path, clock):
     clock.now += 11
     recorder.tick()
     recorder.flush()
-    kinds = {item.episode["id"]: [(e["kind"], (e["data"] or {}).get("reason")) for e in item.events]
-             for item in episodes(recorder.db_path)}
+    kinds = {
+        item.episode["id"]: [(e["kind"], (e["data"] or {}).get("reason")) for e in item.events]
+        for item in episodes(recorder.db_path)
+    }
     assert kinds[first] == [("shown", None), ("dismissed", "superseded")]
     assert kinds[second] == [("shown", None), ("dismissed", "timeout")]
     recorder.close()
@@ -132,11 +137,20 @@ def test_sessions_know_the_gap_since_the_previous_one(tmp_path, clock):
 
 def test_agent_episode_with_candidates_and_an_applied_edit(tmp_path, clock):
     recorder = make(tmp_path, clock)
-    candidates = [{"diff": "-x\n+y", "verified": False, "checks": {"lint": False}, "logprob": -3.5},
-                  {"diff": "-x\n+z", "verified": True, "checks": {"lint": True}, "logprob": -2.0}]
+    candidates = [
+        {"diff": "-x\n+y", "verified": False, "checks": {"lint": False}, "logprob": -3.5},
+        {"diff": "-x\n+z", "verified": True, "checks": {"lint": True}, "logprob": -2.0},
+    ]
     episode_id = recorder.record_agent_episode(
-        "rename x", "m1", "adapter-7", [{"uri": URI, "hash": "abc"}], candidates, 1, "SYSTEM\nrename x",
-        uri=URI)
+        "rename x",
+        "m1",
+        "adapter-7",
+        [{"uri": URI, "hash": "abc"}],
+        candidates,
+        1,
+        "SYSTEM\nrename x",
+        uri=URI,
+    )
     before, after = "x = 1\nprint(x)\n", "z = 1\nprint(x)\n"
     assert recorder.track_applied_edit(episode_id, URI, ((0, 0), (0, 1)), "z", "x", document_text=after)
     recorder.on_did_change(URI, [TextChange((0, 0), (0, 1), "x")], before)  # the user undoes it
@@ -196,8 +210,9 @@ class QueryOnlyStore(FeedbackStore):
 
 
 def test_an_unwritable_store_is_logged_and_never_blocks(tmp_path, clock, caplog):
-    recorder = FeedbackRecorder(FeedbackConfig(), db_path=tmp_path / "f.db", monotonic=clock,
-                                store_factory=QueryOnlyStore)
+    recorder = FeedbackRecorder(
+        FeedbackConfig(), db_path=tmp_path / "f.db", monotonic=clock, store_factory=QueryOnlyStore
+    )
     started = time.perf_counter()
     for _ in range(200):
         show(recorder)
@@ -218,8 +233,9 @@ def test_a_full_disk_keeps_rows_in_memory_up_to_a_bound(tmp_path, clock, monkeyp
             pages = self.db.execute("PRAGMA page_count").fetchone()[0]
             self.db.execute(f"PRAGMA max_page_count = {pages}")
 
-    recorder = FeedbackRecorder(FeedbackConfig(), db_path=tmp_path / "f.db", monotonic=clock,
-                                store_factory=FullDiskStore)
+    recorder = FeedbackRecorder(
+        FeedbackConfig(), db_path=tmp_path / "f.db", monotonic=clock, store_factory=FullDiskStore
+    )
     for i in range(200):
         show(recorder, output="x" * 2000 + str(i))
     deadline = time.monotonic() + 10
@@ -236,8 +252,12 @@ def test_a_locked_store_is_retried_until_it_frees(tmp_path, clock):
     FeedbackStore(path).close()
     locker = sqlite3.connect(path, check_same_thread=False)
     locker.execute("BEGIN EXCLUSIVE")
-    recorder = FeedbackRecorder(FeedbackConfig(), db_path=path, monotonic=clock,
-                                store_factory=lambda p: FeedbackStore(p, timeout_s=0.05))
+    recorder = FeedbackRecorder(
+        FeedbackConfig(),
+        db_path=path,
+        monotonic=clock,
+        store_factory=lambda p: FeedbackStore(p, timeout_s=0.05),
+    )
     episode_id = show(recorder)
     assert not recorder.flush(timeout=0.5)
     threading.Timer(0.1, locker.rollback).start()

@@ -27,7 +27,11 @@ def test_ordinary_code_is_left_alone(text):
 
 def test_this_repositorys_own_code_is_not_redacted():
     root = Path(__file__).parents[3]
-    for path in [root / "agent" / "completion.py", root / "context" / "config.py", root / "lsp_server" / "server.py"]:
+    for path in [
+        root / "agent" / "completion.py",
+        root / "context" / "config.py",
+        root / "lsp_server" / "server.py",
+    ]:
         text = path.read_text()
         assert redact(text).kinds == (), path
 
@@ -37,8 +41,10 @@ def test_url_redaction_keeps_the_shape():
     assert redact(text).text == 'url = "postgresql://app:[REDACTED:url_password]@db:5432/app"'
 
 
-@pytest.mark.parametrize(("mode", "keeps_text", "keeps_hash"), [("full", True, True), ("hashed", False, True),
-                                                              ("none", False, False)])
+@pytest.mark.parametrize(
+    ("mode", "keeps_text", "keeps_hash"),
+    [("full", True, True), ("hashed", False, True), ("none", False, False)],
+)
 def test_storage_modes(mode, keeps_text, keeps_hash):
     raw = 'key = "AKIAABCDEFGHIJKLMNOP"\nx = 1\n'
     text, digest = for_storage(raw, mode)

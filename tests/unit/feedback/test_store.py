@@ -12,15 +12,24 @@ from feedback.store import SCHEMA_VERSION, FeedbackStore
 
 
 def episode(i: int, ts: float) -> dict:
-    return {"id": f"ep{i}", "kind": "completion", "ts": ts, "model_id": "m", "output": f"x{i}",
-            "candidates": [{"diff": "d", "verified": True}], "extra": {"n": i}}
+    return {
+        "id": f"ep{i}",
+        "kind": "completion",
+        "ts": ts,
+        "model_id": "m",
+        "output": f"x{i}",
+        "candidates": [{"diff": "d", "verified": True}],
+        "extra": {"n": i},
+    }
 
 
 def test_a_new_store_is_at_the_current_schema_in_wal_mode(tmp_path):
     store = FeedbackStore(tmp_path / "sub" / "f.db")
     assert store.schema_version() == SCHEMA_VERSION
     assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert {"episodes", "events", "outcomes", "sessions", "model_switches", "outbox"} <= set(store.db.table_names())
+    assert {"episodes", "events", "outcomes", "sessions", "model_switches", "outbox"} <= set(
+        store.db.table_names()
+    )
 
 
 def test_an_old_store_is_migrated_and_a_newer_one_refused(tmp_path):
@@ -38,13 +47,38 @@ def test_episodes_with_outcomes_round_trips_json_and_orders(tmp_path):
     store = FeedbackStore(tmp_path / "f.db")
     now = time.time()
     store.write([("episodes", episode(2, now + 1)), ("episodes", episode(1, now))])
-    store.write([
-        ("events", {"id": "e1", "episode_id": "ep1", "kind": "accepted", "ts": now, "data": {"chars": 2}}),
-        ("outcomes", {"id": "o2", "episode_id": "ep1", "region_id": "r", "checkpoint_s": 120, "ts": now,
-                      "status": "reverted", "kept_text": ""}),
-        ("outcomes", {"id": "o1", "episode_id": "ep1", "region_id": "r", "checkpoint_s": 30, "ts": now,
-                      "status": "unchanged", "kept_text": "x1"}),
-    ])
+    store.write(
+        [
+            (
+                "events",
+                {"id": "e1", "episode_id": "ep1", "kind": "accepted", "ts": now, "data": {"chars": 2}},
+            ),
+            (
+                "outcomes",
+                {
+                    "id": "o2",
+                    "episode_id": "ep1",
+                    "region_id": "r",
+                    "checkpoint_s": 120,
+                    "ts": now,
+                    "status": "reverted",
+                    "kept_text": "",
+                },
+            ),
+            (
+                "outcomes",
+                {
+                    "id": "o1",
+                    "episode_id": "ep1",
+                    "region_id": "r",
+                    "checkpoint_s": 30,
+                    "ts": now,
+                    "status": "unchanged",
+                    "kept_text": "x1",
+                },
+            ),
+        ]
+    )
     first, second = store.episodes_with_outcomes()
     assert first.episode["id"] == "ep1" and first.episode["candidates"] == [{"diff": "d", "verified": True}]
     assert [o["checkpoint_s"] for o in first.outcomes] == [30, 120]

@@ -81,7 +81,8 @@ def test_a_multi_edit_change_applies_in_order(clock):
     tracker, _ = tracker_with(clock, BASE, (1, 4), (1, 16), INSERTED)
     # One didChange, three edits, each against the text the previous one left.
     text = edit(
-        tracker, BASE,
+        tracker,
+        BASE,
         TextChange((0, 0), (0, 0), "# a\n"),
         TextChange((2, 4), (2, 10), "yield"),
         TextChange((2, 0), (2, 0), "\t"),
@@ -120,7 +121,12 @@ def test_checkpoints_judge_on_the_test_clock(clock):
     assert tracker.due() == []
     clock.now += 0.2
     (first,) = tracker.due()
-    assert (first.checkpoint_s, first.status, first.kept_text, first.source) == (30, "unchanged", INSERTED, "open")
+    assert (first.checkpoint_s, first.status, first.kept_text, first.source) == (
+        30,
+        "unchanged",
+        INSERTED,
+        "open",
+    )
     edit(tracker, BASE, TextChange((1, 4), (1, 16), "return x * 2 + 1 if x else 0"))
     clock.now += 200  # past the last checkpoint: judged once more, then forgotten
     (last,) = tracker.due()
@@ -170,7 +176,10 @@ def test_closed_documents_are_judged_on_their_last_text_and_resume_on_reopen(clo
     clock.now += 31
     (observation,) = tracker.due()
     assert (observation.status, observation.source, observation.kept_text) == (
-        "mostly_unchanged", "closed", "return x + 5")
+        "mostly_unchanged",
+        "closed",
+        "return x + 5",
+    )
     assert tracker.reopen("file:///a.py", text) is True
     text = edit(tracker, text, TextChange((1, 4), (1, 16), ""))
     clock.now += 100
