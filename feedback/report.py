@@ -172,7 +172,8 @@ table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 3
 <h1>squidcode feedback</h1>
 <p id="summary"></p>
 <h2>Acceptance rate per day</h2><div id="over_time"></div>
-<h2>Persistence at each checkpoint</h2><div id="persistence"></div>
+<h2>Persistence at each checkpoint</h2>
+<p id="legend"></p><div id="persistence"></div>
 <h2>By model</h2><div id="by_model"></div>
 <h2>By language</h2><div id="by_language"></div>
 <script id="stats" type="application/json">__DATA__</script>
@@ -207,6 +208,9 @@ function barChart(target, bars) {
       el("title", {}, rect).textContent = key + ": " + pct(fraction);
       x += w;
     }
+    if (bar.parts.length === 1) {
+      el("text", {x: x + 6, y: i * row + 18, "font-size": 12}, svg).textContent = pct(bar.parts[0][1]);
+    }
   });
   return 1;
 }
@@ -215,6 +219,8 @@ document.getElementById("summary").textContent =
   `${stats.episodes} episodes, acceptance ${pct(stats.acceptance_rate)}, ` +
   `revert rate ${pct(stats.revert_rate)}, ` +
   `${stats.sessions.count} sessions, days since last ${stats.sessions.days_since_last ?? "n/a"}`;
+document.getElementById("legend").innerHTML = statuses
+  .map(s => `<span style="color:${COLORS[s]}">&#9632;</span> ${s.replace("_", " ")}`).join(" &nbsp; ");
 let drawn = 0;
 drawn += barChart("over_time", stats.over_time.filter(d => d.acceptance_rate !== null)
   .map(d => ({label: d.day, parts: [["value", d.acceptance_rate]]})));
