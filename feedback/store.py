@@ -176,13 +176,15 @@ class FeedbackStore:
         batch = [(table, _encode(row)) for table, row in rows]
         if not batch:
             return 0
+        groups: dict[tuple[str, tuple[str, ...]], list[list[Any]]] = {}
+        for table, row in batch:
+            groups.setdefault((table, tuple(row)), []).append(list(row.values()))
         try:
             with self.db.conn:
-                for table, row in batch:
-                    columns = ", ".join(row)
-                    marks = ", ".join("?" for _ in row)
-                    self.db.execute(
-                        f"INSERT OR IGNORE INTO {table} ({columns}) VALUES ({marks})", list(row.values())
+                for (table, columns), values in groups.items():
+                    marks = ", ".join("?" for _ in columns)
+                    self.db.conn.executemany(
+                        f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) VALUES ({marks})", values
                     )
                 if share:
                     now = time.time()
