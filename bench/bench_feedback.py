@@ -186,20 +186,24 @@ def main() -> int:
         print(json.dumps(result, indent=2))
         return 0
     print(f"load average before {load_before}, after {result['load_after']}; commit {result['commit']}")
+    m, r = median, result
     print(
         f"didChange hook with {REGIONS} regions ({args.changes} changes, median of {args.runs} runs): "
-        f"p50 {median['hook_p50_ms']:.3f} ms, p95 {median['hook_p95_ms']:.3f} ms, "
-        f"p99 {median['hook_p99_ms']:.3f} ms, max {median['hook_max_ms']:.2f} ms; "
-        f"pygls apply p50 {median['pygls_apply_p50_ms']:.3f} ms (hook/pygls {result['hook_over_pygls_apply_p50']:.2f})"
+        f"p50 {m['hook_p50_ms']:.3f} ms, p95 {m['hook_p95_ms']:.3f} ms, "
+        f"p99 {m['hook_p99_ms']:.3f} ms, max {m['hook_max_ms']:.2f} ms; "
+        f"pygls apply p50 {m['pygls_apply_p50_ms']:.3f} ms "
+        f"(hook/pygls {r['hook_over_pygls_apply_p50']:.2f})"
     )
-    for run in burst:
+    for b in burst:
         print(
-            f"burst of {run['events']}: stored {run['shown_events_stored']} shown events (lost {run['lost']}), "
-            f"{run['rows_stored']} rows, integrity {run['integrity']}; submitted in {run['submit_s']:.2f} s, "
-            f"committed after {run['commit_s']:.2f} s; call p50 {run['call_p50_us']:.0f} us, "
-            f"p99 {run['call_p99_us']:.0f} us, max {run['call_max_ms']:.2f} ms ({run['calls_over_5ms']} over 5 ms; "
-            f"idle loop max {run['noise_max_ms']:.2f} ms, {run['noise_over_5ms']} over 5 ms); didChange during burst "
-            f"p95 {run['did_change_during_burst_p95_ms']:.3f} ms, max {run['did_change_during_burst_max_ms']:.2f} ms"
+            f"burst of {b['events']}: stored {b['shown_events_stored']} shown events (lost {b['lost']}), "
+            f"{b['rows_stored']} rows, integrity {b['integrity']}; submitted in {b['submit_s']:.2f} s, "
+            f"committed after {b['commit_s']:.2f} s; call p50 {b['call_p50_us']:.0f} us, "
+            f"p99 {b['call_p99_us']:.0f} us, max {b['call_max_ms']:.2f} ms "
+            f"({b['calls_over_5ms']} over 5 ms; idle loop max {b['noise_max_ms']:.2f} ms, "
+            f"{b['noise_over_5ms']} over 5 ms); didChange during burst "
+            f"p95 {b['did_change_during_burst_p95_ms']:.3f} ms, "
+            f"max {b['did_change_during_burst_max_ms']:.2f} ms"
         )
     return 0
 

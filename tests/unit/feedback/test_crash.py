@@ -35,7 +35,9 @@ WRITER = textwrap.dedent(
 def test_kill_9_during_writes_loses_no_committed_row(tmp_path):
     db = tmp_path / "f.db"
     env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    child = subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE, env=env, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE, env=env, text=True
+    )
     committed: list[str] = []
     deadline = time.monotonic() + 60
     try:

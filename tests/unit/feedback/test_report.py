@@ -20,27 +20,54 @@ DAY = 86400.0
 def fill(store: FeedbackStore, now: float) -> None:
     """Two models over two days: m1 shown 4 times, 3 accepted; m2 shown twice, none accepted."""
     rows = []
-    for i, (model, accepted, statuses) in enumerate([
-        ("m1", True, ["unchanged", "unchanged"]),
-        ("m1", True, ["unchanged", "reverted"]),
-        ("m1", True, ["mostly_unchanged", "modified"]),
-        ("m1", False, []),
-        ("m2", False, []),
-        ("m2", False, []),
-    ]):
+    for i, (model, accepted, statuses) in enumerate(
+        [
+            ("m1", True, ["unchanged", "unchanged"]),
+            ("m1", True, ["unchanged", "reverted"]),
+            ("m1", True, ["mostly_unchanged", "modified"]),
+            ("m1", False, []),
+            ("m2", False, []),
+            ("m2", False, []),
+        ]
+    ):
         ts = now - DAY * (i % 2)
-        rows.append(("episodes", {"id": f"e{i}", "kind": "completion", "ts": ts, "model_id": model,
-                                  "language": "python" if i < 5 else "go"}))
+        rows.append(
+            (
+                "episodes",
+                {
+                    "id": f"e{i}",
+                    "kind": "completion",
+                    "ts": ts,
+                    "model_id": model,
+                    "language": "python" if i < 5 else "go",
+                },
+            )
+        )
         rows.append(("events", {"id": f"s{i}", "episode_id": f"e{i}", "kind": "shown", "ts": ts}))
         if accepted:
             rows.append(("events", {"id": f"a{i}", "episode_id": f"e{i}", "kind": "accepted", "ts": ts + 1}))
         for checkpoint, status in zip((30.0, 120.0), statuses, strict=False):
-            rows.append(("outcomes", {"id": f"o{i}{checkpoint}", "episode_id": f"e{i}", "region_id": f"r{i}",
-                                      "checkpoint_s": checkpoint, "ts": ts + checkpoint, "status": status}))
+            rows.append(
+                (
+                    "outcomes",
+                    {
+                        "id": f"o{i}{checkpoint}",
+                        "episode_id": f"e{i}",
+                        "region_id": f"r{i}",
+                        "checkpoint_s": checkpoint,
+                        "ts": ts + checkpoint,
+                        "status": status,
+                    },
+                )
+            )
     rows.append(("sessions", {"id": "s1", "started_at": now - DAY, "last_seen": now - DAY + 60, "day": "d1"}))
     rows.append(("sessions", {"id": "s2", "started_at": now - 3600, "last_seen": now - 1800, "day": "d2"}))
-    rows.append(("model_switches", {"id": "w1", "ts": now, "from_model": "m2", "to_model": "m1",
-                                    "seconds_after_output": 5.0}))
+    rows.append(
+        (
+            "model_switches",
+            {"id": "w1", "ts": now, "from_model": "m2", "to_model": "m1", "seconds_after_output": 5.0},
+        )
+    )
     store.write(rows)
 
 
@@ -55,14 +82,18 @@ def store(tmp_path):
 def test_stats_figures(store):
     stats = compute_stats(store)
     assert stats["acceptance_rate"] == 0.5  # 3 of 6 shown
-    assert stats["by_model"]["m1"]["acceptance_rate"] == 0.75 and stats["by_model"]["m2"]["acceptance_rate"] == 0
+    assert (
+        stats["by_model"]["m1"]["acceptance_rate"] == 0.75 and stats["by_model"]["m2"]["acceptance_rate"] == 0
+    )
     at_30, at_2m = stats["persistence"]["30s"], stats["persistence"]["2m"]
     assert at_30["n"] == 3 and at_30["kept_rate"] == 1.0
     assert at_2m["kept_rate"] == round(1 / 3, 4) and at_2m["reverted"] == round(1 / 3, 4)
     assert stats["revert_rate"] == round(1 / 3, 4)
     assert set(stats["by_language"]) == {"python", "go"}
     assert len(stats["over_time"]) == 2
-    assert stats["sessions"]["count"] == 2 and stats["sessions"]["days_since_last"] == pytest.approx(1 / 48, abs=1e-3)
+    assert stats["sessions"]["count"] == 2 and stats["sessions"]["days_since_last"] == pytest.approx(
+        1 / 48, abs=1e-3
+    )
     assert stats["model_switches"] == {"count": 1, "right_after_output": 1}
 
 
@@ -75,17 +106,31 @@ def test_export_is_one_json_object_a_line(store):
     assert [e["kind"] for e in by_id["e1"]["events"]] == ["shown", "accepted"]
 
 
-@pytest.mark.skipif(not shutil.which(CHROMIUM), reason="needs Debian's chromium (apt-get install -y chromium)")
+@pytest.mark.skipif(
+    not shutil.which(CHROMIUM), reason="needs Debian's chromium (apt-get install -y chromium)"
+)
 def test_the_html_report_draws_its_charts_in_a_real_browser(store, tmp_path):
     page = tmp_path / "report.html"
     page.write_text(render_html(compute_stats(store)))
     assert "http://" not in page.read_text().replace("http://www.w3.org/2000/svg", "")  # self-contained
     profile = tmp_path / "profile"
     result = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-         "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120,
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     dom = result.stdout
     assert 'data-charts-drawn="4"' in dom, result.stderr[-2000:]

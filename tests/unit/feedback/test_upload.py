@@ -41,9 +41,21 @@ class Collector:
 
     def start(self) -> Collector:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "lsp_server", "collector", "serve", "--db", str(self.db),
-             "--port", str(self.port), "--tokens", str(self.tokens)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [
+                sys.executable,
+                "-m",
+                "lsp_server",
+                "collector",
+                "serve",
+                "--db",
+                str(self.db),
+                "--port",
+                str(self.port),
+                "--tokens",
+                str(self.tokens),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -78,8 +90,9 @@ def sharing_recorder(tmp_path: Path, url: str, name: str = "f.db") -> FeedbackRe
 
 def show(recorder: FeedbackRecorder, n: int) -> None:
     for i in range(n):
-        recorder.record_completion_episode(uri=f"file:///a{i}.py", position=(0, i), output=f"x{i}",
-                                           prompt_text="p", model_id="m")
+        recorder.record_completion_episode(
+            uri=f"file:///a{i}.py", position=(0, i), output=f"x{i}", prompt_text="p", model_id="m"
+        )
 
 
 def wait(predicate, timeout: float = 20.0) -> None:
@@ -112,8 +125,9 @@ def test_uploads_reach_the_collector_and_resending_stores_nothing_twice(tmp_path
     # A batch sent again (its answer was lost, say) is stored once.
     store = FeedbackStore(recorder.db_path)
     batch = [{"id": r["id"], "table": "episodes", "row": r} for r in store.rows("episodes")][:5]
-    answer = httpx.post(collector.url + "/v1/events", json={"events": batch},
-                        headers={"Authorization": f"Bearer {TOKEN}"})
+    answer = httpx.post(
+        collector.url + "/v1/events", json={"events": batch}, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
     assert answer.json() == {"accepted": 0, "duplicates": 5}
     assert collector.stats()["by_table"] == after
     uploader.stop()
@@ -121,7 +135,9 @@ def test_uploads_reach_the_collector_and_resending_stores_nothing_twice(tmp_path
 
 
 def test_rows_recorded_before_sharing_was_on_stay_local(tmp_path, collector):
-    recorder = FeedbackRecorder(FeedbackConfig(endpoint=collector.url, token=TOKEN), db_path=tmp_path / "f.db")
+    recorder = FeedbackRecorder(
+        FeedbackConfig(endpoint=collector.url, token=TOKEN), db_path=tmp_path / "f.db"
+    )
     show(recorder, 3)
     recorder.flush()
     assert outbox(recorder.db_path) == 0  # sharing off: nothing queued
@@ -133,11 +149,18 @@ def test_rows_recorded_before_sharing_was_on_stay_local(tmp_path, collector):
     [
         (b"{not json", {}, 400),
         (json.dumps({"events": []}).encode(), {}, 422),
-        (json.dumps({"events": [{"id": "a b", "table": "episodes", "row": {"id": "a b"}}]}).encode(), {}, 422),
+        (
+            json.dumps({"events": [{"id": "a b", "table": "episodes", "row": {"id": "a b"}}]}).encode(),
+            {},
+            422,
+        ),
         (json.dumps({"events": [{"id": "x1", "table": "secrets", "row": {"id": "x1"}}]}).encode(), {}, 422),
         (json.dumps({"events": [{"id": "x1", "table": "events", "row": {"id": "other"}}]}).encode(), {}, 422),
-        (json.dumps({"events": [{"id": "x1", "table": "events", "row": {"id": "x1"}}]}).encode(),
-         {"Authorization": "Bearer wrong-token-123"}, 401),
+        (
+            json.dumps({"events": [{"id": "x1", "table": "events", "row": {"id": "x1"}}]}).encode(),
+            {"Authorization": "Bearer wrong-token-123"},
+            401,
+        ),
         (b"[" + b" " * (MAX_BODY_BYTES + 10) + b"]", {}, 413),
     ],
     ids=["bad-json", "empty", "bad-id", "bad-table", "id-mismatch", "bad-token", "too-large"],
@@ -152,8 +175,12 @@ def test_malformed_uploads_are_refused_and_store_nothing(collector, body, header
     # The collector still serves after refusing.
     good_id = f"ok{status}{len(body)}"
     good = {"events": [{"id": good_id, "table": "events", "row": {"id": good_id, "kind": "shown"}}]}
-    assert httpx.post(collector.url + "/v1/events", json=good,
-                      headers={"Authorization": f"Bearer {TOKEN}"}).json()["accepted"] == 1
+    assert (
+        httpx.post(
+            collector.url + "/v1/events", json=good, headers={"Authorization": f"Bearer {TOKEN}"}
+        ).json()["accepted"]
+        == 1
+    )
 
 
 def test_the_offline_queue_survives_a_restart_and_drains_when_the_collector_returns(tmp_path):
