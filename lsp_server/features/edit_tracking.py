@@ -57,7 +57,8 @@ def _start(ls: SquidServer, config: SquidConfig) -> None:
     ls.feedback_uploader.start()
     atexit.register(_stop, ls)
     try:
-        asyncio.get_running_loop().create_task(_tick_forever(ls))
+        # Kept on the server: the loop holds tasks only weakly.
+        ls.feedback_tick_task = asyncio.get_running_loop().create_task(_tick_forever(ls))
     except RuntimeError:
         log.info("no event loop: feedback checkpoints are judged only when tick() is called")
     log.info(
@@ -109,6 +110,7 @@ def on_document(ls: SquidServer, method: str, params) -> None:
 
 def register(server: SquidServer) -> None:
     server.feedback_uploader = None
+    server.feedback_tick_task = None
     server.config_listeners.append(lambda previous, config: on_config(server, previous, config))
     server.document_listeners.append(lambda method, params: on_document(server, method, params))
 

@@ -110,6 +110,8 @@ async def wait_for_outcomes(db_path: Path, episode_id: str, count: int) -> list[
 async def test_feedback_commands_are_advertised(client: LanguageClient):
     provider = client.initialize_result.capabilities.execute_command_provider
     assert FEEDBACK_COMMANDS <= set(provider.commands)
+    # Renames carry tracked regions to the new name.
+    assert client.initialize_result.capabilities.workspace.file_operations.did_rename is not None
     status = await command(client, "squidcode.feedback.status", {})
     assert status["record"] is True and status["share"] is False and status["storage"] == "full"
     assert status["db"] == str(client.db_path)
