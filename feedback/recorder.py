@@ -14,6 +14,7 @@ the caller's thread under a lock: it is position arithmetic only.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import sqlite3
@@ -31,7 +32,7 @@ from context.errors import FeedbackStoreError
 
 from .consent import Consent
 from .redact import for_storage, redact
-from .store import FeedbackStore, default_db_path, translate_sqlite_error
+from .store import JSON_COLUMNS, FeedbackStore, default_db_path, translate_sqlite_error
 from .tracking import EditTracker, Observation, Pos, TextChange
 
 __all__ = ["FeedbackRecorder", "new_id"]
@@ -50,8 +51,11 @@ def new_id() -> str:
 
 
 def sanitize_row(table: str, row: dict[str, Any], mode: str) -> dict[str, Any]:
-    """`row` as it may be written: every code text redacted, then kept, hashed or dropped per `mode`."""
-    row = dict(row)
+    """`row` as it may be written: every code text redacted, then kept, hashed or dropped per `mode`.
+
+    Values of the JSON columns may arrive as JSON text (as queued) or as objects.
+    """
+    row = {k: json.loads(v) if k in JSON_COLUMNS and isinstance(v, str) else v for k, v in row.items()}
     if table == "episodes":
         row["prompt_text"], row["prompt_hash"] = for_storage(row.get("prompt_text"), mode)
         row["output"], row["output_hash"] = for_storage(row.get("output"), mode)

@@ -32,6 +32,7 @@ __all__ = [
     "EpisodeOutcomes",
     "default_db_path",
     "translate_sqlite_error",
+    "JSON_COLUMNS",
 ]
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ _MIGRATIONS: list[list[str]] = [
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 TABLES = ("episodes", "events", "outcomes", "sessions", "model_switches")
-_JSON_COLUMNS = {"context_refs", "candidates", "extra", "data"}
+JSON_COLUMNS = {"context_refs", "candidates", "extra", "data"}
 
 
 def default_db_path(config: FeedbackConfig | None = None) -> Path:
@@ -297,11 +298,11 @@ def _time_range(column: str, since: float | None, until: float | None) -> tuple[
 
 
 def _encode(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: json.dumps(v) if k in _JSON_COLUMNS and v is not None else v for k, v in row.items()}
+    return {k: json.dumps(v) if k in JSON_COLUMNS and v is not None else v for k, v in row.items()}
 
 
 def _decode(row: dict[str, Any]) -> dict[str, Any]:
-    for key in _JSON_COLUMNS & row.keys():
+    for key in JSON_COLUMNS & row.keys():
         if isinstance(row[key], str):
             row[key] = json.loads(row[key])
     return row
