@@ -11,12 +11,16 @@
    the slowest caller-side call (the editor path never waits for the disk), the time until
    everything is committed, and checks that every event is in the database.
 
-Usage: python bench/bench_feedback.py [--changes N] [--burst N] [--runs N] [--json]
+The slowest calls of a burst are the process's full garbage collections (they traverse every
+object, start-up imports included), not waits on the writer; `--gc-freeze` shows the difference.
+
+Usage: python bench/bench_feedback.py [--changes N] [--burst N] [--runs N] [--json] [--gc-freeze]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -166,7 +170,13 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="gc.freeze() after the imports, as a server could after start-up: full "
+                             "collections then skip the start-up heap")
     args = parser.parse_args()
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
     load_before = os.getloadavg()
     did_change = [did_change_run(args.changes, seed) for seed in range(args.runs)]
     burst = [burst_run(args.burst) for _ in range(args.runs)]
