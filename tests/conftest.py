@@ -3,7 +3,9 @@ server command, and the bundled example workspace."""
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,8 @@ from context.runtime import ModelRuntime, get_runtime
 REPO = Path(__file__).resolve().parent.parent
 SERVER_CMD = [sys.executable, "-m", "lsp_server", "serve"]
 DEMO_WORKSPACE = REPO / "lsp_server" / "demo_workspace"
+# Servers started by tests record feedback (on by default) into a throwaway folder, not the user's.
+os.environ.setdefault("SQUIDCODE_DATA_DIR", tempfile.mkdtemp(prefix="squidcode-test-data-"))
 
 
 @pytest.fixture(scope="session")

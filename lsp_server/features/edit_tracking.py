@@ -128,3 +128,7 @@ def register(server: SquidServer) -> None:
         if ls.feedback is not None:
             for rename in params.files:
                 ls.feedback.on_rename(rename.old_uri, rename.new_uri)
+                # Clients close the old name and open the new one around the rename, in either order.
+                opened = ls.open_document_text(rename.new_uri)
+                if opened is not None:
+                    ls.feedback.on_open(rename.new_uri, opened[0])

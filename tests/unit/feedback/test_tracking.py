@@ -231,3 +231,15 @@ def test_normalised_distance_is_levenshtein_over_the_longer():
     assert normalised_distance("same", "same") == 0.0
     long_a, long_b = "x" * 3000, "x" * 2900 + "y" * 100
     assert normalised_distance(long_a, long_b) == pytest.approx(100 / 3000)
+
+
+def test_close_then_rename_then_open_resumes_on_the_new_name(clock):
+    tracker, _ = tracker_with(clock, BASE, (1, 4), (1, 16), INSERTED)
+    tracker.close("file:///a.py")
+    tracker.rename("file:///a.py", "file:///b.py")
+    assert tracker.reopen("file:///b.py", BASE)
+    after = BASE.replace("x + 1", "x + 9")
+    tracker.apply_changes("file:///b.py", [TextChange((1, 15), (1, 16), "9")], after)
+    clock.now += 31
+    (observation,) = tracker.due()
+    assert (observation.kept_text, observation.source) == ("return x + 9", "open")
