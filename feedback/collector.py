@@ -6,8 +6,9 @@
     GET  /v1/health   -> 200 {"ok": true}
     GET  /v1/stats    Authorization: Bearer TOKEN -> {"events": n, "by_table": {...}}  (that team's)
 
-Tokens map to team names; rows are stored with the team of the token that sent them, in SQLite
-(one transaction per batch, INSERT OR IGNORE on the row id, so a retried batch is stored once).
+Tokens map to team names; rows are stored with the team of the token that sent them, in SQLite, or
+in PostgreSQL when the store is given as a `postgresql://` URL (one transaction per batch; a row id
+already stored is skipped, so a retried batch is stored once).
 """
 
 from __future__ import annotations
@@ -23,9 +24,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from context.errors import FeedbackStoreError
+
 from .store import TABLES
 
-__all__ = ["CollectorStore", "create_app", "parse_tokens", "MAX_BODY_BYTES", "MAX_EVENTS"]
+__all__ = [
+    "CollectorStore",
+    "PostgresCollectorStore",
+    "open_collector_store",
+    "create_app",
+    "parse_tokens",
+    "MAX_BODY_BYTES",
+    "MAX_EVENTS",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +82,60 @@ class CollectorStore:
         self._conn.close()
 
 
+class PostgresCollectorStore:
+    """The collector's store in PostgreSQL (needs the `psycopg` package: `pip install psycopg[binary]`)."""
+
+    def __init__(self, url: str):
+        try:
+            import psycopg
+        except ImportError as exc:
+            raise FeedbackStoreError(
+                "a PostgreSQL collector store needs `pip install psycopg[binary]`"
+            ) from exc
+        self.path = url.split("@")[-1]  # for messages: never the password
+        self._errors = (psycopg.Error,)
+        try:
+            self._conn = psycopg.connect(url, autocommit=False)
+            with self._conn.transaction():
+                self._conn.execute(
+                    "CREATE TABLE IF NOT EXISTS received (id TEXT PRIMARY KEY, team TEXT NOT NULL, "
+                    "tbl TEXT NOT NULL, row TEXT NOT NULL, received_at DOUBLE PRECISION NOT NULL)"
+                )
+        except psycopg.Error as exc:
+            raise FeedbackStoreError(
+                f"cannot open the PostgreSQL collector store {self.path}: {exc}"
+            ) from exc
+        self._lock = threading.Lock()
+
+    def insert(self, team: str, events: list[dict[str, Any]]) -> tuple[int, int]:
+        now = time.time()
+        with self._lock, self._conn.transaction(), self._conn.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO received (id, team, tbl, row, received_at) VALUES (%s, %s, %s, %s, %s) "
+                "ON CONFLICT (id) DO NOTHING",
+                [(e["id"], team, e["table"], json.dumps(e["row"]), now) for e in events],
+            )
+            accepted = max(cursor.rowcount, 0)
+        return accepted, len(events) - accepted
+
+    def stats(self, team: str) -> dict[str, Any]:
+        with self._lock, self._conn.transaction():
+            rows = self._conn.execute(
+                "SELECT tbl, COUNT(*) FROM received WHERE team = %s GROUP BY tbl", [team]
+            ).fetchall()
+        return {"events": sum(n for _, n in rows), "by_table": dict(rows)}
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def open_collector_store(target: str) -> CollectorStore | PostgresCollectorStore:
+    """A PostgreSQL store for a `postgresql://` URL, else a SQLite file at that path."""
+    if target.startswith(("postgresql://", "postgres://")):
+        return PostgresCollectorStore(target)
+    return CollectorStore(target)
+
+
 def parse_tokens(spec: str) -> dict[str, str]:
     """Tokens from "team=token,team2=token2" (or lines of a file); a bare token is team "default"."""
     tokens: dict[str, str] = {}
@@ -106,7 +171,7 @@ def validate_batch(payload: Any) -> list[dict[str, Any]]:
     return events
 
 
-def create_app(store: CollectorStore, tokens: dict[str, str]):
+def create_app(store: CollectorStore | PostgresCollectorStore, tokens: dict[str, str]):
     """The ASGI application."""
 
     async def app(scope, receive, send) -> None:
@@ -150,7 +215,7 @@ def _team(scope, tokens: dict[str, str]) -> str | None:
     return None
 
 
-async def _receive_events(receive, store: CollectorStore, team: str) -> tuple[int, dict]:
+async def _receive_events(receive, store, team: str) -> tuple[int, dict]:
     body = bytearray()
     while True:
         message = await receive()
@@ -169,7 +234,7 @@ async def _receive_events(receive, store: CollectorStore, team: str) -> tuple[in
         return 422, {"error": str(exc)}
     try:
         accepted, duplicates = await asyncio.to_thread(store.insert, team, events)
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, *getattr(store, "_errors", ())) as exc:
         log.error("collector store failed: %s", exc)
         return 503, {"error": "the collector cannot store events right now"}
     return 200, {"accepted": accepted, "duplicates": duplicates}

@@ -48,7 +48,9 @@ def add_parsers(sub) -> None:
     serve = collector.add_subparsers(dest="collector_command", required=True).add_parser(
         "serve", help="receive teams' uploads over HTTP (uvicorn)"
     )
-    serve.add_argument("--db", type=Path, required=True, metavar="PATH", help="SQLite file to store into")
+    serve.add_argument(
+        "--db", required=True, metavar="PATH|URL", help="SQLite file to store into, or a postgresql:// URL"
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument(
@@ -138,7 +140,8 @@ def _stats_text(stats: dict) -> str:
 def _serve_collector(args) -> int:
     import uvicorn
 
-    from feedback.collector import CollectorStore, create_app, parse_tokens
+    from context.errors import FeedbackStoreError
+    from feedback.collector import create_app, open_collector_store, parse_tokens
 
     try:
         spec = (
@@ -157,7 +160,13 @@ def _serve_collector(args) -> int:
             file=sys.stderr,
         )
         return 2
-    store = CollectorStore(args.db)
-    print(f"squidcode collector on http://{args.host}:{args.port}, storing into {args.db}", file=sys.stderr)
+    try:
+        store = open_collector_store(args.db)
+    except FeedbackStoreError as exc:
+        print(f"squidcode: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"squidcode collector on http://{args.host}:{args.port}, storing into {store.path}", file=sys.stderr
+    )
     uvicorn.run(create_app(store, tokens), host=args.host, port=args.port, log_level="warning")
     return 0

@@ -169,3 +169,22 @@ async def test_consent_switches_and_bad_arguments(client: LanguageClient):
     assert back_on["record"] is True
     # The choice is kept beside the store, so it outlives the server.
     assert (client.db_path.parent / "feedback-consent.json").is_file()
+
+
+async def test_changing_the_model_after_an_output_is_a_switch(client: LanguageClient):
+    # Last in the module: the server then tries to load a model that does not exist.
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(
+            settings={"squidcode": {"model": {"path": "/nonexistent/model-x"}}}
+        )
+    )
+    deadline = time.monotonic() + 20
+    switches = []
+    while time.monotonic() < deadline and not switches:
+        await asyncio.sleep(0.2)
+        store = FeedbackStore(client.db_path, readonly=True)
+        switches = list(store.rows("model_switches"))
+        store.close()
+    (switch,) = switches
+    assert (switch["from_model"], switch["to_model"]) == ("SmolLM2-135M-Instruct", "/nonexistent/model-x")
+    assert switch["last_episode_id"] and switch["seconds_after_output"] >= 0

@@ -31,8 +31,8 @@ def free_port() -> int:
 class Collector:
     """`squidcode collector serve` as a subprocess."""
 
-    def __init__(self, tmp_path: Path, port: int):
-        self.db = tmp_path / "collector.db"
+    def __init__(self, tmp_path: Path, port: int, db: str | None = None):
+        self.db = db or tmp_path / "collector.db"
         self.tokens = tmp_path / "tokens.txt"
         self.tokens.write_text(f"# team tokens\nacme={TOKEN}\n")
         self.port = port
