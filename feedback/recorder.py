@@ -185,24 +185,22 @@ class FeedbackRecorder:
             superseded = self._shown.pop(uri, None)
             self._shown[uri] = (episode_id, mono)
             self._episodes[episode_id] = {"uri": uri, "position": position, "output": output, "shown": mono}
-            self._episodes.pop(superseded[0], None) if superseded else None
+            if superseded:
+                self._episodes.pop(superseded[0], None)
         if superseded:
             self._event(superseded[0], "dismissed", {"reason": "superseded", "by": episode_id})
         self._episode(
             episode_id,
-            "completion",
-            now,
-            model_id,
-            adapter_id,
-            uri,
-            language,
-            None,
-            prompt_text,
-            output,
-            context_refs,
-            None,
-            None,
-            {**(extra or {}), "position": list(position), "latency_s": latency_s},
+            kind="completion",
+            ts=now,
+            model_id=model_id,
+            adapter_id=adapter_id,
+            uri=uri,
+            language=language,
+            prompt_text=prompt_text,
+            output=output,
+            context_refs=list(context_refs),
+            extra={**(extra or {}), "position": list(position), "latency_s": latency_s},
         )
         self._event(episode_id, "shown", {"uri": uri, "position": list(position)})
         return episode_id
@@ -231,59 +229,24 @@ class FeedbackRecorder:
             output = candidates[chosen].get("diff")
         self._episode(
             episode_id,
-            "agent",
-            self.clock(),
-            model_id,
-            adapter_id,
-            uri,
-            None,
-            instruction,
-            prompt_text,
-            output,
-            context_refs,
-            [dict(c) for c in candidates],
-            chosen,
-            {**(extra or {}), "steps": steps or []},
+            kind="agent",
+            ts=self.clock(),
+            model_id=model_id,
+            adapter_id=adapter_id,
+            uri=uri,
+            instruction=instruction,
+            prompt_text=prompt_text,
+            output=output,
+            context_refs=list(context_refs),
+            candidates=[dict(c) for c in candidates],
+            chosen=chosen,
+            extra={**(extra or {}), "steps": steps or []},
         )
         return episode_id
 
-    def _episode(
-        self,
-        episode_id,
-        kind,
-        ts,
-        model_id,
-        adapter_id,
-        uri,
-        language,
-        instruction,
-        prompt_text,
-        output,
-        context_refs,
-        candidates,
-        chosen,
-        extra,
-    ) -> None:
-        self._put(
-            "episodes",
-            {
-                "id": episode_id,
-                "kind": kind,
-                "ts": ts,
-                "session_id": self.session_id,
-                "model_id": model_id,
-                "adapter_id": adapter_id,
-                "uri": uri,
-                "language": language,
-                "instruction": instruction,
-                "prompt_text": prompt_text,
-                "output": output,
-                "context_refs": list(context_refs),
-                "candidates": candidates,
-                "chosen": chosen,
-                "extra": extra,
-            },
-        )
+    def _episode(self, episode_id: str, **fields: Any) -> None:
+        row = dict.fromkeys(("uri", "language", "instruction", "candidates", "chosen"))
+        self._put("episodes", {**row, "id": episode_id, "session_id": self.session_id, **fields})
 
     # -- what the user did ---------------------------------------------------------------------
 
