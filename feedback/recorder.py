@@ -312,6 +312,10 @@ class FeedbackRecorder:
             region = self.tracker.track_edit(episode_id, uri, start, new_text, old_text, document_text)
         return region is not None
 
+    def follows(self, uri: str) -> bool:
+        """Whether didChange of `uri` needs to reach `on_did_change` (lock-free: a dict lookup)."""
+        return self.tracker.follows(uri)
+
     def on_did_change(self, uri: str, changes: list[TextChange], text_after: str) -> None:
         """One didChange of `uri` (the hot path: position arithmetic only)."""
         with self._lock:

@@ -430,6 +430,10 @@ class EditTracker:
             return region.new_text
         return text
 
+    def follows(self, uri: str) -> bool:
+        """Whether changes of `uri` matter (it has regions or expected insertions)."""
+        return uri in self._docs
+
     def tracked(self, uri: str | None = None) -> list[Region]:
         docs = (
             [self._docs[uri]]

@@ -101,6 +101,8 @@ def on_document(ls: SquidServer, method: str, params) -> None:
         return
     uri = params.text_document.uri
     if method == types.TEXT_DOCUMENT_DID_CHANGE:
+        if not recorder.follows(uri):
+            return
         opened = ls.open_document_text(uri)
         if opened is not None:
             recorder.on_did_change(uri, to_text_changes(params), opened[0])
