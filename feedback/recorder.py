@@ -538,7 +538,8 @@ class FeedbackRecorder:
                     }
                 finally:
                     store.close()
-            except FeedbackStoreError as exc:
+            except (FeedbackStoreError, sqlite3.Error) as exc:
+                # e.g. the writer has created the file but not yet its tables
                 log.info("feedback status without counts: %s", exc)
         return {
             "record": self.config.record,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import sys
 import time
 from datetime import datetime
@@ -63,7 +64,7 @@ def run(args) -> int:
         return _serve_collector(args)
     from context.config import FeedbackConfig, load_file_config
     from context.errors import FeedbackStoreError
-    from feedback.store import FeedbackStore, default_db_path
+    from feedback.store import FeedbackStore, default_db_path, translate_sqlite_error
 
     config = load_file_config([])[0].feedback if args.db is None else FeedbackConfig()
     path = args.db or default_db_path(config)
@@ -81,6 +82,9 @@ def run(args) -> int:
             store.close()
     except FeedbackStoreError as exc:
         print(f"squidcode: {exc}", file=sys.stderr)
+        return 1
+    except sqlite3.Error as exc:
+        print(f"squidcode: {translate_sqlite_error(exc, path)}", file=sys.stderr)
         return 1
 
 

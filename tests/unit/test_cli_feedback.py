@@ -65,3 +65,10 @@ def test_collector_refuses_to_start_without_tokens(tmp_path, capsys, monkeypatch
     monkeypatch.delenv("SQUIDCODE_COLLECTOR_TOKENS", raising=False)
     assert main(["collector", "serve", "--db", str(tmp_path / "c.db")]) == 2
     assert "needs at least one token" in capsys.readouterr().err
+
+
+def test_a_damaged_store_is_a_message_not_a_traceback(tmp_path, capsys):
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"garbage" * 1000)
+    assert main(["feedback", "stats", "--db", str(bad)]) == 1
+    assert "damaged" in capsys.readouterr().err

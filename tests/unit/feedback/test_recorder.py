@@ -265,3 +265,13 @@ def test_a_locked_store_is_retried_until_it_frees(tmp_path, clock):
     assert [item.episode["id"] for item in episodes(path)] == [episode_id]
     recorder.close()
     locker.close()
+
+
+def test_status_before_the_schema_exists_has_no_counts_and_no_error(tmp_path, clock):
+    path = tmp_path / "f.db"
+    sqlite3.connect(path).close()  # the file exists, its tables not yet (the writer is starting)
+    recorder = FeedbackRecorder(FeedbackConfig(), db_path=path, monotonic=clock,
+                                store_factory=QueryOnlyStore)
+    status = recorder.status()
+    assert status["record"] is True and status["episodes"] is None
+    recorder._stopping.set()
