@@ -16,6 +16,7 @@ from pygls.exceptions import JsonRpcInvalidParams
 
 from agent.completion import Completion
 
+from ..positions import offset_at
 from ..server import SquidServer
 
 __all__ = [
@@ -49,14 +50,25 @@ def accept_command(episode_id: str | None, text: str) -> types.Command:
 def record_completion(
     ls: SquidServer, uri: str, position: types.Position, completion: Completion
 ) -> str | None:
-    """Record a completion the server is about to show; its episode id, or None."""
+    """Record a completion the server is about to show; its episode id, or None.
+
+    A failure here is logged and the completion is shown all the same.
+    """
+    try:
+        return _record_completion(ls, uri, position, completion)
+    except Exception:  # noqa: BLE001 - feedback must never cost the user a completion
+        log.exception("feedback: could not record a completion")
+        return None
+
+
+def _record_completion(
+    ls: SquidServer, uri: str, position: types.Position, completion: Completion
+) -> str | None:
     recorder = ls.feedback
     opened = ls.open_document_text(uri)
     if recorder is None or opened is None or not completion.text:
         return None
     text, language = opened
-    from ..positions import offset_at
-
     budget = ls.config.completion.prefix_tokens
     prefix = text[: offset_at(text, position)][-budget * _PROMPT_CHARS_PER_TOKEN :]
     runtime = ls.runtime
