@@ -14,6 +14,7 @@ import {
 } from 'vscode-languageclient/node';
 
 import {
+  advertisedCommands,
   agentRunArgs,
   type AgentRunResult,
   Commands,
@@ -71,6 +72,19 @@ function createClient(): LanguageClient {
           params.items.map((item) => (item.section === SECTION ? toServerSettings(readSetting) : null)) ??
           next(params, token),
       },
+      // Server commands VS Code runs for the server (e.g. squidcode.completion.accept, attached to each
+      // inline completion and run on Tab) are logged, so acceptance is visible in the output.
+      executeCommand: async (command, args, next) => {
+        log(`executeCommand ${command} ${JSON.stringify(args)}`);
+        try {
+          const result = await next(command, args);
+          log(`executeCommand ${command} ok`);
+          return result;
+        } catch (err) {
+          log(`executeCommand ${command} failed: ${err instanceof Error ? err.message : String(err)}`);
+          throw err;
+        }
+      },
       provideInlineCompletionItems: (document, position, context, token, next) => {
         if (vscode.workspace.getConfiguration(SECTION).get('completion.enabled') === false) {
           return undefined;
@@ -101,8 +115,10 @@ async function startClient(): Promise<void> {
   try {
     client = createClient();
     await client.start();
+    const capabilities = client.initializeResult?.capabilities;
     log(`server started: ${JSON.stringify(client.initializeResult?.serverInfo ?? {})}`);
-    if (!missingCommandMessage(client.initializeResult?.capabilities, Commands.status)) {
+    log(`server commands: ${JSON.stringify(advertisedCommands(capabilities))}`);
+    if (!missingCommandMessage(capabilities, Commands.status)) {
       lastStatus = (await runServerCommand(Commands.status, {})) as ServerStatus;
       renderStatus();
     }
@@ -126,6 +142,7 @@ async function runServerCommand(command: string, args: object): Promise<unknown>
   if (missing) {
     throw new Error(missing);
   }
+  log(`executeCommand ${command} ${JSON.stringify(args)}`);
   return client.sendRequest(ExecuteCommandRequest.type, { command, arguments: [args] });
 }
 
