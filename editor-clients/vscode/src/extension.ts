@@ -85,11 +85,18 @@ function createClient(): LanguageClient {
           throw err;
         }
       },
-      provideInlineCompletionItems: (document, position, context, token, next) => {
+      provideInlineCompletionItems: async (document, position, context, token, next) => {
         if (vscode.workspace.getConfiguration(SECTION).get('completion.enabled') === false) {
           return undefined;
         }
-        return next(document, position, context, token);
+        const items = await next(document, position, context, token);
+        const list = Array.isArray(items) ? items : items?.items;
+        if (list?.length) {
+          const first = list[0].insertText;
+          const text = typeof first === 'string' ? first : first.value;
+          log(`inline completion at ${position.line + 1}:${position.character + 1}: ${JSON.stringify(text.slice(0, 120))}`);
+        }
+        return items;
       },
     },
   };
