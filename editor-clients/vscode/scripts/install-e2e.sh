@@ -70,7 +70,16 @@ code_server() {
   touch "$STAMP"
 }
 
+check_node() {
+  command -v node >/dev/null && command -v npm >/dev/null || {
+    say "needs node 20+ and npm on PATH (code-server $CODE_SERVER_VERSION is built for node 20)"; exit 1; }
+  local major
+  major="$(node -p 'process.versions.node.split(".")[0]')"
+  [ "$major" -ge 20 ] || { say "node $(node --version) is too old: code-server $CODE_SERVER_VERSION needs node 20"; exit 1; }
+}
+
 start=$(date +%s)
+check_node
 apt_install
 code_server
 extension_deps
