@@ -68,9 +68,8 @@ function createClient(): LanguageClient {
     middleware: {
       workspace: {
         // The server pulls its `squidcode` section; it gets the mapped settings, not VS Code's raw tree.
-        configuration: (params, token, next) =>
-          params.items.map((item) => (item.section === SECTION ? toServerSettings(readSetting) : null)) ??
-          next(params, token),
+        configuration: (params) =>
+          params.items.map((item) => (item.section === SECTION ? toServerSettings(readSetting) : null)),
       },
       // Server commands VS Code runs for the server (e.g. squidcode.completion.accept, attached to each
       // inline completion and run on Tab) are logged, so acceptance is visible in the output.

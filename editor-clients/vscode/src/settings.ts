@@ -57,8 +57,8 @@ export function toServerSettings(read: ReadSetting): Tree {
   mergeInto(out, read('serverSettings').value);
   for (const [key, path] of MAPPED) {
     const setting = read(key);
-    if (!setting.explicit) {
-      continue;
+    if (!setting.explicit || setting.value === null || setting.value === undefined) {
+      continue; // unset (null): the server's own value
     }
     if (key === 'model.path' && !setting.value) {
       continue; // empty = the embedded model, the server's default

@@ -18,6 +18,12 @@ test('only settings the user set reach the server, under the server names', () =
   assert.deepEqual(out, { model: { device: 'cuda' }, completion: { debounce_ms: 80 }, feedback: { record: true } });
 });
 
+test('a feedback setting set back to null is the server\'s own value again', () => {
+  assert.deepEqual(toServerSettings(reader({ 'feedback.record': null, 'feedback.share': false })), {
+    feedback: { share: false },
+  });
+});
+
 test('nothing set sends an empty object (the server keeps its defaults and files)', () => {
   assert.deepEqual(toServerSettings(reader({}, { serverSettings: {} })), {});
 });
