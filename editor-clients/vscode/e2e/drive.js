@@ -198,14 +198,88 @@ async function saveAndRead(previous) {
   }, 15000);
 }
 
+async function openEditor() {
+  await step('open-workspace', async () => {
+    await page.goto(`http://127.0.0.1:${config.port}/?folder=${encodeURIComponent(config.workspace)}`);
+    await page.locator('.monaco-workbench').waitFor({ timeout: 60000 });
+  });
+  await step('open-file', async () => {
+    await page.keyboard.press('Control+P');
+    await page.locator('.quick-input-widget input').first().waitFor({ state: 'visible', timeout: 15000 });
+    await page.keyboard.type(path.basename(config.file));
+    await page.locator('.quick-input-list .monaco-list-row').first().waitFor({ timeout: 15000 });
+    await page.keyboard.press('Enter');
+    await page.locator('.monaco-editor .view-lines').first().waitFor({ timeout: 15000 });
+    return clean(await page.locator('.monaco-editor .view-lines').first().innerText()).slice(0, 200);
+  });
+  report.status_bar_ids = await page.locator('.statusbar-item').evaluateAll((els) => els.map((e) => e.id));
+  report.status_bar = await step('model-loaded', async () =>
+    waitFor('the status bar item to show a loaded model', async () => {
+      const text = clean(await statusItem().innerText().catch(() => '')).trim();
+      return /squidcode: (?!loading|model failed)/.test(text) ? text : undefined;
+    }));
+  report.commands = await step('server-commands', async () => {
+    const line = await waitFor('the extension log naming the server commands', async () =>
+      extensionLog().split('\n').find((l) => l.includes('server commands: ')), 15000);
+    return JSON.parse(line.slice(line.indexOf('server commands: ') + 'server commands: '.length));
+  });
+}
+
+const ghostText = () => page.locator('.monaco-editor [class*="ghost-text"]');
+
+async function ghostTextAndTab(editor) {
+  const original = fs.readFileSync(config.file, 'utf8');
+  report.ghost = await step('ghost-text', async () => {
+    await editor.focus();
+    await page.keyboard.press('Control+End');
+    await page.keyboard.type(config.typed ?? 'return ', { delay: 40 });
+    return waitFor('inline completion ghost text in the editor', async () => {
+      const text = clean((await ghostText().allTextContents()).join('')).trim();
+      return text ? text : undefined;
+    });
+  });
+  report.after_tab = await step('accept-with-tab', async () => {
+    await page.keyboard.press('Tab');
+    await waitFor('the ghost text to be gone', async () => (await ghostText().count()) === 0, 10000);
+    return saveAndRead(original);
+  });
+  report.accept_log = extensionLog().split('\n').filter((l) => l.includes('squidcode.completion.accept'));
+}
+
+async function agentOnSelection(editor) {
+  const before = fs.readFileSync(config.file, 'utf8');
+  report.after_agent = await step('agent-edit', async () => {
+    await editor.focus();
+    await page.keyboard.press('Control+Home');
+    for (let i = 0; i < (config.selectLines ?? 3); i += 1) {
+      await page.keyboard.press('Shift+ArrowDown');
+    }
+    await runCommand('squidcode: Ask the agent about the selection');
+    await page.locator('.quick-input-widget input').first().waitFor({ state: 'visible', timeout: 10000 });
+    await page.keyboard.type(config.agentInstruction ?? 'add a comment saying what this code does');
+    await page.keyboard.press('Enter');
+    await waitFor('the agent result in the extension log', async () =>
+      /agent edit (applied|was not applied)|proposed no edit|error: /.test(extensionLog()), 240000, 500);
+    return saveAndRead(before).catch(() => fs.readFileSync(config.file, 'utf8'));
+  });
+}
+
+async function statusCommands() {
+  report.status_notification = await step('show-status', async () => {
+    await runCommand('squidcode: Show server status');
+    return notificationText(/model: /);
+  });
+  report.feedback_notification = await step('feedback-status', async () => {
+    await runCommand('squidcode: Show feedback recording status');
+    return notificationText(/squidcode feedback:|squidcode\.feedback\.status/);
+  });
+}
+
 async function main() {
   fs.mkdirSync(config.artifacts, { recursive: true });
   writeSettings();
   report.installed = await step('install-extension', async () => installExtension());
-  const server = await step('start-code-server', async () => {
-    const child = await startCodeServer();
-    return { pid: child.pid };
-  });
+  const server = await step('start-code-server', async () => ({ pid: (await startCodeServer()).pid }));
   let browser;
   try {
     browser = await chromium.launch({
@@ -214,77 +288,15 @@ async function main() {
         '--disable-component-update', '--disable-sync', '--no-first-run'],
     });
     page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
-    await step('open-workspace', async () => {
-      await page.goto(`http://127.0.0.1:${config.port}/?folder=${encodeURIComponent(config.workspace)}`);
-      await page.locator('.monaco-workbench').waitFor({ timeout: 60000 });
-    });
-    await step('open-file', async () => {
-      await page.keyboard.press('Control+P');
-      await page.locator('.quick-input-widget input').first().waitFor({ state: 'visible', timeout: 15000 });
-      await page.keyboard.type(path.basename(config.file));
-      await page.locator('.quick-input-list .monaco-list-row').first().waitFor({ timeout: 15000 });
-      await page.keyboard.press('Enter');
-      await page.locator('.monaco-editor .view-lines').first().waitFor({ timeout: 15000 });
-      return clean(await page.locator('.monaco-editor .view-lines').first().innerText()).slice(0, 200);
-    });
-    report.status_bar_ids = await page.locator('.statusbar-item').evaluateAll((els) => els.map((e) => e.id));
-    report.status_bar = await step('model-loaded', async () =>
-      waitFor('the status bar item to show a loaded model', async () => {
-        const text = clean(await statusItem().innerText().catch(() => '')).trim();
-        return /squidcode: (?!loading|model failed)/.test(text) ? text : undefined;
-      }));
-    report.commands = await step('server-commands', async () => {
-      const line = await waitFor('the extension log naming the server commands', async () =>
-        extensionLog().split('\n').find((l) => l.includes('server commands: ')), 15000);
-      return JSON.parse(line.slice(line.indexOf('server commands: ') + 'server commands: '.length));
-    });
-    const original = fs.readFileSync(config.file, 'utf8');
+    await openEditor();
     const editor = page.locator('.monaco-editor textarea').first();
-    report.ghost = await step('ghost-text', async () => {
-      await editor.focus();
-      await page.keyboard.press('Control+End');
-      await page.keyboard.type(config.typed ?? 'return ', { delay: 40 });
-      return waitFor('inline completion ghost text in the editor', async () => {
-        const parts = await page.locator('.monaco-editor [class*="ghost-text"]').allTextContents();
-        const text = clean(parts.join('')).trim();
-        return text ? text : undefined;
-      });
-    });
-    report.after_tab = await step('accept-with-tab', async () => {
-      await page.keyboard.press('Tab');
-      await waitFor('the ghost text to be gone', async () =>
-        (await page.locator('.monaco-editor [class*="ghost-text"]').count()) === 0, 10000);
-      return saveAndRead(original);
-    });
-    report.accept_log = extensionLog().split('\n').filter((l) => l.includes('squidcode.completion.accept'));
+    await ghostTextAndTab(editor);
     if (report.commands.includes('squidcode.agent.run')) {
-      const before = fs.readFileSync(config.file, 'utf8');
-      report.after_agent = await step('agent-edit', async () => {
-        await editor.focus();
-        await page.keyboard.press('Control+Home');
-        for (let i = 0; i < (config.selectLines ?? 3); i += 1) {
-          await page.keyboard.press('Shift+ArrowDown');
-        }
-        await runCommand('squidcode: Ask the agent about the selection');
-        const input = page.locator('.quick-input-widget input').first();
-        await input.waitFor({ state: 'visible', timeout: 10000 });
-        await page.keyboard.type(config.agentInstruction ?? 'add a comment saying what this code does');
-        await page.keyboard.press('Enter');
-        await waitFor('the agent result in the extension log', async () =>
-          /agent edit (applied|was not applied)|proposed no edit|error: /.test(extensionLog()), 240000, 500);
-        return saveAndRead(before).catch(() => fs.readFileSync(config.file, 'utf8'));
-      });
+      await agentOnSelection(editor);
     } else {
       report.agent_skipped = 'the server does not advertise squidcode.agent.run';
     }
-    report.status_notification = await step('show-status', async () => {
-      await runCommand('squidcode: Show server status');
-      return notificationText(/model: /);
-    });
-    report.feedback_notification = await step('feedback-status', async () => {
-      await runCommand('squidcode: Show feedback recording status');
-      return notificationText(/squidcode feedback:|squidcode\.feedback\.status/);
-    });
+    await statusCommands();
   } finally {
     report.extension_log = extensionLog();
     save();
