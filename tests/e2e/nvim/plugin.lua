@@ -39,7 +39,8 @@ local function lines(bufnr)
   return vim.api.nvim_buf_get_lines(bufnr, 0, -1, true)
 end
 
-local function main()
+--- setup() as a user calls it; what it registered.
+local function setup_plugin()
   vim.opt.runtimepath:prepend(assert(os.getenv('SQUIDCODE_CLIENT_DIR')))
   -- Messages and notifications go into the report instead of the terminal.
   vim.notify = function(msg, level)
@@ -68,7 +69,11 @@ local function main()
     statusline_before = squid.statusline(),
   }
   save()
+  return squid, opts, map
+end
 
+--- Opens the file and waits for the client; nil when it did not attach.
+local function attach(squid)
   vim.cmd.edit(vim.fn.fnameescape(assert(os.getenv('SQUIDCODE_TEST_FILE'))))
   local bufnr = vim.api.nvim_get_current_buf()
   local client
@@ -76,13 +81,17 @@ local function main()
     client = squid.client(bufnr)
     return client ~= nil and client.initialized == true
   end) then
-    return fail('no squidcode client attached within 60 s')
+    fail('no squidcode client attached within 60 s')
+    return nil
   end
   result.client = { cmd = client.config.cmd, init_options = client.config.init_options,
                     commands = squid.server_commands(client) }
   table.insert(result.statuslines, squid.statusline())
+  return client, bufnr
+end
 
-  -- 1. squidcode/status says the model is loaded; the statusline follows.
+--- 1. squidcode/status says the model is loaded; the statusline follows.
+local function model_loaded(squid)
   result.model_loaded = wait_for(timeout_ms, function()
     local s = squid.state.status
     return s ~= nil and s.model ~= nil and s.model.loaded == true and squid.state.progress == nil
@@ -90,8 +99,10 @@ local function main()
   result.status_notification = squid.state.status or vim.NIL
   table.insert(result.statuslines, squid.statusline())
   save()
+end
 
-  -- 2. Ghost text at the end of the file, accepted through the plugin's accept key mapping.
+--- 2. Ghost text at the end of the file, accepted through the plugin's accept key mapping.
+local function ghost_text_and_accept(squid, client, bufnr, map)
   local n = vim.api.nvim_buf_line_count(bufnr)
   local last = vim.api.nvim_buf_get_lines(bufnr, n - 1, n, true)[1]
   local ns = vim.api.nvim_create_namespace('nvim.lsp.inline_completion')
@@ -127,8 +138,10 @@ local function main()
   vim.api.nvim_exec_autocmds('InsertLeave', { buffer = bufnr })
   vim.o.virtualedit = ''
   save()
+end
 
-  -- 3. :Squid status, :Squid feedback, :Squid record on, a bad :Squid.
+--- 3. :Squid status, :Squid feedback, :Squid record on, a bad :Squid; 4. :checkhealth squidcode.
+local function commands_and_health(squid, bufnr)
   result.status_output = exec('Squid status')
   result.feedback_output = exec('Squid feedback')
   result.record_output = exec('Squid record on')
@@ -144,8 +157,10 @@ local function main()
   vim.cmd('bwipeout!')
   vim.api.nvim_set_current_buf(bufnr)
   save()
+end
 
-  -- 5. The agent on line 1 (a range), its WorkspaceEdit applied to the buffer.
+--- 5. The agent on line 1 (a range), its WorkspaceEdit applied to the buffer.
+local function agent_on_a_range(squid, client, bufnr)
   result.before_agent = lines(bufnr)
   local instruction = os.getenv('SQUIDCODE_AGENT_INSTRUCTION') or 'make the module docstring say what the module holds'
   result.agent_output = exec('1,1Squid agent ' .. instruction)
@@ -157,7 +172,18 @@ local function main()
     result.after_agent = lines(bufnr)
   end
   save()
+end
 
+local function main()
+  local squid, _, map = setup_plugin()
+  local client, bufnr = attach(squid)
+  if not client then
+    return
+  end
+  model_loaded(squid)
+  ghost_text_and_accept(squid, client, bufnr, map)
+  commands_and_health(squid, bufnr)
+  agent_on_a_range(squid, client, bufnr)
   client:stop()
   result.stopped = wait_for(10000, function()
     return client:is_stopped()
