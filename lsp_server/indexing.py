@@ -62,6 +62,7 @@ def send_index_status(ls) -> None:
     if service is None:
         return
     ls.protocol.notify(INDEX_STATUS, service.status())
+    ls.state_changed()
 
 
 class _ProgressReporter:

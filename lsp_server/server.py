@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,6 +135,11 @@ class SquidServer(LanguageServer):
         self.document_listeners: list = []
         # Called as listener(old_config, new_config) after every configuration reload.
         self.config_listeners: list = []
+        # Called on the event loop whenever the model, index, feedback or training state changes;
+        # the status feature sends `squidcode/status` from here.
+        self.state_listeners: list[Callable[[], None]] = []
+        # Sections of `squidcode.status` contributed by features (name -> provider), e.g. "feedback".
+        self.status_sections: dict[str, Callable[[], dict]] = {}
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -172,6 +178,11 @@ class SquidServer(LanguageServer):
                 log.exception("configuration listener %r failed", listener)
         return model_changed
 
+    def state_changed(self) -> None:
+        """Tell the state listeners (the `squidcode/status` notification) that something changed."""
+        for listener in list(self.state_listeners):
+            listener()
+
     # -- the model -----------------------------------------------------------------------------
 
     def start_model_load(self) -> None:
@@ -190,6 +201,7 @@ class SquidServer(LanguageServer):
     async def _load_model(self) -> None:
         model_config = self.config.model
         cache_dir = self.config.resolved_cache_dir()
+        self.state_changed()
         token = await self.begin_progress("Loading model", model_config.path or "embedded model")
         try:
             self.runtime = await _in_daemon_thread(get_runtime, model_config, cache_dir)
@@ -204,6 +216,7 @@ class SquidServer(LanguageServer):
             )
         finally:
             self.end_progress(token, "model ready" if self.runtime else "model unavailable")
+            self.state_changed()
 
     async def begin_progress(self, title: str, message: str) -> str | None:
         window = self.client_capabilities.window if self.client_capabilities else None

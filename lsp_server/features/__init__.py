@@ -8,13 +8,23 @@ from . import (
     index_events,
     inline_completion,
     lifecycle,
+    status,
     workspace_symbol,
 )
 
 __all__ = ["register_all"]
 
-FEATURE_MODULES = (lifecycle, configuration, inline_completion, completion, workspace_symbol, index_events)
-FEATURE_MODULES += (feedback_commands, edit_tracking)
+FEATURE_MODULES = (
+    lifecycle,
+    configuration,
+    inline_completion,
+    completion,
+    workspace_symbol,
+    index_events,
+    feedback_commands,
+    edit_tracking,
+    status,
+)
 
 
 def register_all(server) -> None:

@@ -55,6 +55,7 @@ def _start(ls: SquidServer, config: SquidConfig) -> None:
     ls.feedback = recorder
     ls.feedback_uploader = Uploader(recorder)
     ls.feedback_uploader.start()
+    ls.status_sections["feedback"] = lambda: _status_section(recorder)
     atexit.register(_stop, ls)
     try:
         # Kept on the server: the loop holds tasks only weakly.
@@ -67,6 +68,12 @@ def _start(ls: SquidServer, config: SquidConfig) -> None:
         "on" if recorder.sharing else "off",
         recorder.db_path,
     )
+
+
+def _status_section(recorder: FeedbackRecorder) -> dict:
+    """The `feedback` part of `squidcode.status` (docs/protocol.md)."""
+    status = recorder.status()
+    return {"record": status["record"], "share": status["share"]}
 
 
 def _stop(ls: SquidServer) -> None:

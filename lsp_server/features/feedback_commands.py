@@ -140,6 +140,7 @@ def register(server: SquidServer) -> None:
         on = _switch(args, SET_RECORD_COMMAND)
         recorder = _recorder(ls)
         recorder.set_record(on)
+        ls.state_changed()
         log.info("feedback recording turned %s", "on" if on else "off")
         return recorder.status()
 
@@ -152,5 +153,6 @@ def register(server: SquidServer) -> None:
                 "sharing needs feedback.endpoint and feedback.token in the settings first; nothing is shared"
             )
         recorder.set_share(on)
+        ls.state_changed()
         log.info("feedback sharing turned %s", "on" if on else "off")
         return recorder.status()

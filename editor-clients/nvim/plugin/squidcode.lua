@@ -1,6 +1,8 @@
--- squidcode for Neovim: enables the `squidcode` LSP config and inline completion (ghost text).
--- Opt out before this file runs with `vim.g.squidcode_enabled = false` (the :Squidcode* commands
--- stay available), or keep the server but not ghost text with `vim.g.squidcode_inline = false`.
+-- squidcode for Neovim: enables the `squidcode` LSP config and inline completion (ghost text), and
+-- defines :Squid (agent, status, feedback, record). `require('squidcode').setup({...})` configures
+-- it (command, settings, accept key); see lua/squidcode/init.lua.
+-- Opt out before this file runs with `vim.g.squidcode_enabled = false` (the commands stay
+-- available), or keep the server but not ghost text with `vim.g.squidcode_inline = false`.
 
 if vim.g.loaded_squidcode then
   return
@@ -11,6 +13,8 @@ if vim.fn.has('nvim-0.11') == 0 then
   vim.notify('squidcode: needs Neovim 0.11 or newer', vim.log.levels.WARN)
   return
 end
+
+require('squidcode').register()
 
 local function clients(bufnr)
   return vim.lsp.get_clients({ name = 'squidcode', bufnr = bufnr })

@@ -1,0 +1,387 @@
+-- squidcode for Neovim: setup(), the :Squid command, acceptance reporting, a statusline helper.
+--
+--   require('squidcode').setup({
+--     cmd = { '/path/to/squidcode/.venv/bin/squidcode', 'serve' },   -- default: squidcode on $PATH
+--     settings = { completion = { max_tokens = 48 } },               -- server settings (.squidcode.toml keys)
+--     backend_url = 'http://127.0.0.1:8000/v1',                      -- an OpenAI-compatible server for the agent
+--     accept_key = '<Tab>',                                          -- false: map nothing
+--     inline = true,                                                 -- ghost text (Neovim 0.12+)
+--   })
+--
+-- Everything smart happens in the server; this file only calls the commands of docs/protocol.md.
+
+local M = {}
+
+M.name = 'squidcode'
+
+M.commands = {
+  status = 'squidcode.status',
+  agent = 'squidcode.agent.run',
+  accept = 'squidcode.completion.accept',
+  feedback_status = 'squidcode.feedback.status',
+  set_record = 'squidcode.feedback.setRecord',
+  set_share = 'squidcode.feedback.setShare',
+}
+
+--- What the plugin knows, for the statusline and for scripts (and tests): the last `squidcode/status`
+--- and `squidcode/indexStatus`, $/progress, the last agent result, acceptances reported.
+M.state = {
+  status = nil,
+  index = nil,
+  progress = nil, -- { title, message, percentage } while a server task runs
+  agent = nil, -- { running = bool, result = table?, error = string?, applied = bool? }
+  accepted = {}, -- one entry per acceptance reported: { args, ok, error }
+  feedback = nil, -- the last feedback status
+}
+
+local registered = false
+
+--- The running squidcode client for `bufnr` (any buffer when nil).
+function M.client(bufnr)
+  return vim.lsp.get_clients({ name = M.name, bufnr = bufnr })[1]
+end
+
+--- The commands the server lists in executeCommandProvider.
+function M.server_commands(client)
+  local provider = client and client.server_capabilities and client.server_capabilities.executeCommandProvider
+  return type(provider) == 'table' and provider.commands or {}
+end
+
+function M.offers(client, command)
+  return vim.list_contains(M.server_commands(client), command)
+end
+
+local function notify(msg, level)
+  vim.notify('squidcode: ' .. msg, level or vim.log.levels.INFO)
+end
+
+--- The client that offers `command`, or nil after telling the user why not.
+local function client_for(command, bufnr)
+  local client = M.client(bufnr) or M.client()
+  if not client then
+    notify('no server running (open a file of a listed filetype; see :checkhealth squidcode)', vim.log.levels.ERROR)
+    return nil
+  end
+  if not M.offers(client, command) then
+    notify(('this server does not offer %s: update squidcode'):format(command), vim.log.levels.ERROR)
+    return nil
+  end
+  return client
+end
+
+--- Runs a server command synchronously (for the quick ones: status, feedback). Returns result, err.
+function M.request_sync(command, args, bufnr, timeout_ms)
+  local client = client_for(command, bufnr)
+  if not client then
+    return nil, 'unavailable'
+  end
+  local response, err = client:request_sync('workspace/executeCommand', {
+    command = command,
+    arguments = { args or vim.empty_dict() },
+  }, timeout_ms or 10000, bufnr or 0)
+  if not response then
+    return nil, err or 'no answer'
+  end
+  if response.err then
+    return nil, response.err.message or vim.inspect(response.err)
+  end
+  return response.result
+end
+
+-- -- status -------------------------------------------------------------------------------------
+
+local function short_name(name)
+  name = (name or 'model'):gsub('[/\\]+$', '')
+  return name:match('[^/\\]+$') or name
+end
+
+--- A short text for the statusline: what the server is doing, or '' when no client runs.
+--- `set statusline+=%{v:lua.require'squidcode'.statusline()}`
+function M.statusline()
+  if not M.client() then
+    return ''
+  end
+  local s, p = M.state, M.state.progress
+  if s.agent and s.agent.running then
+    return 'squid: agent…'
+  end
+  if p then
+    local pct = p.percentage and (' ' .. p.percentage .. '%') or ''
+    return ('squid: %s%s'):format((p.title or ''):gsub('^squidcode: ', ''):lower(), pct)
+  end
+  local model = s.status and s.status.model or {}
+  if model.error and model.error ~= vim.NIL then
+    return 'squid: model failed'
+  end
+  if not model.loaded then
+    return 'squid: loading model'
+  end
+  local training = s.status.training or {}
+  if training.state and training.state ~= 'off' and training.state ~= 'idle' then
+    return ('squid: training %s'):format(training.step ~= vim.NIL and training.step or '')
+  end
+  return 'squid: ' .. short_name(model.name)
+end
+
+--- Lines describing a `squidcode.status` object.
+function M.describe_status(status)
+  local model = status.model or {}
+  local index = status.index or {}
+  local feedback = status.feedback or {}
+  local training = status.training or {}
+  local err = model.error ~= vim.NIL and model.error or nil
+  local lines = {
+    ('squidcode %s'):format(status.version or '?'),
+    ('model: %s (%s, %s, %s)%s'):format(model.name or '?', model.loaded and 'loaded' or (err and 'failed' or 'loading'),
+      model.device or '?', model.dtype or '?', err and (': ' .. err) or ''),
+    ('index: %s%s'):format(index.state or 'off',
+      index.files and (': %d files, %d symbols'):format(index.files, index.symbols or 0) or ''),
+    ('feedback: %s, %s'):format(feedback.record and 'recording' or 'not recording',
+      feedback.share and 'sharing' or 'not shared'),
+    ('training: %s'):format(training.state or 'off'),
+  }
+  return lines
+end
+
+function M.show_status()
+  local status, err = M.request_sync(M.commands.status, {})
+  if not status then
+    return notify('status: ' .. tostring(err), vim.log.levels.ERROR)
+  end
+  M.state.status = status
+  print(table.concat(M.describe_status(status), '\n'))
+  return status
+end
+
+-- -- feedback -----------------------------------------------------------------------------------
+
+function M.describe_feedback(f)
+  local record = f.record and ('recording (%s)'):format(f.storage or 'full') or 'not recording'
+  local share = f.share and ('sharing with %s'):format(f.endpoint ~= vim.NIL and f.endpoint or 'the team endpoint')
+    or 'nothing shared'
+  local counts = f.episodes and ('; %d episode(s), %d event(s)'):format(f.episodes, f.events or 0) or ''
+  return ('squidcode feedback: %s, %s%s.'):format(record, share, counts)
+end
+
+local function feedback_command(command, args)
+  local result, err = M.request_sync(command, args)
+  if not result then
+    return notify('feedback: ' .. tostring(err), vim.log.levels.ERROR)
+  end
+  M.state.feedback = result
+  print(M.describe_feedback(result))
+  return result
+end
+
+function M.feedback()
+  return feedback_command(M.commands.feedback_status, {})
+end
+
+function M.record(on)
+  return feedback_command(M.commands.set_record, { on = on })
+end
+
+function M.share(on)
+  return feedback_command(M.commands.set_share, { on = on })
+end
+
+-- -- agent --------------------------------------------------------------------------------------
+
+--- The LSP range of lines `line1`..`line2` (1-based, inclusive) of `bufnr`.
+function M.line_range(bufnr, line1, line2, offset_encoding)
+  local last = vim.api.nvim_buf_get_lines(bufnr, line2 - 1, line2, true)[1] or ''
+  return {
+    start = { line = line1 - 1, character = 0 },
+    ['end'] = { line = line2 - 1, character = vim.str_utfindex(last, offset_encoding or 'utf-16') },
+  }
+end
+
+--- Asks the agent to do `instruction` on lines line1..line2 of the current buffer (the whole file
+--- when no range is given) and applies the edit it returns. Asynchronous; `M.state.agent` follows it.
+function M.agent(instruction, line1, line2)
+  instruction = vim.trim(instruction or '')
+  if instruction == '' then
+    return notify('say what the agent should do: :Squid agent {instruction}', vim.log.levels.ERROR)
+  end
+  local bufnr = vim.api.nvim_get_current_buf()
+  local client = client_for(M.commands.agent, bufnr)
+  if not client then
+    return
+  end
+  local args = { instruction = instruction, uri = vim.uri_from_bufnr(bufnr) }
+  if line1 and line2 then
+    args.range = M.line_range(bufnr, line1, line2, client.offset_encoding)
+  end
+  M.state.agent = { running = true, args = args }
+  notify('agent: working on "' .. instruction .. '"…')
+  client:request('workspace/executeCommand', { command = M.commands.agent, arguments = { args } }, function(err, result)
+    local entry = { running = false, args = args, result = result }
+    M.state.agent = entry
+    if err then
+      entry.error = err.message or vim.inspect(err)
+      return notify('agent: ' .. entry.error, vim.log.levels.ERROR)
+    end
+    if type(result) ~= 'table' or not result.edit or result.edit == vim.NIL then
+      return notify('agent: no edit proposed', vim.log.levels.WARN)
+    end
+    vim.lsp.util.apply_workspace_edit(result.edit, client.offset_encoding)
+    entry.applied = true
+    notify(('agent: edit applied (%d step(s)); undo with u'):format(#(result.steps or {})))
+  end, bufnr)
+end
+
+-- -- inline completion ----------------------------------------------------------------------------
+
+--- Accepts the shown inline completion; false when there is none (so a mapping can fall back).
+--- The server's accept command attached to the item is run by Neovim after the text goes in.
+function M.accept()
+  if not vim.lsp.inline_completion then
+    return false
+  end
+  return vim.lsp.inline_completion.get()
+end
+
+-- Neovim runs an item's command through vim.lsp.commands first: this forwards the acceptance to the
+-- server, records it, and stays quiet with a server that does not offer it.
+local function report_acceptance(command, ctx)
+  local client = vim.lsp.get_client_by_id(ctx.client_id)
+  local entry = { args = command.arguments and command.arguments[1] }
+  table.insert(M.state.accepted, entry)
+  if not client or not M.offers(client, M.commands.accept) then
+    entry.ok, entry.error = false, 'not offered by the server'
+    return
+  end
+  client:request('workspace/executeCommand', { command = command.command, arguments = command.arguments },
+    function(err)
+      entry.ok = err == nil
+      entry.error = err and (err.message or vim.inspect(err)) or nil
+    end, ctx.bufnr)
+end
+
+-- -- registration ---------------------------------------------------------------------------------
+
+local subcommands = {
+  agent = {
+    run = function(opts, rest)
+      if opts.range > 0 then
+        M.agent(rest, opts.line1, opts.line2)
+      else
+        M.agent(rest)
+      end
+    end,
+  },
+  status = { run = function() M.show_status() end },
+  feedback = { run = function() M.feedback() end },
+  record = { args = { 'on', 'off' } },
+  share = { args = { 'on', 'off' } },
+}
+
+local function on_off(name, rest, fn)
+  if rest ~= 'on' and rest ~= 'off' then
+    return notify((':Squid %s on|off'):format(name), vim.log.levels.ERROR)
+  end
+  fn(rest == 'on')
+end
+subcommands.record.run = function(_, rest) on_off('record', rest, M.record) end
+subcommands.share.run = function(_, rest) on_off('share', rest, M.share) end
+
+local function squid_command(opts)
+  local name, rest = opts.args:match('^%s*(%S+)%s*(.-)%s*$')
+  local sub = subcommands[name or '']
+  if not sub then
+    return notify('usage: :Squid agent {instruction} | status | feedback | record on|off | share on|off',
+      vim.log.levels.ERROR)
+  end
+  sub.run(opts, rest)
+end
+
+local function complete_squid(arglead, cmdline)
+  local words = vim.split(cmdline:gsub('^%S*%s*', ''), '%s+')
+  local choices = #words <= 1 and vim.tbl_keys(subcommands) or (subcommands[words[1]] or {}).args or {}
+  table.sort(choices)
+  return vim.tbl_filter(function(c) return vim.startswith(c, arglead) end, choices)
+end
+
+--- Handlers, commands and autocommands; called by the plugin file and by setup() (idempotent).
+function M.register()
+  if registered then
+    return
+  end
+  registered = true
+  vim.lsp.config(M.name, {
+    handlers = {
+      ['squidcode/status'] = function(_, status)
+        M.state.status = status
+        vim.cmd.redrawstatus()
+      end,
+      ['squidcode/indexStatus'] = function(_, index)
+        M.state.index = index
+      end,
+    },
+  })
+  vim.lsp.commands[M.commands.accept] = report_acceptance
+  vim.api.nvim_create_autocmd('LspProgress', {
+    group = vim.api.nvim_create_augroup('squidcode.progress', {}),
+    callback = function(ev)
+      local client = vim.lsp.get_client_by_id(ev.data.client_id)
+      if not client or client.name ~= M.name then
+        return
+      end
+      local value = ev.data.params.value or {}
+      if value.kind == 'end' then
+        M.state.progress = nil
+      else
+        local previous = M.state.progress or {}
+        M.state.progress = {
+          title = value.title or previous.title,
+          message = value.message,
+          percentage = value.percentage,
+        }
+      end
+      vim.cmd.redrawstatus()
+    end,
+  })
+  vim.api.nvim_create_user_command('Squid', squid_command, {
+    nargs = '+',
+    range = true,
+    complete = complete_squid,
+    desc = 'squidcode: agent {instruction} (on a range) | status | feedback | record on|off | share on|off',
+  })
+end
+
+--- Configures and enables the server. Options (all optional): cmd, settings, backend_url,
+--- filetypes, accept_key ('<Tab>'; false for none), inline (true).
+function M.setup(opts)
+  opts = opts or {}
+  M.register()
+  local settings = vim.deepcopy(opts.settings or {})
+  if opts.backend_url then
+    settings.agent = vim.tbl_extend('force', settings.agent or {}, { backend = 'openai', base_url = opts.backend_url })
+  end
+  local config = {}
+  if opts.cmd then
+    config.cmd = opts.cmd
+  end
+  if opts.filetypes then
+    config.filetypes = opts.filetypes
+  end
+  -- vim.empty_dict(), not {}: an empty Lua table would go out as a JSON array.
+  config.init_options = next(settings) and settings or vim.empty_dict()
+  vim.lsp.config(M.name, config)
+  vim.lsp.enable(M.name)
+  if opts.inline ~= false and vim.lsp.inline_completion then
+    vim.lsp.inline_completion.enable()
+  end
+  local key = opts.accept_key == nil and '<Tab>' or opts.accept_key
+  if key then
+    vim.keymap.set('i', key, function()
+      if not M.accept() then
+        return vim.keycode(key)
+      end
+    end, { expr = true, desc = 'squidcode: accept the inline completion (and report it)' })
+  end
+  M.options = opts
+  return M
+end
+
+return M
