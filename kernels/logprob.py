@@ -71,9 +71,13 @@ def _check(rows: torch.Tensor, tokens: torch.Tensor, vocab: int, temperature: fl
         raise ValueError(f"token ids must lie in [0, {vocab}), got [{low}, {high}]")
 
 
-def _chunk_logits(h: torch.Tensor, w32: torch.Tensor, b32: torch.Tensor | None, temperature: float):
-    """Scaled float32 logits [chunk, vocab] of hidden rows `h` [chunk, d]."""
-    logits = h.float() @ w32.T  # [chunk, vocab]
+def _chunk_logits(h: torch.Tensor, w32: torch.Tensor, b32: torch.Tensor | None, temperature: float,
+                  workspace: torch.Tensor):
+    """Scaled float32 logits [chunk, vocab] of hidden rows `h` [chunk, d], written into `workspace`.
+
+    One workspace serves every chunk of a pass, so the allocator never churns [chunk, vocab] buffers.
+    """
+    logits = torch.matmul(h.float(), w32.T, out=workspace[: h.shape[0]])  # [chunk, vocab]
     if b32 is not None:
         logits += b32
     if temperature != 1.0:
@@ -97,6 +101,16 @@ def _grad_logits_inplace(logits: torch.Tensor, lse: torch.Tensor, tok: torch.Ten
     return probs
 
 
+def _workspace(rows: int, chunk_size: int, like: torch.Tensor) -> torch.Tensor:
+    """A float32 [min(rows, chunk_size), vocab] buffer; `like` has the vocabulary as its first dim."""
+    return torch.empty(min(rows, chunk_size), like.shape[0], dtype=torch.float32, device=like.device)
+
+
+def _scaled_copy(rows: torch.Tensor, temperature: float, workspace: torch.Tensor) -> torch.Tensor:
+    chunk = workspace[: rows.shape[0]].copy_(rows)  # float32 [chunk, vocab]
+    return chunk.div_(temperature) if temperature != 1.0 else chunk
+
+
 class _ChunkedHeadLogprob(torch.autograd.Function):
     """log p(tokens) from hidden rows [n, d] and the head [vocab, d], chunk by chunk in both passes."""
 
@@ -108,9 +122,10 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
         else:
             lse = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
             target = torch.empty_like(lse)
+            workspace = _workspace(hidden.shape[0], chunk_size, w32)
             for start in range(0, hidden.shape[0], chunk_size):
                 end = start + chunk_size
-                logits = _chunk_logits(hidden[start:end], w32, b32, temperature)
+                logits = _chunk_logits(hidden[start:end], w32, b32, temperature, workspace)
                 lse[start:end], target[start:end] = _lse_target_inplace(logits, tokens[start:end])
         ctx.save_for_backward(hidden, weight, bias, tokens, lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
@@ -125,10 +140,11 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
         grad_w = torch.zeros_like(w32) if want_w else None
         grad_b = torch.zeros_like(b32) if want_b else None
         grad_out = grad_out.float() / ctx.temperature
+        workspace = _workspace(hidden.shape[0], ctx.chunk_size, w32)
         for start in range(0, hidden.shape[0], ctx.chunk_size):
             end = start + ctx.chunk_size
             h = hidden[start:end]
-            logits = _chunk_logits(h, w32, b32, ctx.temperature)
+            logits = _chunk_logits(h, w32, b32, ctx.temperature, workspace)
             grad_logits = _grad_logits_inplace(logits, lse[start:end], tokens[start:end], grad_out[start:end])
             if want_h:
                 grad_h[start:end] = grad_logits @ w32
@@ -151,9 +167,10 @@ class _ChunkedLogitsLogprob(torch.autograd.Function):
         else:
             lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
             target = torch.empty_like(lse)
+            workspace = _workspace(logits.shape[0], chunk_size, logits[0])
             for start in range(0, logits.shape[0], chunk_size):
                 end = start + chunk_size
-                chunk = logits[start:end].float() / temperature  # a fresh [chunk, vocab] buffer
+                chunk = _scaled_copy(logits[start:end], temperature, workspace)
                 lse[start:end], target[start:end] = _lse_target_inplace(chunk, tokens[start:end])
         ctx.save_for_backward(logits, tokens, lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
@@ -164,9 +181,10 @@ class _ChunkedLogitsLogprob(torch.autograd.Function):
         logits, tokens, lse = ctx.saved_tensors
         grad = torch.empty_like(logits)
         grad_out = grad_out.float() / ctx.temperature
+        workspace = _workspace(logits.shape[0], ctx.chunk_size, logits[0])
         for start in range(0, logits.shape[0], ctx.chunk_size):
             end = start + ctx.chunk_size
-            chunk = logits[start:end].float() / ctx.temperature
+            chunk = _scaled_copy(logits[start:end], ctx.temperature, workspace)
             rows = slice(start, end)
             grad[rows] = _grad_logits_inplace(chunk, lse[rows], tokens[rows], grad_out[rows])
         return grad, None, None, None, None

@@ -242,9 +242,17 @@ def gather_planned(keys: torch.Tensor, plan: SparsePlan) -> torch.Tensor:
     batch, kv_heads, _, dim = keys.shape
     bs = plan.block_size
     ids = plan.blocks.to(keys.device)
-    middle = keys[:, :, : plan.window_start].reshape(batch, kv_heads, -1, bs, dim)  # [b, kv, blocks, bs, d]
-    picked = torch.gather(middle, 2, ids[..., None, None].expand(-1, -1, -1, bs, dim))  # [b, kv, k, bs, d]
-    parts = (keys[:, :, : plan.sink_end], picked.flatten(2, 3), keys[:, :, plan.window_start :])
+    n_blocks, k = plan.window_start // bs, ids.shape[-1]
+    if keys.stride(3) != 1 or keys.stride(2) != dim:
+        keys = keys.contiguous()
+    # A block is one contiguous row of bs * d values: index whole rows (a copy at memcpy speed) of a
+    # strided view, rather than a per-element gather index as large as the data.
+    stride_b, stride_h, stride_s, _ = keys.stride()
+    rows = keys.as_strided((batch, kv_heads, n_blocks, bs * dim), (stride_b, stride_h, bs * stride_s, 1))
+    b_idx = torch.arange(batch, device=keys.device)[:, None, None]
+    h_idx = torch.arange(kv_heads, device=keys.device)[None, :, None]
+    picked = rows[b_idx, h_idx, ids].reshape(batch, kv_heads, k * bs, dim)  # [b, kv, k*bs, d]
+    parts = (keys[:, :, : plan.sink_end], picked, keys[:, :, plan.window_start :])
     return torch.cat(parts, dim=2)
 
 

@@ -117,10 +117,11 @@ def test_triton_head_kernel_matches_the_reference(shape):
     batch, seq, dim, vocab, _ = shape
     hidden, weight, bias, tokens = _inputs(batch, seq, dim, vocab, seed=11 * seq + dim)
     rows = batch * seq
-    for b in (bias, None):
+    for b, splits in ((bias, None), (None, 3)):  # 3 splits: fewer than, equal to or more than the tiles
         logits = (hidden.reshape(rows, dim) @ weight.T + (b if b is not None else 0)) / 0.9
         lse, target = head_lse_target(hidden.reshape(rows, dim), weight, b, tokens.reshape(rows), 0.9,
-                                      lse=poisoned(rows), target=poisoned(rows))
+                                      lse=poisoned(rows), target=poisoned(rows), splits=splits,
+                                      poison_scratch=True)
         assert max_rel_err(lse, logits.logsumexp(-1)) < 1e-5
         assert max_rel_err(target, logits.gather(1, tokens.reshape(rows, 1)).squeeze(1)) < 1e-5
 
@@ -153,3 +154,15 @@ def test_triton_backend_end_to_end_with_gradients():
     logits = hidden @ weight.T
     got = selective_logprob_from_logits(logits, tokens, backend="triton")
     assert max_rel_err(got, selective_logprob_from_logits_reference(logits, tokens)) < 1e-5
+
+
+@requires_triton
+def test_triton_head_kernel_on_bfloat16():
+    from kernels._logprob_triton import head_lse_target
+
+    hidden, weight, _, tokens = _inputs(1, 21, 40, 300, seed=4, dtype=torch.bfloat16)
+    logits = hidden[0].float() @ weight.float().T  # what bfloat16 inputs with a float32 accumulator give
+    lse, target = head_lse_target(hidden[0], weight, None, tokens[0], 1.0,
+                                  lse=poisoned(21), target=poisoned(21))
+    assert max_rel_err(lse, logits.logsumexp(-1)) < 1e-5
+    assert max_rel_err(target, logits.gather(1, tokens[0][:, None]).squeeze(1)) < 1e-5
