@@ -239,6 +239,12 @@ def gather_planned(keys: torch.Tensor, plan: SparsePlan) -> torch.Tensor:
     Works on whatever device `keys` lives on (the plan's block ids are moved there), so a cache kept in
     CPU memory sends only these tokens to the device.
     """
+    return torch.cat(_planned_parts(keys, plan), dim=2)
+
+
+def _planned_parts(keys: torch.Tensor, plan: SparsePlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sinks, chosen blocks, window) of `keys`: views of the cache for the first and last, a copy of
+    only the chosen blocks in between, [b, kv, tokens, d] each."""
     batch, kv_heads, _, dim = keys.shape
     bs = plan.block_size
     ids = plan.blocks.to(keys.device)
@@ -252,8 +258,26 @@ def gather_planned(keys: torch.Tensor, plan: SparsePlan) -> torch.Tensor:
     b_idx = torch.arange(batch, device=keys.device)[:, None, None]
     h_idx = torch.arange(kv_heads, device=keys.device)[None, :, None]
     picked = rows[b_idx, h_idx, ids].reshape(batch, kv_heads, k * bs, dim)  # [b, kv, k*bs, d]
-    parts = (keys[:, :, : plan.sink_end], picked, keys[:, :, plan.window_start :])
-    return torch.cat(parts, dim=2)
+    return keys[:, :, : plan.sink_end], picked, keys[:, :, plan.window_start :]
+
+
+def _attend_parts(query: torch.Tensor, keys: tuple, values: tuple, scale: float | None) -> torch.Tensor:
+    """Attention of `query` [b, q_heads, d] over the concatenation of the key/value parts, without
+    concatenating them: scores per part, one softmax over all of them, outputs summed per part."""
+    batch, q_heads, dim = query.shape
+    kv_heads = keys[0].shape[1]
+    scale = dim**-0.5 if scale is None else scale
+    q = query.float().reshape(batch, kv_heads, q_heads // kv_heads, dim) * scale  # [b, kv, group, d]
+    keys = [k for k in keys if k.shape[2]]
+    values = [v for v in values if v.shape[2]]
+    scores = torch.cat([q @ k.float().transpose(-1, -2) for k in keys], dim=-1)  # [b, kv, group, tokens]
+    probs = scores.softmax(dim=-1)
+    out, start = None, 0
+    for v in values:
+        part = probs[..., start : start + v.shape[2]] @ v.float()  # [b, kv, group, d]
+        out = part if out is None else out.add_(part)
+        start += v.shape[2]
+    return out.reshape(batch, q_heads, dim).to(query.dtype)
 
 
 def sparse_decode_attention(
@@ -280,9 +304,9 @@ def sparse_decode_attention(
         return sparse_decode_triton(query, keys, values, plan, scale=scale)
     if backend != "torch":
         raise ValueError(f"unknown backend {backend!r}; expected 'auto', 'torch' or 'triton'")
-    k_sel = gather_planned(keys, plan).to(query.device)
-    v_sel = gather_planned(values, plan).to(query.device)
-    return dense_decode_attention(query, k_sel, v_sel, scale=scale)
+    k_parts = [t.to(query.device) for t in _planned_parts(keys, plan)]
+    v_parts = [t.to(query.device) for t in _planned_parts(values, plan)]
+    return _attend_parts(query, k_parts, v_parts, scale)
 
 
 def _check_attention(query, keys, values, plan: SparsePlan) -> None:
