@@ -79,13 +79,14 @@ def check_rope(device, dtype, big: bool, bandwidth: float) -> None:
     for name, kdtype, tol in (("float32", torch.float32, 1e-5), (str(dtype).split(".")[-1], dtype, 2e-2)):
         k = keys.to(kdtype)
         out = torch.full_like(k, float("nan"))
-        err = rel_err(rope_shift_triton(k, deltas, inv_freq, out=out), rope_shift_reference(k, deltas, inv_freq))
+        want = rope_shift_reference(k, deltas, inv_freq)
+        err = rel_err(rope_shift_triton(k, deltas, inv_freq, out=out), want)
         table = seq * dim // 2 * 4 * 2  # cos + sin, float32
         moved = 2 * k.numel() * k.element_size() + table
         t_ms = timer(lambda k=k: rope_shift_triton(k, deltas, inv_freq, out=k), device)  # in place
         e_ms = timer(lambda k=k: rope_shift_reference(k, deltas, inv_freq), device)
         positions = torch.arange(seq, device=device)
-        n_ms = timer(lambda k=k: rope_shift_naive(k, positions, deltas, inv_freq), device)
+        n_ms = timer(lambda k=k, p=positions: rope_shift_naive(k, p, deltas, inv_freq), device)
         record("rope_shift", f"{list(k.shape)} {name}", moved, t_ms, e_ms, err, tol, bandwidth,
                f"naive {n_ms:.3f} ms")
 
@@ -111,8 +112,9 @@ def check_logprob(device, dtype, big: bool, bandwidth: float) -> None:
         t_ms = timer(lambda h=h, w=w, tok=tok: selective_logprob(h, w, tok, backend="triton"), device)
         e_ms = timer(lambda h=h, w=w, tok=tok: selective_logprob_reference(h, w, tok), device)
         flops = 2 * h.shape[1] * vocab * dim
-        record("selective_logprob (head, fwd)", f"{list(h.shape)} x {list(w.shape)} {name}", moved, t_ms, e_ms,
-               err, tol, bandwidth, f"matmul-bound: {flops / 1e12:.2f} TFLOP")
+        shape = f"{list(h.shape)} x {list(w.shape)} {name}"
+        record("selective_logprob (head, fwd)", shape, moved, t_ms, e_ms, err, tol, bandwidth,
+               f"matmul-bound: {flops / 1e12:.2f} TFLOP")
     h, w = hidden.to(dtype).requires_grad_(), weight.to(dtype)
     chunk = 1024
 
@@ -125,14 +127,16 @@ def check_logprob(device, dtype, big: bool, bandwidth: float) -> None:
     peak = _peak_mib(train_step, device), _peak_mib(eager_step, device)
     record("selective_logprob (head, fwd+bwd)", f"{list(h.shape)} {str(dtype).split('.')[-1]}",
            h.numel() * h.element_size() * 2 + w.numel() * w.element_size() * 2, timer(train_step, device),
-           timer(eager_step, device), 0.0, 1.0, bandwidth, f"peak MiB chunked {peak[0]:.0f} vs eager {peak[1]:.0f}")
+           timer(eager_step, device), 0.0, 1.0, bandwidth,
+           f"peak MiB chunked {peak[0]:.0f} vs eager {peak[1]:.0f}")
     logits = (hidden[0] @ weight.T).to(dtype)[None]  # [1, rows, vocab]
     want = selective_logprob_from_logits_reference(logits, tokens)
     err = rel_err(selective_logprob_from_logits(logits, tokens, backend="triton"), want)
     record("selective_logprob (logits, fwd)", f"{list(logits.shape)} {str(dtype).split('.')[-1]}",
            logits.numel() * logits.element_size() + rows * 12,
            timer(lambda: selective_logprob_from_logits(logits, tokens, backend="triton"), device),
-           timer(lambda: selective_logprob_from_logits_reference(logits, tokens), device), err, 1e-5, bandwidth)
+           timer(lambda: selective_logprob_from_logits_reference(logits, tokens), device), err, 1e-5,
+           bandwidth)
 
 
 def _peak_mib(fn, device) -> float:
@@ -158,7 +162,8 @@ def check_sparse(device, dtype, big: bool, bandwidth: float) -> None:
         qc, kc, vc = q.to(cast), k.to(cast), v.to(cast)
         want = sparse_decode_attention_reference(qc, kc, vc, plan)
         err = rel_err(sparse_decode_attention(qc, kc, vc, plan, backend="triton"), want)
-        moved = 2 * batch * kv_heads * plan.n_tokens * dim * kc.element_size() + 2 * qc.numel() * qc.element_size()
+        moved = 2 * batch * kv_heads * plan.n_tokens * dim * kc.element_size()
+        moved += 2 * qc.numel() * qc.element_size()  # the query in, the output out
         t_ms = timer(lambda qc=qc, kc=kc, vc=vc: sparse_decode_attention(qc, kc, vc, plan, backend="triton"),
                      device)
         e_ms = timer(lambda qc=qc, kc=kc, vc=vc: sparse_decode_attention(qc, kc, vc, plan, backend="torch"),
@@ -173,13 +178,15 @@ def check_sparse(device, dtype, big: bool, bandwidth: float) -> None:
 
 
 def print_table() -> bool:
-    header = ("kernel", "shape", "triton ms", "eager ms", "vs eager", "floor ms", "% of floor", "rel err", "note")
+    header = ("kernel", "shape", "triton ms", "eager ms", "vs eager", "floor ms", "% of floor", "rel err",
+              "note")
     lines = [header]
     for r in ROWS:
         lines.append((
             r["kernel"], r["shape"], f"{r['triton_ms']:.3f}", f"{r['eager_ms']:.3f}",
             f"{r['eager_ms'] / r['triton_ms']:.2f}x", f"{r['floor_ms']:.3f}",
-            f"{100 * r['floor_ms'] / r['triton_ms']:.0f}%", f"{r['err']:.1e}{'' if r['ok'] else ' FAIL'}", r["note"],
+            f"{100 * r['floor_ms'] / r['triton_ms']:.0f}%", f"{r['err']:.1e}{'' if r['ok'] else ' FAIL'}",
+            r["note"],
         ))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     for i, line in enumerate(lines):
