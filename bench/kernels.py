@@ -40,12 +40,6 @@ import torch  # noqa: E402
 
 from kernels.logprob import selective_logprob, selective_logprob_reference  # noqa: E402
 from kernels.rope import rope_shift, rope_shift_naive  # noqa: E402
-from kernels.sparse_attention import (  # noqa: E402
-    build_block_summaries,
-    extend_block_summaries,
-    select_blocks,
-    sparse_decode_attention,
-)
 
 VOCAB, HIDDEN = 49_152, 576  # SmolLM2-135M's head
 Q_HEADS, KV_HEADS, HEAD_DIM, LAYERS = 9, 3, 64, 30
@@ -225,17 +219,28 @@ def real_code_ids(runtime, count: int) -> list[int]:
     return ids[:count]
 
 
-def _decode(model, cache, ids: list[int], start: int, steps: int):
-    """Teacher-forced decode: next-token log-probs [steps, vocab] and per-step times."""
-    rows, times = [], []
+def _step(model, cache, token: int):
+    began = time.perf_counter()
+    out = model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True)
+    return out.cache, out.logits[0, -1].float().log_softmax(-1), time.perf_counter() - began
+
+
+def _decode_pair(model, cache, ids: list[int], start: int, steps: int, settings):
+    """Teacher-forced decode, dense and sparse steps taken in turns on their own copies of `cache`, so
+    both see the same machine load: (dense log-probs, sparse log-probs [steps, vocab], times of each)."""
+    layers = [m for m in model.modules() if hasattr(m, "_squid_sparse_settings")]
+    caches = {"dense": copy.deepcopy(cache), "sparse": copy.deepcopy(cache)}
+    rows = {"dense": [], "sparse": []}
+    times = {"dense": [], "sparse": []}
     with torch.inference_mode():
         for t in range(start, start + steps):
-            began = time.perf_counter()
-            out = model(input_ids=torch.tensor([[ids[t]]]), cache=cache, use_cache=True)
-            times.append(time.perf_counter() - began)
-            cache = out.cache
-            rows.append(out.logits[0, -1].float().log_softmax(-1))
-    return torch.stack(rows), times
+            for name in ("dense", "sparse"):
+                for layer in layers:  # no settings = the SDPA path, summaries left alone
+                    layer._squid_sparse_settings = settings if name == "sparse" else None
+                caches[name], logp, took = _step(model, caches[name], ids[t])
+                rows[name].append(logp)
+                times[name].append(took)
+    return torch.stack(rows["dense"]), torch.stack(rows["sparse"]), times["dense"], times["sparse"]
 
 
 def _prefill(model, ids: list[int]):
@@ -264,13 +269,12 @@ def bench_sparse_quality(contexts: list[int], steps: int) -> list[dict]:
         began = time.perf_counter()
         cache = _prefill(model, ids[:context])
         log(f"\nprefilled {context} tokens in {time.perf_counter() - began:.0f} s (load {load_average()})")
-        uninstall_sparse_attention(model)
-        dense, dense_times = _decode(model, copy.deepcopy(cache), ids, context, steps)
         for sinks, window, top_k, block in SETTINGS:
             settings = SparseAttentionSettings(min_context=1024, sinks=sinks, window=window, top_k=top_k,
                                                block_size=block)
             stats = install_sparse_attention(model, settings)
-            sparse, sparse_times = _decode(model, copy.deepcopy(cache), ids, context, steps)
+            pair = _decode_pair(model, cache, ids, context, steps, settings)
+            dense, sparse, dense_times, sparse_times = pair
             uninstall_sparse_attention(model)
             kl = (dense.exp() * (dense - sparse)).sum(-1)  # KL(dense || sparse) per step
             row = {
@@ -291,24 +295,45 @@ def bench_sparse_quality(contexts: list[int], steps: int) -> list[dict]:
     return rows
 
 
+class _AttentionLayer(torch.nn.Module):
+    """Stands for one LlamaAttention: the attributes the transformers attention functions read."""
+
+    num_key_value_groups = Q_HEADS // KV_HEADS
+    is_causal = True
+
+    def __init__(self, layer_idx: int, settings):
+        super().__init__()
+        from context.sparse_attention import SparseAttentionStats
+
+        self.layer_idx = layer_idx
+        self._squid_sparse_settings = settings
+        self._squid_sparse_stats = SparseAttentionStats()
+        self._squid_sparse_summaries = None
+
+
 def _attention_step_fns(context: int, setting: tuple[int, int, int, int]):
-    """One decode step's attention over all layers: dense SDPA (the runtime's path) vs sparse."""
+    """One decode step's attention over all layers, through the runtime's two attention functions:
+    transformers' SDPA one (dense) and context.sparse_attention's (summaries kept per layer)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from context.sparse_attention import SparseAttentionSettings, sparse_attention_forward
+
     sinks, window, top_k, block = setting
+    settings = SparseAttentionSettings(
+        min_context=1024, sinks=sinks, window=window, top_k=top_k, block_size=block
+    )
     gen = torch.Generator().manual_seed(context)
-    q = torch.randn(1, Q_HEADS, HEAD_DIM, generator=gen)
-    layers = [(torch.randn(1, KV_HEADS, context, HEAD_DIM, generator=gen),
-               torch.randn(1, KV_HEADS, context, HEAD_DIM, generator=gen)) for _ in range(LAYERS)]
-    summaries = [build_block_summaries(k[:, :, : context - block], block) for k, _ in layers]
+    q = torch.randn(1, Q_HEADS, 1, HEAD_DIM, generator=gen)  # [b, heads, q_len, d] as the model passes it
+    layers = [(_AttentionLayer(i, settings), torch.randn(1, KV_HEADS, context, HEAD_DIM, generator=gen),
+               torch.randn(1, KV_HEADS, context, HEAD_DIM, generator=gen)) for i in range(LAYERS)]
 
     def dense():
-        for k, v in layers:
-            torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True)
+        for module, k, v in layers:
+            sdpa_attention_forward(module, q, k, v, None, scaling=HEAD_DIM**-0.5)
 
     def sparse():
-        for (k, v), s in zip(layers, summaries, strict=True):
-            s = extend_block_summaries(s, k)  # the per-step upkeep the runtime pays
-            plan = select_blocks(q, s, context, sinks=sinks, window=window, top_k=top_k)
-            sparse_decode_attention(q, k, v, plan, backend="torch")
+        for module, k, v in layers:
+            sparse_attention_forward(module, q, k, v, None, scaling=HEAD_DIM**-0.5)
 
     return dense, sparse
 

@@ -242,9 +242,10 @@ def gather_planned(keys: torch.Tensor, plan: SparsePlan) -> torch.Tensor:
     return torch.cat(_planned_parts(keys, plan), dim=2)
 
 
-def _planned_parts(keys: torch.Tensor, plan: SparsePlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sinks, chosen blocks, window) of `keys`: views of the cache for the first and last, a copy of
-    only the chosen blocks in between, [b, kv, tokens, d] each."""
+def _planned_parts(keys: torch.Tensor, plan: SparsePlan) -> tuple[torch.Tensor, ...]:
+    """The planned tokens of `keys` in order, as a few [b, kv, tokens, d] parts: the window is a view of
+    the cache, the chosen blocks a copy; the sinks are copied with them when they are whole blocks
+    (one part less to attend to), else they are a view too."""
     batch, kv_heads, _, dim = keys.shape
     bs = plan.block_size
     ids = plan.blocks.to(keys.device)
@@ -257,8 +258,14 @@ def _planned_parts(keys: torch.Tensor, plan: SparsePlan) -> tuple[torch.Tensor, 
     rows = keys.as_strided((batch, kv_heads, n_blocks, bs * dim), (stride_b, stride_h, bs * stride_s, 1))
     b_idx = torch.arange(batch, device=keys.device)[:, None, None]
     h_idx = torch.arange(kv_heads, device=keys.device)[None, :, None]
+    window = keys[:, :, plan.window_start :]
+    if k and plan.sink_end % bs == 0:
+        sink_ids = torch.arange(plan.sink_end // bs, device=keys.device).expand(batch, kv_heads, -1)
+        ids = torch.cat((sink_ids, ids), dim=-1)
+        picked = rows[b_idx, h_idx, ids].reshape(batch, kv_heads, ids.shape[-1] * bs, dim)
+        return picked, window
     picked = rows[b_idx, h_idx, ids].reshape(batch, kv_heads, k * bs, dim)  # [b, kv, k*bs, d]
-    return keys[:, :, : plan.sink_end], picked, keys[:, :, plan.window_start :]
+    return keys[:, :, : plan.sink_end], picked, window
 
 
 def _attend_parts(query: torch.Tensor, keys: tuple, values: tuple, scale: float | None) -> torch.Tensor:
