@@ -116,10 +116,10 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, tokens, temperature, chunk_size, triton_forward):
-        w32, b32 = weight.float(), None if bias is None else bias.float()
         if triton_forward:
             lse, target = _head_lse_target_triton(hidden, weight, bias, tokens, temperature)
         else:
+            w32, b32 = weight.float(), None if bias is None else bias.float()
             lse = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
             target = torch.empty_like(lse)
             workspace = _workspace(hidden.shape[0], chunk_size, w32)
