@@ -53,11 +53,11 @@ _REPLACEABLE = ("sdpa", "eager")
 class SparseAttentionSettings:
     """What one decode step attends to once the cache holds at least `min_context` tokens."""
 
-    min_context: int = 4096
+    min_context: int = 8192
     sinks: int = 64
-    window: int = 512
-    top_k: int = 16
-    block_size: int = 64
+    window: int = 1024
+    top_k: int = 64
+    block_size: int = 32
     score: str = "minmax"
 
     @classmethod

@@ -131,4 +131,4 @@ def test_sparse_settings_validate_in_the_model_section():
     config, problems = config_from_mapping({"model": {"sparse_attention": True, "sparse_top_k": 8}})
     assert problems == [] and config.model.sparse_attention and config.model.sparse_top_k == 8
     config, problems = config_from_mapping({"model": {"sparse_block_size": 0, "sparse_attention": "yes"}})
-    assert len(problems) == 2 and not config.model.sparse_attention and config.model.sparse_block_size == 64
+    assert len(problems) == 2 and not config.model.sparse_attention and config.model.sparse_block_size == 32
