@@ -179,11 +179,16 @@ def install_sparse_attention(
         return None
     AttentionInterface.register(ATTENTION_NAME, sparse_attention_forward)
     stats = SparseAttentionStats(previous=current if current != ATTENTION_NAME else "sdpa")
+    try:
+        model.set_attn_implementation(ATTENTION_NAME)
+    except (ValueError, KeyError, NotImplementedError) as exc:
+        # An option must never stop the model from loading: say why and stay dense.
+        log.warning("sparse attention not installed: the model refuses custom attention (%s)", exc)
+        return None
     for module in modules:
         module._squid_sparse_settings = config
         module._squid_sparse_stats = stats
         module._squid_sparse_summaries = None
-    model.set_attn_implementation(ATTENTION_NAME)
     log.info("sparse decode attention above %d cached tokens: %s", config.min_context, config)
     return stats
 

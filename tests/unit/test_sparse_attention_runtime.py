@@ -132,3 +132,24 @@ def test_sparse_settings_validate_in_the_model_section():
     assert problems == [] and config.model.sparse_attention and config.model.sparse_top_k == 8
     config, problems = config_from_mapping({"model": {"sparse_block_size": 0, "sparse_attention": "yes"}})
     assert len(problems) == 2 and not config.model.sparse_attention and config.model.sparse_block_size == 32
+
+
+class RefusingModelDouble(torch.nn.Module):
+    """A model double whose attention cannot be switched (as some architectures refuse custom kernels)."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = type("Config", (), {"_attn_implementation": "sdpa"})()
+        self.attn = torch.nn.Module()
+        self.attn.num_key_value_groups, self.attn.layer_idx = 3, 0
+
+    def set_attn_implementation(self, name):
+        raise ValueError(f"{name} is not supported by this model")
+
+
+def test_a_model_that_refuses_custom_attention_stays_dense(caplog):
+    model = RefusingModelDouble()
+    assert install_sparse_attention(model, ModelConfig(sparse_attention=True)) is None
+    assert model.config._attn_implementation == "sdpa"
+    assert not hasattr(model.attn, "_squid_sparse_settings")
+    assert "refuses custom attention" in caplog.text
