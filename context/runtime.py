@@ -279,6 +279,9 @@ class ModelRuntime:
             self._load_from(self._model_dir(), dtype)
             return
         self.model = model.to(self.device).eval()
+        from .sparse_attention import install_sparse_attention
+
+        install_sparse_attention(self.model, self.config)  # a no-op unless model.sparse_attention is on
         eos = model.generation_config.eos_token_id
         self._eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if self.tokenizer.eos_token_id is not None:

@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from kernels.rope import rope_shift
+from kernels.rope import rope_shift, rope_shift_naive, rope_shift_reference, rope_shift_triton
+from tests.unit.kernels.conftest import max_rel_err, requires_triton
 
 
 def _inv_freq(rot_dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -92,3 +93,81 @@ def test_round_trip_and_batched_deltas():
 def test_bad_arguments_are_clear_errors(call, message):
     with pytest.raises(ValueError, match=message):
         call(torch.randn(1, 2, 9, 64), _inv_freq(64))
+
+
+def test_naive_route_agrees_with_the_shift():
+    inv_freq = _inv_freq(64)
+    for layout in ("rotate_half", "interleaved"):
+        raw = torch.randn(1, 2, 21, 64)
+        positions = torch.arange(21) + 3
+        cached = _rotate(raw, positions, inv_freq, layout)
+        got = rope_shift_naive(cached, positions, 40, inv_freq, layout=layout)
+        torch.testing.assert_close(got, rope_shift(cached, 40, inv_freq, layout=layout), rtol=1e-4, atol=1e-4)
+
+
+def test_bad_arguments_get_clear_errors():
+    inv_freq = _inv_freq(64)
+    with pytest.raises(ValueError, match="unknown rope layout"):
+        rope_shift(torch.randn(1, 1, 2, 64), 1, inv_freq, layout="neox")
+    with pytest.raises(ValueError, match="batch, kv_heads, seq, head_dim"):
+        rope_shift(torch.randn(2, 64), 1, inv_freq)
+    with pytest.raises(ValueError, match="more than head_dim"):
+        rope_shift(torch.randn(1, 1, 2, 32), 1, inv_freq)
+    with pytest.raises(ValueError, match="does not fit"):
+        rope_shift(torch.randn(1, 1, 4, 64), torch.arange(3), inv_freq)
+    with pytest.raises(ValueError, match="out has shape"):
+        rope_shift(torch.randn(1, 1, 4, 64), 1, inv_freq, out=torch.empty(1, 1, 5, 64))
+
+
+@requires_triton
+@pytest.mark.parametrize("layout", ["rotate_half", "interleaved"])
+@pytest.mark.parametrize(
+    "shape, rot_dim, delta_kind",
+    [
+        ((1, 3, 17, 64), 64, "scalar"),
+        ((2, 1, 5, 32), 32, "batched"),
+        ((1, 4, 33, 48), 32, "per_position"),  # partial rotary: 16 channels pass through
+        ((3, 2, 1, 80), 80, "per_position"),  # half = 40, not a power of two
+    ],
+)
+def test_triton_kernel_matches_the_reference(layout, shape, rot_dim, delta_kind):
+    gen = torch.Generator().manual_seed(hash((layout, shape, delta_kind)) % 2**31)
+    keys = torch.randn(shape, generator=gen)
+    inv_freq = _inv_freq(rot_dim)
+    batch, _, seq, _ = shape
+    delta = {
+        "scalar": 1234,
+        "per_position": torch.randint(-50, 9000, (seq,), generator=gen),
+        "batched": torch.randint(-50, 9000, (batch, seq), generator=gen),
+    }[delta_kind]
+    want = rope_shift_reference(keys, delta, inv_freq, layout=layout)
+    out = torch.full_like(keys, float("nan"))
+    got = rope_shift_triton(keys, delta, inv_freq, layout=layout, out=out)
+    assert got is out
+    assert max_rel_err(got, want) < 1e-5
+    fresh = rope_shift_triton(keys, delta, inv_freq, layout=layout)  # out=None allocates
+    assert max_rel_err(fresh, want) < 1e-5
+    in_place = keys.clone()
+    rope_shift_triton(in_place, delta, inv_freq, layout=layout, out=in_place)
+    assert max_rel_err(in_place, want) < 1e-5
+
+
+@requires_triton
+def test_triton_kernel_on_strided_bfloat16_keys():
+    keys = torch.randn(2, 7, 3, 64).transpose(1, 2)  # [b, h, s, d] with non-contiguous strides
+    inv_freq = _inv_freq(64)
+    want = rope_shift_reference(keys, 77, inv_freq)
+    assert max_rel_err(rope_shift_triton(keys, 77, inv_freq), want) < 1e-5
+    bf = keys.to(torch.bfloat16)
+    got = rope_shift_triton(bf, 77, inv_freq)
+    assert got.dtype == torch.bfloat16
+    # One bfloat16 step at most: the interpreter's float32 -> bfloat16 cast may round differently.
+    torch.testing.assert_close(got, rope_shift_reference(bf, 77, inv_freq), rtol=8e-3, atol=8e-3)
+
+
+def test_cpu_tensors_dispatch_to_the_reference(monkeypatch):
+    import kernels.rope as rope
+
+    monkeypatch.setattr(rope, "rope_shift_triton", lambda *a, **k: pytest.fail("CPU keys took Triton"))
+    keys, inv_freq = torch.randn(1, 1, 3, 64), _inv_freq(64)
+    torch.testing.assert_close(rope.rope_shift(keys, 5, inv_freq), rope_shift_reference(keys, 5, inv_freq))
