@@ -63,6 +63,17 @@ class ModelConfig:
     threads: int = field(default=0, metadata=_range(0, 1024))
     # None means $XDG_CACHE_HOME/squidcode (or ~/.cache/squidcode).
     cache_dir: str | None = None
+    # Threads for decoding (one token per forward pass); 0 uses `threads`. Decode is memory-bound
+    # and does not scale past one thread on a small CPU, and extra threads collapse under load.
+    decode_threads: int = field(default=1, metadata=_range(0, 1024))
+    # "int8": weight-only int8 copies of the projections for the lean engine (about 4x fewer bytes
+    # read per token); "none" runs the loaded weights as they are.
+    quantize: str = field(default="none", metadata=_choice("none", "int8"))
+    # Keep the last prompt's KV cache and prefill only from the first token that changed.
+    reuse_prefix: bool = True
+    # Greedy decoding drafts up to this many tokens from n-gram matches in the prompt and checks
+    # them in one forward pass (the output is unchanged); 0 turns prompt lookup off.
+    draft_tokens: int = field(default=8, metadata=_range(0, 64))
 
 
 @dataclass(frozen=True)
