@@ -71,6 +71,10 @@ class ModelConfig:
     quantize: str = field(default="none", metadata=_choice("none", "int8"))
     # Keep the last prompt's KV cache and prefill only from the first token that changed.
     reuse_prefix: bool = True
+    # A prompt that is the previous one slid forward (a completion window that follows the cursor)
+    # keeps up to this many tokens of the earlier text in front of it instead of prefilling all
+    # again: the model then reads slightly more context than asked. 0 keeps prompts exact.
+    reuse_slack_tokens: int = field(default=1024, metadata=_range(0, 32768))
     # Greedy decoding drafts up to this many tokens from n-gram matches in the prompt and checks
     # them in one forward pass (the output is unchanged); 0 turns prompt lookup off.
     draft_tokens: int = field(default=8, metadata=_range(0, 64))

@@ -85,6 +85,9 @@ class GenerationResult:
     # Prompt-lookup drafts: tokens proposed and tokens the model confirmed.
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    # Tokens of the previous prompt kept in front of this one because it slid forward
+    # (`reuse_slack_tokens`): the model read them as extra context.
+    head_tokens: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -379,11 +382,11 @@ class ModelRuntime:
                     prompt_ids, max_new_tokens, stop, temperature, top_p, generator, should_stop, heal, past
                 )
             started = time.perf_counter()
-            reused, logits = self._prefill_engine(engine, prompt_ids, past, should_stop, max_new_tokens)
+            reused, head, logits = self._prefill_engine(engine, prompt_ids, past, should_stop, max_new_tokens)
             prefill_s = time.perf_counter() - started
             lookup = None
             if temperature <= 0 and self.config.draft_tokens > 0:
-                lookup = PromptLookup(prompt_ids, max_draft=self.config.draft_tokens)
+                lookup = PromptLookup(self._cache.ids, max_draft=self.config.draft_tokens)
             loop = SequenceLoop(engine, self._cache, decode=self.decode, eos_ids=self._eos_ids,
                                 healing_mask=self._healing_mask)
             with _torch_threads(self.config.decode_threads):
@@ -393,7 +396,7 @@ class ModelRuntime:
             decode_s = time.perf_counter() - started - prefill_s
         result = GenerationResult(
             out.text, len(out.ids), len(prompt_ids), prefill_s, decode_s, out.reason, out.logprob,
-            reused, out.drafted, out.accepted,
+            reused, out.drafted, out.accepted, head,
         )
         self._log_result(result)
         return result
@@ -438,7 +441,7 @@ class ModelRuntime:
         with self._lock, torch.inference_mode():
             engine = self._current_engine()
             started = time.perf_counter()
-            reused, logits = self._prefill_engine(engine, prompt_ids, past, should_stop, max_new_tokens)
+            reused, head, logits = self._prefill_engine(engine, prompt_ids, past, should_stop, max_new_tokens)
             prefill_s = time.perf_counter() - started
             with _torch_threads(self.config.decode_threads):
                 outs = run_batch(engine, self._cache, logits, n, max_new_tokens=max_new_tokens, stop=stop,
@@ -447,7 +450,7 @@ class ModelRuntime:
             decode_s = time.perf_counter() - started - prefill_s
         results = [
             GenerationResult(out.text, len(out.ids), len(prompt_ids), prefill_s, decode_s, out.reason,
-                             out.logprob, reused)
+                             out.logprob, reused, head_tokens=head)
             for out in outs
         ]
         log.info("generated %d candidates after a %d-token prompt: prefill %.2fs, decode %.2fs",
@@ -503,7 +506,8 @@ class ModelRuntime:
                         max_new_tokens: int):
         """Bring the cache to `past` + `prompt_ids`, prefilling only what is not cached yet.
 
-        Returns (prompt tokens reused from the previous call, logits [1, vocab] after the prompt).
+        Returns (prompt tokens reused from the previous call, tokens of earlier context kept in front
+        of the prompt, logits [1, vocab] after the prompt).
         """
         import torch
 
@@ -519,18 +523,28 @@ class ModelRuntime:
                 f"{base} cached + {len(prompt_ids)} prompt + {max_new_tokens} new tokens exceed the "
                 f"model's context of {engine.max_positions} tokens"
             )
-        common = _common_prefix(cache.ids, prompt_ids) if self.config.reuse_prefix else 0
+        head: list[int] = []
+        common = 0
+        if self.config.reuse_prefix:
+            common = _common_prefix(cache.ids, prompt_ids)
+            if past is None and common < len(prompt_ids) // 2:
+                head = _slid_head(cache.ids, prompt_ids, self.config.reuse_slack_tokens)
+                if head:
+                    common = len(head) + _common_prefix(cache.ids[len(head) :], prompt_ids)
+        full = head + prompt_ids if head else prompt_ids
+        if base + len(full) + max_new_tokens > engine.max_positions:
+            head, full, common = [], prompt_ids, 0
         # The last prompt token always runs again: its logits choose the first new token.
-        common = min(common, len(prompt_ids) - 1)
+        common = min(common, len(full) - 1)
         cache.crop(base + common)
         logits = None
         with _torch_threads(self._prefill_threads()):
-            for start in range(common, len(prompt_ids), PREFILL_CHUNK):
+            for start in range(common, len(full), PREFILL_CHUNK):
                 if should_stop():
                     raise GenerationCancelled("cancelled during prefill")
-                chunk = torch.tensor([prompt_ids[start : start + PREFILL_CHUNK]], device=engine.device)
+                chunk = torch.tensor([full[start : start + PREFILL_CHUNK]], device=engine.device)
                 logits = engine.forward(chunk, cache)[:, -1]
-        return common, logits
+        return common - len(head), len(head), logits
 
     def _prefill_threads(self) -> int:
         """Threads for prefill: the configured count; by default all, but one on a busy machine.
@@ -616,6 +630,24 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
         else:
             high = mid
     return low
+
+
+def _slid_head(cached: list[int], prompt: list[int], slack: int) -> list[int]:
+    """The tokens in front of `prompt` when it is the cached prompt slid forward, else [].
+
+    A completion window that follows the cursor drops a few tokens at its start on every
+    keystroke; the cache still holds them, so keeping them costs nothing where re-prefilling the
+    whole window costs seconds. Accepted when at least half of `prompt` lines up with the cache.
+    """
+    anchor = min(len(prompt), 32)
+    if slack <= 0 or anchor == 0:
+        return []
+    first = prompt[0]
+    for shift in range(1, min(slack, len(cached) - anchor) + 1):
+        if cached[shift] == first and cached[shift : shift + anchor] == prompt[:anchor]:
+            if _common_prefix(cached[shift:], prompt) >= len(prompt) // 2:
+                return cached[:shift]
+    return []
 
 
 def _copy_cache(past):

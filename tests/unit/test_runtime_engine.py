@@ -118,6 +118,21 @@ def test_an_edited_prompt_prefills_from_the_first_changed_token(runtime):
     assert runtime.generate(typed, max_new_tokens=4).reused_tokens >= len(new_ids)
 
 
+def test_a_window_that_slid_forward_keeps_the_earlier_tokens_as_context(runtime):
+    ids = runtime.encode(STORE_PROMPT)
+    runtime.forget_prefix()
+    runtime.generate(ids[:400], max_new_tokens=4)
+    slid = runtime.generate(ids[30:420], max_new_tokens=16)  # the window follows the cursor
+    assert slid.head_tokens == 30
+    assert slid.reused_tokens >= 370  # (more where the 4 generated tokens matched the text)
+    runtime.forget_prefix()
+    cold = runtime.generate(ids[:420], max_new_tokens=16)
+    assert slid.text == cold.text  # the same as reading the kept tokens in the first place
+    with configured(runtime, reuse_slack_tokens=0):
+        exact = runtime.generate(ids[40:430], max_new_tokens=2)
+    assert exact.head_tokens == 0 and exact.reused_tokens == 0
+
+
 def test_prefix_reuse_can_be_turned_off(runtime):
     ids = runtime.encode(CONFIG_PROMPT)[:120]
     runtime.generate(ids, max_new_tokens=2)
