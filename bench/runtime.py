@@ -29,6 +29,7 @@ import copy
 import dataclasses
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -49,6 +50,7 @@ EDIT_SOURCES = [
     ("agent/completion.py", "def cursor_context(", ("offset", "cursor")),
     ("context/index/store.py", "    def _connect(", ("conn", "connection")),
     ("context/config.py", "def _check_value(", ("value", "raw")),
+    ("context/index/walk.py", "def walk_roots(", ("roots", "folders")),
 ]
 
 LLAMA_WORKER = r"""
@@ -211,37 +213,47 @@ def measure_keystrokes(runtime, sites: int, chars: int) -> dict:
 # -- 3. prompt lookup -----------------------------------------------------------------------------
 
 
-def edit_prompts() -> list[str]:
+def edit_prompts(runtime) -> list[tuple[str, str]]:
+    """(kind, prompt): rewrites of real code, answered up to their first rewritten line.
+
+    "rename" asks for the function with one name changed; "copy" for the function again (an edit
+    whose change lies further down: everything before it is a copy).
+    """
     prompts = []
     for path, start, (old, new) in EDIT_SOURCES:
         text = (REPO / path).read_text()
         at = text.index(start)
-        end = text.find("\n\n\n", at)
-        body = text[at : end if end > 0 else at + 1500][:1500]
-        first = body.split("\n", 1)[0].replace(old, new)
-        heading = f"# The same code with `{old}` renamed to `{new}`:"
-        prompts.append(f"# Original code:\n{body}\n\n{heading}\n{first}\n")
+        body = text[at : text.rfind("\n", at, at + 1200)]  # whole lines, ~1,200 characters
+        renamed = re.sub(rf"\b{old}\b", new, body)
+        original = f"# Original code:\n{body}\n\n"
+        heading = f"# The same code, with `{old}` renamed to `{new}`:"
+        prompts.append(("rename", f"{original}{heading}\n{renamed.split(chr(10), 1)[0]}\n"))
+        prompts.append(("copy", f"{original}# The same code again:\n{body.split(chr(10), 1)[0]}\n"))
     return prompts
 
 
 def measure_speculative(runtime, new_tokens: int) -> dict:
     rows = []
-    for prompt in edit_prompts():
+    for kind, prompt in edit_prompts(runtime):
         ids = runtime.encode(prompt)
         timings = {}
         for drafts in (0, 8):
             runtime.config = dataclasses.replace(runtime.config, draft_tokens=drafts)
             runtime.forget_prefix()
-            result = runtime.generate(ids, max_new_tokens=new_tokens)
-            timings[drafts] = result
+            timings[drafts] = runtime.generate(ids, max_new_tokens=new_tokens)
         plain, drafted = timings[0], timings[8]
-        rows.append({"prompt_tokens": len(ids), "new_tokens": plain.new_tokens,
+        rows.append({"kind": kind, "prompt_tokens": len(ids), "new_tokens": plain.new_tokens,
                      "plain_decode_s": plain.decode_s, "drafted_decode_s": drafted.decode_s,
                      "speedup": plain.decode_s / drafted.decode_s, "identical": plain.text == drafted.text,
                      "accepted": drafted.accepted_tokens, "drafted": drafted.drafted_tokens})
     runtime.config = dataclasses.replace(runtime.config, draft_tokens=8)
-    return {"edits": rows, "speedup": statistics.median(r["speedup"] for r in rows),
-            "identical": all(r["identical"] for r in rows)}
+
+    def speedup(kinds):
+        picked = [r for r in rows if r["kind"] in kinds]
+        return sum(r["plain_decode_s"] for r in picked) / sum(r["drafted_decode_s"] for r in picked)
+
+    return {"edits": rows, "speedup": speedup(("rename", "copy")), "rename_speedup": speedup(("rename",)),
+            "copy_speedup": speedup(("copy",)), "identical": all(r["identical"] for r in rows)}
 
 
 # -- 4. quality -----------------------------------------------------------------------------------
@@ -255,7 +267,11 @@ def measure_quality(runtime, positions: int) -> dict:
 
     reference = DecodeEngine(runtime.model)
     bf16_model = copy.deepcopy(runtime.model).to(torch.bfloat16)
-    candidates = {"int8": DecodeEngine(runtime.model, int8_linear), "bfloat16": DecodeEngine(bf16_model)}
+    candidates = {
+        "int8": DecodeEngine(runtime.model, int8_linear, quantize_head=False),  # what quantize="int8" runs
+        "int8_head_too": DecodeEngine(runtime.model, int8_linear),
+        "bfloat16": DecodeEngine(bf16_model),
+    }
     texts = [PREFIX_FIXTURE, TYPED_FILE, REPO / "context/index/store.py"]
     texts = [path.read_text() for path in texts]
     out = {}

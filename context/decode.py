@@ -158,14 +158,17 @@ class KVCache:
 class DecodeEngine:
     """A Llama forward pass over `KVCache`, with the model's weights (or quantized copies)."""
 
-    def __init__(self, model, linear: Callable[[torch.Tensor], Linear] | None = None):
+    def __init__(self, model, linear: Callable[[torch.Tensor], Linear] | None = None,
+                 quantize_head: bool = True):
+        """`linear` turns a weight into a projection (default: the weight as it is); the output
+        projection uses it too unless `quantize_head` is False."""
         config = model.config
         self.model = model
         base = model.model
         make = linear or _dense
         self.embed = base.embed_tokens.weight  # [vocab, hidden]
         self.final_norm = base.norm.weight
-        self.lm_head = make(model.lm_head.weight)
+        self.lm_head = (make if quantize_head else _dense)(model.lm_head.weight)
         self.layers = [
             _Layer(
                 attn_norm=layer.input_layernorm.weight,

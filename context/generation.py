@@ -76,6 +76,7 @@ class SequenceLoop:
             top_p: float, generator, should_stop, heal: str, lookup: PromptLookup | None) -> Emitted:
         out = Emitted()
         greedy = temperature <= 0
+        self.draft_length = max(1, lookup.max_draft // 2) if lookup is not None else 0
         while not out.done:
             if should_stop():
                 out.reason, out.done = "stopped_by_caller", True
@@ -94,7 +95,7 @@ class SequenceLoop:
             if greedy and lookup is not None:
                 lookup.append(next_id)
                 if not (heal and len(self.decode(out.ids)) < len(heal)):
-                    draft = lookup.draft(max_new_tokens - len(out.ids))
+                    draft = lookup.draft(min(self.draft_length, max_new_tokens - len(out.ids)))
             step = torch.tensor([[next_id, *draft]], device=self.engine.device)
             all_logits = self.engine.forward(step, self.cache, all_logits=bool(draft))[0]  # [T, vocab]
             if not draft:
@@ -112,6 +113,12 @@ class SequenceLoop:
             accepted += 1
         out.drafted += len(draft)
         out.accepted += accepted
+        # A verify pass costs more the longer the draft: lengthen drafts while they are confirmed
+        # whole, shorten them when they are not (the schedule transformers' assisted decoding uses).
+        if accepted == len(draft):
+            self.draft_length = min(self.draft_length + 2, lookup.max_draft)
+        else:
+            self.draft_length = max(1, self.draft_length - 1)
         # Keys of rejected draft tokens are dropped; the next forward pass overwrites them.
         self.cache.crop(self.cache.length - (len(draft) - accepted))
         for index in range(accepted):

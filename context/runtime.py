@@ -496,7 +496,9 @@ class ModelRuntime:
                 from .quant import int8_linear
 
                 linear = int8_linear
-            self._engine = DecodeEngine(model, linear=linear)
+            # The output projection keeps the model's own weights: near-ties in the logits decide
+            # greedy tokens (int8 there costs 2 points of top-1 agreement with float32).
+            self._engine = DecodeEngine(model, linear=linear, quantize_head=False)
             # Keys computed with other weights are meaningless now.
             self._cache = self._engine.new_cache()
         self._engine_key = key
