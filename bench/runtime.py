@@ -3,7 +3,7 @@
 
 Measured in one run, interleaved, medians over `--runs`:
   1. prefill and decode speed on ~1,000 tokens of real code (`fixtures/foundation_prefix.txt`)
-     and 64 greedy tokens: the runtime (float32 and int8 weights), transformers `generate()` on
+     and 64 greedy tokens: the runtime (float32, int8 and int4 weights), transformers `generate()` on
      the same torch model, and llama.cpp (llama-cpp-python, in its own venv, on the same GGUF file
      the runtime converts) in a worker process;
   2. keystroke-to-completion latency while typing through a real ~1,000-line file (the
@@ -12,10 +12,10 @@ Measured in one run, interleaved, medians over `--runs`:
      completion, as the editor does;
   3. prompt-lookup speculative decoding against plain decoding on agent-style edits of real code
      (the output must be identical);
-  4. the quality of int8 and bfloat16 weights against float32 (top-1 agreement, KL) on real code.
+  4. the quality of int8, int4 and bfloat16 weights against float32 (top-1 agreement, KL) on real code.
 
 Usage: python bench/runtime.py [--json] [--runs N] [--threads N] [--quick] [--save FILE]
-       [--llama-python /tmp/llamavenv/bin/python] [--weights none|int8]
+       [--llama-python /tmp/llamavenv/bin/python] [--weights none|int8|int4]
 
 `--json` prints exactly {"prefill_tok_s", "decode_tok_s", "keystroke_p50_s", "keystroke_p95_s",
 "speculative_speedup", "vs_llama_cpp", "vs_generate"} for the configuration `--weights` names;
@@ -43,6 +43,7 @@ if str(REPO) not in sys.path:
 
 PREFIX_FIXTURE = Path(__file__).resolve().parent / "fixtures" / "foundation_prefix.txt"
 NEW_TOKENS = 64
+WEIGHTS = ("none", "int8", "int4")  # the runtime's `model.quantize` settings
 KEYSTROKE_TOKENS = 24
 TYPED_FILE = Path(sysconfig.get_paths()["stdlib"]) / "ftplib.py"
 # Agent-style edits: a function from this repository, to be rewritten with one name changed.
@@ -263,13 +264,14 @@ def measure_quality(runtime, positions: int) -> dict:
     import torch
 
     from context.decode import DecodeEngine
-    from context.quant import int8_linear, logit_agreement
+    from context.quant import int4_linear, int8_linear, logit_agreement
 
     reference = DecodeEngine(runtime.model)
     bf16_model = copy.deepcopy(runtime.model).to(torch.bfloat16)
     candidates = {
         "int8": DecodeEngine(runtime.model, int8_linear, quantize_head=False),  # what quantize="int8" runs
         "int8_head_too": DecodeEngine(runtime.model, int8_linear),
+        "int4": DecodeEngine(runtime.model, int4_linear, quantize_head=False),
         "bfloat16": DecodeEngine(bf16_model),
     }
     texts = [PREFIX_FIXTURE, TYPED_FILE, REPO / "context/index/store.py"]
@@ -314,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch / llama.cpp threads (all phases)")
-    parser.add_argument("--weights", choices=("none", "int8"), default="none",
+    parser.add_argument("--weights", choices=WEIGHTS, default="none",
                         help="the weight format whose figures --json prints")
     parser.add_argument("--llama-python", default="/tmp/llamavenv/bin/python")
     parser.add_argument("--sites", type=int, default=6)
@@ -331,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     record: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_before": loadavg(),
                     "threads": args.threads, "nproc": os.cpu_count(), "torch": torch.__version__}
-    runtimes = {w: runtime_for(w, args.threads) for w in ("none", "int8")}
+    runtimes = {w: runtime_for(w, args.threads) for w in WEIGHTS}
     text = PREFIX_FIXTURE.read_text()
     ids = runtimes["none"].encode(text)
     record["prompt_tokens"] = len(ids)
@@ -343,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             record["llama_cpp_error"] = str(exc)
     else:
         record["llama_cpp_error"] = f"{args.llama_python} not found (pip install llama-cpp-python there)"
-    rows: dict[str, list[dict]] = {"none": [], "int8": [], "generate": [], "llama_cpp": []}
+    rows: dict[str, list[dict]] = {w: [] for w in WEIGHTS} | {"generate": [], "llama_cpp": []}
     runtimes["none"].generate(ids[:64], max_new_tokens=2)  # touch the memory-mapped weights
     for run in range(args.runs):
         progress(f"speed run {run + 1}/{args.runs}")
@@ -367,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     progress("quality")
     record["quality"] = measure_quality(runtimes["none"], 256 if args.quick else 512)
     record["load_after"] = loadavg()
-    for weights in ("none", "int8"):
+    for weights in WEIGHTS:
         record[f"summary_{weights}"] = summarise(rows[weights], rows["generate"], rows["llama_cpp"])
     chosen = record[f"summary_{args.weights}"]
     keys = record[f"keystrokes_{args.weights}"]

@@ -66,9 +66,10 @@ class ModelConfig:
     # Threads for decoding (one token per forward pass); 0 uses `threads`. Decode is memory-bound
     # and does not scale past one thread on a small CPU, and extra threads collapse under load.
     decode_threads: int = field(default=1, metadata=_range(0, 1024))
-    # "int8": weight-only int8 copies of the projections for the lean engine (about 4x fewer bytes
-    # read per token); "none" runs the loaded weights as they are.
-    quantize: str = field(default="none", metadata=_choice("none", "int8"))
+    # Weight-only copies of the projections for the lean engine on the CPU: "int8" (per channel) or
+    # "int4" (groups of 32: lossless for the embedded GGUF Q4_1 model); "none" runs the loaded
+    # weights as they are. The output projection always keeps the loaded weights.
+    quantize: str = field(default="none", metadata=_choice("none", "int8", "int4"))
     # Keep the last prompt's KV cache and prefill only from the first token that changed.
     reuse_prefix: bool = True
     # A prompt that is the previous one slid forward (a completion window that follows the cursor)

@@ -59,16 +59,16 @@ def _dense(weight: torch.Tensor) -> Linear:
     return lambda x: F.linear(x, weight)
 
 
+Projections = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+
+
 @dataclass
 class _Layer:
     attn_norm: torch.Tensor
-    q: Linear
-    k: Linear
-    v: Linear
+    qkv: Projections  # x -> (q, k, v)
     o: Linear
     mlp_norm: torch.Tensor
-    gate: Linear
-    up: Linear
+    gate_up: Projections  # x -> (gate, up)
     down: Linear
 
 
@@ -169,16 +169,14 @@ class DecodeEngine:
         self.embed = base.embed_tokens.weight  # [vocab, hidden]
         self.final_norm = base.norm.weight
         self.lm_head = (make if quantize_head else _dense)(model.lm_head.weight)
+        self._make = linear
         self.layers = [
             _Layer(
                 attn_norm=layer.input_layernorm.weight,
-                q=make(layer.self_attn.q_proj.weight),
-                k=make(layer.self_attn.k_proj.weight),
-                v=make(layer.self_attn.v_proj.weight),
+                qkv=self._projections([getattr(layer.self_attn, f"{n}_proj").weight for n in "qkv"]),
                 o=make(layer.self_attn.o_proj.weight),
                 mlp_norm=layer.post_attention_layernorm.weight,
-                gate=make(layer.mlp.gate_proj.weight),
-                up=make(layer.mlp.up_proj.weight),
+                gate_up=self._projections([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]),
                 down=make(layer.mlp.down_proj.weight),
             )
             for layer in base.layers
@@ -194,6 +192,19 @@ class DecodeEngine:
         self.max_positions = config.max_position_embeddings
         self._cos, self._sin = self._rotary_tables(config)
         self._masks: dict[int, torch.Tensor] = {}
+
+    def _projections(self, weights: list[torch.Tensor]) -> Projections:
+        """Several projections of the same input: the model's own tensors one by one, or, where
+        `linear` makes copies anyway, one fused copy whose output is split (fewer, larger calls)."""
+        if self._make is None:
+            if len(weights) == 3:
+                first, second, third = weights
+                return lambda x: (F.linear(x, first), F.linear(x, second), F.linear(x, third))
+            first, second = weights
+            return lambda x: (F.linear(x, first), F.linear(x, second))
+        sizes = [w.shape[0] for w in weights]
+        fused = self._make(torch.cat(weights))
+        return lambda x: fused(x).split(sizes, dim=-1)
 
     def _rotary_tables(self, config):
         """cos/sin for every position, computed as transformers does (float32, then the model dtype)."""
@@ -232,7 +243,8 @@ class DecodeEngine:
         for index, layer in enumerate(self.layers):
             hidden = hidden + self._attention(index, layer, hidden, cos, sin, mask, cache, rows, start)
             x = self._rms_norm(hidden, layer.mlp_norm)
-            hidden = hidden + layer.down(F.silu(layer.gate(x)) * layer.up(x))
+            gate, up = layer.gate_up(x)
+            hidden = hidden + layer.down(F.silu(gate) * up)
         if rows:
             cache.row_length += steps
         else:
@@ -266,9 +278,10 @@ class DecodeEngine:
         batch, steps, _ = hidden.shape
         kv_heads, groups, head_dim = self.kv_heads, self.groups, self.head_dim
         x = self._rms_norm(hidden, layer.attn_norm)
-        q = self._rotate(layer.q(x).view(batch, steps, self.heads, head_dim), cos, sin)
-        k = self._rotate(layer.k(x).view(batch, steps, kv_heads, head_dim), cos, sin)
-        v = layer.v(x).view(batch, steps, kv_heads, head_dim)
+        q, k, v = layer.qkv(x)
+        q = self._rotate(q.view(batch, steps, self.heads, head_dim), cos, sin)
+        k = self._rotate(k.view(batch, steps, kv_heads, head_dim), cos, sin)
+        v = v.view(batch, steps, kv_heads, head_dim)
         # Query heads kvh*G .. kvh*G+G-1 share kv head kvh: group them as extra query rows.
         q = (q * self.scaling).view(batch, steps, kv_heads, groups, head_dim)
         q = q.permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, groups * steps, head_dim)

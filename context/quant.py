@@ -1,8 +1,11 @@
-"""Weight-only int8 quantization for the decode engine, and the quality check that gates it.
+"""Weight-only int8 and int4 quantization for the decode engine, and the quality check that gates it.
 
-Each weight matrix is stored as int8 with one scale per output channel (symmetric, max-abs / 127);
-the product runs in torch's int8-weight kernel (`_weight_int8pack_mm`, bfloat16 activations).
-Reading a quarter of the bytes per token is what speeds decode up on a memory-bound CPU.
+int8: each weight matrix as int8 with one scale per output channel (symmetric, max-abs / 127), in
+torch's int8-weight kernel (`_weight_int8pack_mm`, bfloat16 activations). int4: 4-bit codes with a
+scale and offset per group of 32 inputs (`_weight_int4pack_mm_for_cpu`); the embedded model ships
+as GGUF Q4_1, which is exactly that layout, so its projections are recovered without loss (only
+the bfloat16 activations and scales round). Fewer bytes per token is what speeds decode up on a
+memory-bound CPU.
 
 `logit_agreement` compares a quantized (or bfloat16) engine with the float32 one on real code:
 top-1 agreement and the mean KL divergence of the next-token distributions, the figures that decide
@@ -17,7 +20,7 @@ import torch
 
 from .decode import DecodeEngine, Linear
 
-__all__ = ["QualityReport", "int8_linear", "logit_agreement", "quantize_int8"]
+__all__ = ["QualityReport", "int4_linear", "int8_linear", "logit_agreement", "quantize_int4", "quantize_int8"]
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,6 +40,44 @@ def int8_linear(weight: torch.Tensor) -> Linear:
     def apply(x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, in_features).to(torch.bfloat16)  # [rows, in]
         out = torch._weight_int8pack_mm(flat, quantized, scales)  # [rows, out]
+        return out.view(*x.shape[:-1], out_features).to(x.dtype)
+
+    return apply
+
+
+INT4_GROUP = 32
+
+
+def quantize_int4(weight: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit codes per group of `group` inputs: (codes int32 [out, in], [in/group, out, 2]).
+
+    The group's minimum and range/15 are its offset and step (the GGUF Q4_1 layout), so a weight
+    dequantized from Q4_1, as the embedded model's are, is recovered exactly. The second tensor
+    holds (scale, zero) in the kernel's convention: weight = (code - 8) * scale + zero.
+    """
+    weight = weight.detach().float()
+    out_features, in_features = weight.shape
+    groups = weight.view(out_features, in_features // group, group)  # [out, in/group, group]
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp(min=1e-12)
+    codes = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
+    codes = codes.to(torch.int32).view(out_features, in_features)
+    scales_and_zeros = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous()
+    return codes, scales_and_zeros
+
+
+def int4_linear(weight: torch.Tensor) -> Linear:
+    """A projection from 4-bit group-wise codes of `weight` (int8 where the shape does not fit)."""
+    out_features, in_features = weight.shape
+    if in_features % INT4_GROUP or out_features % 16 or weight.device.type != "cpu":
+        return int8_linear(weight)
+    codes, scales_and_zeros = quantize_int4(weight)
+    packed = torch._convert_weight_to_int4pack_for_cpu(codes, 2)
+    scales_and_zeros = scales_and_zeros.to(torch.bfloat16)
+
+    def apply(x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, in_features).to(torch.bfloat16)  # [rows, in]
+        out = torch._weight_int4pack_mm_for_cpu(flat, packed, INT4_GROUP, scales_and_zeros)
         return out.view(*x.shape[:-1], out_features).to(x.dtype)
 
     return apply

@@ -492,10 +492,10 @@ class ModelRuntime:
             self._engine = None
         else:
             linear = None
-            if self.config.quantize == "int8":
-                from .quant import int8_linear
+            if self.config.quantize in ("int8", "int4"):
+                from .quant import int4_linear, int8_linear
 
-                linear = int8_linear
+                linear = int8_linear if self.config.quantize == "int8" else int4_linear
             # The output projection keeps the model's own weights: near-ties in the logits decide
             # greedy tokens (int8 there costs 2 points of top-1 agreement with float32).
             self._engine = DecodeEngine(model, linear=linear, quantize_head=False)

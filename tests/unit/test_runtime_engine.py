@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from context.decode import DecodeEngine, engine_unsupported_reason
-from context.quant import int8_linear, logit_agreement
+from context.quant import int4_linear, int8_linear, logit_agreement, quantize_int4
 from context.runtime import PREFILL_CHUNK
 
 REPO = Path(__file__).resolve().parents[2]
@@ -241,3 +241,32 @@ def test_int8_weights_stay_close_to_float32_on_real_code(runtime):
     assert report.positions == 256
     assert report.top1_agreement >= 0.9, report
     assert report.mean_kl < 0.02, report
+
+
+def test_int4_codes_recover_the_embedded_models_q4_1_weights_exactly(runtime):
+    weight = runtime.model.model.layers[5].mlp.down_proj.weight
+    codes, scales_and_zeros = quantize_int4(weight)
+    scale, zero = scales_and_zeros[..., 0].T, scales_and_zeros[..., 1].T  # [out, in/32]
+    groups = (codes.view(weight.shape[0], -1, 32).float() - 8) * scale[..., None] + zero[..., None]
+    assert torch.allclose(groups.view_as(weight), weight.float(), atol=1e-6, rtol=0)
+
+
+def test_int4_weights_are_closer_to_float32_than_int8(runtime):
+    ids = runtime.encode(CONFIG_PROMPT)[:256]
+    reference = DecodeEngine(runtime.model)
+    int4 = logit_agreement(reference, DecodeEngine(runtime.model, int4_linear, quantize_head=False), ids)
+    int8 = logit_agreement(reference, DecodeEngine(runtime.model, int8_linear, quantize_head=False), ids)
+    assert int4.top1_agreement >= 0.95, int4
+    assert int4.mean_kl < 0.005, int4
+    assert int4.mean_kl < int8.mean_kl
+
+
+def test_quantized_runtime_generates_with_drafts_and_reuse(runtime):
+    ids = runtime.encode(EDIT_PROMPT)
+    with configured(runtime, quantize="int4"):
+        first = runtime.generate(ids, max_new_tokens=24)
+        again = runtime.generate(ids, max_new_tokens=24)
+    assert first.new_tokens > 0 and first.text == again.text
+    assert again.reused_tokens == len(ids) - 1
+    # Back on the loaded weights: a new engine, a new cache.
+    assert runtime.generate(ids, max_new_tokens=2).reused_tokens == 0
