@@ -319,11 +319,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights", choices=WEIGHTS, default="none",
                         help="the weight format whose figures --json prints")
     parser.add_argument("--llama-python", default="/tmp/llamavenv/bin/python")
-    parser.add_argument("--sites", type=int, default=6)
-    parser.add_argument("--chars", type=int, default=16)
+    parser.add_argument("--detail", nargs="+", choices=WEIGHTS, default=["none", "int4"],
+                        help="weight formats measured for keystrokes and prompt lookup")
+    parser.add_argument("--sites", type=int, default=5)
+    parser.add_argument("--chars", type=int, default=12)
     parser.add_argument("--quick", action="store_true", help="1 run, 2 typing sites, short edits")
     parser.add_argument("--save")
     args = parser.parse_args(argv)
+    if args.weights not in args.detail:
+        args.detail.append(args.weights)
     if args.quick:
         args.runs, args.sites, args.chars = 1, 2, 8
     import torch
@@ -360,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     record["greedy_equal_to_generate"] = all(
         a["text"] == b["text"] for a, b in zip(rows["none"], rows["generate"], strict=True)
     )
-    for weights, runtime in runtimes.items():
+    for weights in args.detail:
+        runtime = runtimes[weights]
         runtime.config = dataclasses.replace(runtime.config, draft_tokens=8)
         progress(f"keystrokes ({weights})")
         record[f"keystrokes_{weights}"] = measure_keystrokes(runtime, args.sites, args.chars)
