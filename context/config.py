@@ -75,6 +75,22 @@ class ModelConfig:
     sparse_window: int = field(default=1024, metadata=_range(0, 1_000_000))
     sparse_top_k: int = field(default=64, metadata=_range(0, 100_000))
     sparse_block_size: int = field(default=32, metadata=_range(1, 4096))
+    # Threads for decoding (one token per forward pass); 0 uses `threads`. Decode is memory-bound
+    # and does not scale past one thread on a small CPU, and extra threads collapse under load.
+    decode_threads: int = field(default=1, metadata=_range(0, 1024))
+    # Weight-only copies of the projections for the lean engine on the CPU: "int8" (per channel) or
+    # "int4" (groups of 32: lossless for the embedded GGUF Q4_1 model); "none" runs the loaded
+    # weights as they are. The output projection always keeps the loaded weights.
+    quantize: str = field(default="none", metadata=_choice("none", "int8", "int4"))
+    # Keep the last prompt's KV cache and prefill only from the first token that changed.
+    reuse_prefix: bool = True
+    # A prompt that is the previous one slid forward (a completion window that follows the cursor)
+    # keeps up to this many tokens of the earlier text in front of it instead of prefilling all
+    # again: the model then reads slightly more context than asked. 0 keeps prompts exact.
+    reuse_slack_tokens: int = field(default=1024, metadata=_range(0, 32768))
+    # Greedy decoding drafts up to this many tokens from n-gram matches in the prompt and checks
+    # them in one forward pass (the output is unchanged); 0 turns prompt lookup off.
+    draft_tokens: int = field(default=8, metadata=_range(0, 64))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,12 @@ config, tokenizer) into the cache directory; later loads read that in a couple o
 Python imports. A copy that fails to load is treated as corrupt: it is removed and converted again.
 
 Generation is a plain token loop over a KV cache rather than `generate()`, so that cancellation,
-stop sequences and chunked prefill are checked between forward passes.
+stop sequences and chunked prefill are checked between forward passes. For Llama-architecture
+models the loop runs on the lean engine (`context.decode`: a hand-written forward over a
+preallocated cache, optionally int8 weights from `context.quant`), which keeps the last prompt's
+cache so the next prompt prefills only from its first changed token, drafts tokens from the prompt
+(`context.lookup`) when decoding greedily, and decodes best-of-K candidates in one batch. Other
+models run through transformers.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +77,17 @@ class GenerationResult:
     prefill_s: float
     decode_s: float
     stop_reason: str  # "eos" | "stop" | "length" | "stopped_by_caller"
+    # Sum of the natural-log probabilities of the generated tokens under the model (temperature 1,
+    # no top-p), as best-of-K ranks candidates; None where it was not computed.
+    logprob: float | None = None
+    # Prompt tokens whose keys were still cached from the previous call (not prefilled again).
+    reused_tokens: int = 0
+    # Prompt-lookup drafts: tokens proposed and tokens the model confirmed.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    # Tokens of the previous prompt kept in front of this one because it slid forward
+    # (`reuse_slack_tokens`): the model read them as extra context.
+    head_tokens: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -209,6 +226,10 @@ class ModelRuntime:
         self._lock = threading.Lock()
         self._eos_ids: set[int] = set()
         self._token_texts: list[str] | None = None
+        self._healing_masks: dict[tuple[str, int], object] = {}
+        self._engine = None
+        self._engine_key: tuple | None = None
+        self._cache = None
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -306,6 +327,11 @@ class ModelRuntime:
         """Logit mask allowing only tokens that agree with the text still to be regenerated."""
         import torch
 
+        cached = self._healing_masks.get((remaining, vocab_size))
+        if cached is not None:
+            return cached
+        if len(self._healing_masks) > 64:
+            self._healing_masks.clear()
         texts = self.token_texts()
         allowed = [
             i for i, t in enumerate(texts[:vocab_size])
@@ -313,6 +339,7 @@ class ModelRuntime:
         ]
         mask = torch.full((vocab_size,), float("-inf"), device=self.device)
         mask[allowed] = 0.0
+        self._healing_masks[(remaining, vocab_size)] = mask
         return mask
 
     # -- generation ----------------------------------------------------------------------------
@@ -330,11 +357,11 @@ class ModelRuntime:
         heal: str = "",
         past=None,
     ) -> GenerationResult:
-        """Continue `prompt`; `should_stop` is polled between forward passes.
+        """Continue `prompt`; `should_stop` is polled between forward passes and before each token.
 
         `past` is a transformers cache that already holds the context before `prompt` (for example
         Squid-composed document caches at positions 0..n-1); only `prompt` is prefilled, at positions
-        n.. onwards. Generation extends that cache in place: pass a copy of anything kept for reuse.
+        n.. onwards. Generation may extend that cache in place: pass a copy of anything kept for reuse.
 
         `heal` is text that was cut off the end of the prompt (token healing): the first tokens are
         constrained to regenerate it, and it is not part of the returned text. A prompt that ends
@@ -345,46 +372,243 @@ class ModelRuntime:
         """
         import torch
 
+        from .generation import SequenceLoop
+        from .lookup import PromptLookup
+
         should_stop = should_stop or (lambda: False)
-        prompt_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not prompt_ids:
-            prompt_ids = [self.tokenizer.bos_token_id or 0]
+        prompt_ids = self._prompt_ids(prompt)
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         with self._lock, torch.inference_mode():
+            engine = self._current_engine()
+            if engine is None:
+                return self._generate_transformers(
+                    prompt_ids, max_new_tokens, stop, temperature, top_p, generator, should_stop, heal, past
+                )
             started = time.perf_counter()
-            cache, logits = self._prefill(prompt_ids, should_stop, past)
+            reused, head, logits = self._prefill_engine(engine, prompt_ids, past, should_stop, max_new_tokens)
             prefill_s = time.perf_counter() - started
-            new_ids: list[int] = []
-            text, reason = "", "length"
-            for _ in range(max_new_tokens + (len(heal) if heal else 0)):
-                if should_stop():
-                    reason = "stopped_by_caller"
-                    break
-                full = self.decode(new_ids) if new_ids else ""
-                if len(full) < len(heal):
-                    logits = logits + self._healing_mask(heal[len(full) :], logits.shape[-1])
-                elif len(new_ids) >= max_new_tokens:
-                    break
-                next_id = _pick_token(logits, temperature, top_p, generator)
-                if next_id in self._eos_ids:
-                    reason = "eos"
-                    break
-                new_ids.append(next_id)
-                text = self.decode(new_ids)[len(heal) :]
-                cut = _earliest_stop(text, stop)
-                if cut is not None:
-                    text, reason = text[:cut], "stop"
-                    break
-                step = torch.tensor([[next_id]], device=self.device)
-                out = self.model(input_ids=step, cache=cache, use_cache=True)
-                cache, logits = out.cache, out.logits[:, -1, :]
+            lookup = None
+            if temperature <= 0 and self.config.draft_tokens > 0:
+                lookup = PromptLookup(self._cache.ids, max_draft=self.config.draft_tokens)
+            loop = SequenceLoop(engine, self._cache, decode=self.decode, eos_ids=self._eos_ids,
+                                healing_mask=self._healing_mask)
+            with _torch_threads(self.config.decode_threads):
+                out = loop.run(logits, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature,
+                               top_p=top_p, generator=generator, should_stop=should_stop, heal=heal,
+                               lookup=lookup)
             decode_s = time.perf_counter() - started - prefill_s
-        result = GenerationResult(text, len(new_ids), len(prompt_ids), prefill_s, decode_s, reason)
+        result = GenerationResult(
+            out.text, len(out.ids), len(prompt_ids), prefill_s, decode_s, out.reason, out.logprob,
+            reused, out.drafted, out.accepted, head,
+        )
+        self._log_result(result)
+        return result
+
+    def generate_batch(
+        self,
+        prompt: str | list[int],
+        n: int,
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 0.95,
+        seed: int | None = None,
+        stop: tuple[str, ...] = (),
+        should_stop: ShouldStop | None = None,
+        past=None,
+    ) -> list[GenerationResult]:
+        """`n` candidates continuing `prompt` (best-of-K), decoded together in one batch.
+
+        The prompt is prefilled once; every candidate attends to that one copy of its keys and
+        values. Each result carries its `logprob`. Models the lean engine cannot run fall back to
+        `n` sequential generations (seeds `seed`, `seed + 1`, ...).
+        """
+        import torch
+
+        from .generation import run_batch
+
+        if n < 1:
+            raise ValueError(f"generate_batch needs n >= 1, got {n}")
+        should_stop = should_stop or (lambda: False)
+        prompt_ids = self._prompt_ids(prompt)
+        with self._lock, torch.inference_mode():
+            engine = self._current_engine()
+        if engine is None:
+            return [
+                self.generate(prompt_ids, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature,
+                              top_p=top_p, seed=None if seed is None else seed + i, should_stop=should_stop,
+                              past=_copy_cache(past))
+                for i in range(n)
+            ]
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        with self._lock, torch.inference_mode():
+            engine = self._current_engine()
+            started = time.perf_counter()
+            reused, head, logits = self._prefill_engine(engine, prompt_ids, past, should_stop, max_new_tokens)
+            prefill_s = time.perf_counter() - started
+            with _torch_threads(self.config.decode_threads):
+                outs = run_batch(engine, self._cache, logits, n, max_new_tokens=max_new_tokens, stop=stop,
+                                 temperature=temperature, top_p=top_p, generator=generator,
+                                 should_stop=should_stop, decode=self.decode, eos_ids=self._eos_ids)
+            decode_s = time.perf_counter() - started - prefill_s
+        results = [
+            GenerationResult(out.text, len(out.ids), len(prompt_ids), prefill_s, decode_s, out.reason,
+                             out.logprob, reused, head_tokens=head)
+            for out in outs
+        ]
+        log.info("generated %d candidates after a %d-token prompt: prefill %.2fs, decode %.2fs",
+                 n, len(prompt_ids), prefill_s, decode_s)
+        return results
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        prompt_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return prompt_ids or [self.tokenizer.bos_token_id or 0]
+
+    def _log_result(self, result: GenerationResult) -> None:
         # prompt_tokens counts what was prefilled here, not what `past` already held.
         log.info(
-            "generated %d tokens after a %d-token prompt (%s): prefill %.2fs, decode %.1f tok/s",
-            result.new_tokens, result.prompt_tokens, reason, prefill_s, result.tokens_per_s,
+            "generated %d tokens after a %d-token prompt (%d reused, %s): prefill %.2fs, decode %.1f tok/s",
+            result.new_tokens, result.prompt_tokens, result.reused_tokens, result.stop_reason,
+            result.prefill_s, result.tokens_per_s,
         )
+
+    # -- the lean engine ---------------------------------------------------------------------------
+
+    def forget_prefix(self) -> None:
+        """Drop the cached prompt, so the next generation prefills from scratch (a cold run)."""
+        with self._lock:
+            if self._cache is not None:
+                self._cache.crop(0)
+
+    def _current_engine(self):
+        """The decode engine for the current weights (rebuilt when they change), or None."""
+        from .decode import DecodeEngine, engine_unsupported_reason
+
+        model = self.model
+        key = (id(model), self.adapter_id, self.config.quantize,
+               tuple((id(p), p._version) for p in model.parameters()))
+        if key == self._engine_key:
+            return self._engine
+        reason = engine_unsupported_reason(model)
+        if self.config.sparse_attention:
+            # Block-sparse attention is installed in transformers' attention interface, which the
+            # lean engine does not go through.
+            reason = "model.sparse_attention is on"
+        if reason is not None:
+            log.info("generating through transformers: %s", reason)
+            self._engine = None
+        else:
+            linear = None
+            if self.config.quantize in ("int8", "int4"):
+                from .quant import int4_linear, int8_linear
+
+                linear = int8_linear if self.config.quantize == "int8" else int4_linear
+            # The output projection keeps the model's own weights: near-ties in the logits decide
+            # greedy tokens (int8 there costs 2 points of top-1 agreement with float32).
+            self._engine = DecodeEngine(model, linear=linear, quantize_head=False)
+            # Keys computed with other weights are meaningless now.
+            self._cache = self._engine.new_cache()
+        self._engine_key = key
+        return self._engine
+
+    def _prefill_engine(self, engine, prompt_ids: list[int], past, should_stop: ShouldStop,
+                        max_new_tokens: int):
+        """Bring the cache to `past` + `prompt_ids`, prefilling only what is not cached yet.
+
+        Returns (prompt tokens reused from the previous call, tokens of earlier context kept in front
+        of the prompt, logits [1, vocab] after the prompt).
+        """
+        import torch
+
+        cache = self._cache
+        if past is not None:
+            if not cache.holds_past(past):
+                cache.load_past(past)
+        elif cache.past_length:
+            cache.crop(0)
+        base = cache.past_length
+        if base + len(prompt_ids) + max_new_tokens > engine.max_positions:
+            raise ValueError(
+                f"{base} cached + {len(prompt_ids)} prompt + {max_new_tokens} new tokens exceed the "
+                f"model's context of {engine.max_positions} tokens"
+            )
+        head: list[int] = []
+        common = 0
+        if self.config.reuse_prefix:
+            common = _common_prefix(cache.ids, prompt_ids)
+            if past is None and common < len(prompt_ids) // 2:
+                head = _slid_head(cache.ids, prompt_ids, self.config.reuse_slack_tokens)
+                if head:
+                    common = len(head) + _common_prefix(cache.ids[len(head) :], prompt_ids)
+        full = head + prompt_ids if head else prompt_ids
+        if base + len(full) + max_new_tokens > engine.max_positions:
+            head, full, common = [], prompt_ids, 0
+        # The last prompt token always runs again: its logits choose the first new token.
+        common = min(common, len(full) - 1)
+        cache.crop(base + common)
+        logits = None
+        with _torch_threads(self._prefill_threads()):
+            for start in range(common, len(full), PREFILL_CHUNK):
+                if should_stop():
+                    raise GenerationCancelled("cancelled during prefill")
+                chunk = torch.tensor([full[start : start + PREFILL_CHUNK]], device=engine.device)
+                logits = engine.forward(chunk, cache)[:, -1]
+        return common - len(head), len(head), logits
+
+    def _prefill_threads(self) -> int:
+        """Threads for prefill: the configured count; by default all, but one on a busy machine.
+
+        Two threads collapse when another process holds a core (28 s instead of 4.6 s for a
+        1,000-token prefill at load 3.4 on two cores), so a busy machine gets one.
+        """
+        if self.config.threads:
+            return self.config.threads
+        cores = os.cpu_count() or 1
+        try:
+            busy = os.getloadavg()[0] >= cores
+        except OSError:
+            busy = False
+        return 1 if busy else 0
+
+    # -- transformers fallback -------------------------------------------------------------------
+
+    def _generate_transformers(self, prompt_ids, max_new_tokens, stop, temperature, top_p, generator,
+                               should_stop, heal, past) -> GenerationResult:
+        """The plain token loop over transformers' own forward, for models the engine cannot run."""
+        import torch
+
+        started = time.perf_counter()
+        cache, logits = self._prefill(prompt_ids, should_stop, past)
+        prefill_s = time.perf_counter() - started
+        new_ids: list[int] = []
+        text, reason, logprob = "", "length", 0.0
+        for _ in range(max_new_tokens + (len(heal) if heal else 0)):
+            if should_stop():
+                reason = "stopped_by_caller"
+                break
+            full = self.decode(new_ids) if new_ids else ""
+            raw = logits
+            if len(full) < len(heal):
+                logits = logits + self._healing_mask(heal[len(full) :], logits.shape[-1])
+            elif len(new_ids) >= max_new_tokens:
+                break
+            next_id = _pick_token(logits, temperature, top_p, generator)
+            if next_id in self._eos_ids:
+                reason = "eos"
+                break
+            new_ids.append(next_id)
+            logprob += float(torch.log_softmax(raw[0].float(), dim=-1)[next_id])
+            text = self.decode(new_ids)[len(heal) :]
+            cut = _earliest_stop(text, stop)
+            if cut is not None:
+                text, reason = text[:cut], "stop"
+                break
+            step = torch.tensor([[next_id]], device=self.device)
+            out = self.model(input_ids=step, cache=cache, use_cache=True)
+            cache, logits = out.cache, out.logits[:, -1, :]
+        decode_s = time.perf_counter() - started - prefill_s
+        result = GenerationResult(text, len(new_ids), len(prompt_ids), prefill_s, decode_s, reason, logprob)
+        self._log_result(result)
         return result
 
     def _prefill(self, prompt_ids: list[int], should_stop: ShouldStop, past=None):
@@ -402,24 +626,71 @@ class ModelRuntime:
         return cache, logits
 
 
-def _pick_token(logits, temperature: float, top_p: float, generator) -> int:
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    limit = min(len(a), len(b))
+    if a[:limit] == b[:limit]:
+        return limit
+    low, high = 0, limit  # a[:low] == b[:low] holds, a[:high] == b[:high] does not
+    while high - low > 1:
+        mid = (low + high) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def _slid_head(cached: list[int], prompt: list[int], slack: int) -> list[int]:
+    """The tokens in front of `prompt` when it is the cached prompt slid forward, else [].
+
+    A completion window that follows the cursor drops a few tokens at its start on every
+    keystroke; the cache still holds them, so keeping them costs nothing where re-prefilling the
+    whole window costs seconds. Accepted when at least half of `prompt` lines up with the cache.
+    """
+    anchor = min(len(prompt), 32)
+    if slack <= 0 or anchor == 0:
+        return []
+    first = prompt[0]
+    for shift in range(1, min(slack, len(cached) - anchor) + 1):
+        if cached[shift] == first and cached[shift : shift + anchor] == prompt[:anchor]:
+            if _common_prefix(cached[shift:], prompt) >= len(prompt) // 2:
+                return cached[:shift]
+    return []
+
+
+def _copy_cache(past):
+    import copy
+
+    return None if past is None else copy.deepcopy(past)
+
+
+@contextmanager
+def _torch_threads(count: int) -> Iterator[None]:
+    """Run the block with `count` torch threads (0 leaves the setting alone)."""
     import torch
 
-    logits = logits[0].float()  # [vocab]
-    if temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / temperature, dim=-1)
-    sorted_probs, order = torch.sort(probs, descending=True)
-    # Keep the smallest set of tokens whose mass reaches top_p (always at least one).
-    keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
-    sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
-    choice = torch.multinomial(sorted_probs / sorted_probs.sum(), 1, generator=generator)
-    return int(order[choice])
+    if count <= 0:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _pick_token(logits, temperature: float, top_p: float, generator) -> int:
+    from .generation import pick_token
+
+    return pick_token(logits, temperature, top_p, generator)
 
 
 def _earliest_stop(text: str, stop: tuple[str, ...]) -> int | None:
-    hits = [i for i in (text.find(s) for s in stop if s) if i >= 0]
-    return min(hits) if hits else None
+    from .generation import earliest_stop
+
+    return earliest_stop(text, stop)
 
 
 def model_token_counter(cache_dir: Path) -> Callable[[str], int] | None:

@@ -1,0 +1,400 @@
+#!/usr/bin/env python
+"""Runtime speed (issue 10): the lean engine next to transformers `generate()` and llama.cpp.
+
+Measured in one run, interleaved, medians over `--runs`:
+  1. prefill and decode speed on ~1,000 tokens of real code (`fixtures/foundation_prefix.txt`)
+     and 64 greedy tokens: the runtime (float32, int8 and int4 weights), transformers `generate()` on
+     the same torch model, and llama.cpp (llama-cpp-python, in its own venv, on the same GGUF file
+     the runtime converts) in a worker process;
+  2. keystroke-to-completion latency while typing through a real ~1,000-line file (the
+     standard library's `ftplib.py`, 981 lines): at sites spread over the file a line is retyped
+     character by character and each keystroke asks `agent.completion.complete` for a 24-token
+     completion, as the editor does;
+  3. prompt-lookup speculative decoding against plain decoding on agent-style edits of real code
+     (the output must be identical);
+  4. the quality of int8, int4 and bfloat16 weights against float32 (top-1 agreement, KL) on real code.
+
+Usage: python bench/runtime.py [--json] [--runs N] [--threads N] [--quick] [--save FILE]
+       [--llama-python /tmp/llamavenv/bin/python] [--weights none|int8|int4]
+
+`--json` prints exactly {"prefill_tok_s", "decode_tok_s", "keystroke_p50_s", "keystroke_p95_s",
+"speculative_speedup", "vs_llama_cpp", "vs_generate"} for the configuration `--weights` names;
+`--save` writes everything measured (both weight formats, load averages, settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+PREFIX_FIXTURE = Path(__file__).resolve().parent / "fixtures" / "foundation_prefix.txt"
+NEW_TOKENS = 64
+WEIGHTS = ("none", "int8", "int4")  # the runtime's `model.quantize` settings
+KEYSTROKE_TOKENS = 24
+TYPED_FILE = Path(sysconfig.get_paths()["stdlib"]) / "ftplib.py"
+# Agent-style edits: a function from this repository, to be rewritten with one name changed.
+EDIT_SOURCES = [
+    ("agent/completion.py", "def cursor_context(", ("offset", "cursor")),
+    ("context/index/store.py", "    def _connect(", ("conn", "connection")),
+    ("context/config.py", "def _check_value(", ("value", "raw")),
+    ("context/index/walk.py", "def walk_roots(", ("roots", "folders")),
+]
+
+LLAMA_WORKER = r"""
+import json, sys, time
+from llama_cpp import Llama
+args = json.loads(sys.argv[1])
+llm = Llama(model_path=args["gguf"], n_ctx=2048, n_threads=args["threads"],
+            n_threads_batch=args["threads"], n_batch=512, verbose=False)
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    ids = llm.tokenize(req["text"].encode(), add_bos=False, special=False)
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    t1 = time.perf_counter()
+    out = []
+    while True:
+        token = llm.sample(top_k=1, temp=0.0)
+        out.append(token)
+        if len(out) >= req["new_tokens"]:
+            break
+        llm.eval([token])
+    t2 = time.perf_counter()
+    print(json.dumps({"prompt_tokens": len(ids), "prefill_s": t1 - t0, "decode_s": t2 - t1,
+                      "new_tokens": len(out)}), flush=True)
+"""
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def percentile(values: list[float], q: float) -> float:
+    data = sorted(values)
+    pos = (len(data) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(data) - 1)
+    return data[low] + (data[high] - data[low]) * (pos - low)
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')} load {loadavg()[0]}] {message}", file=sys.stderr, flush=True)
+
+
+def runtime_for(weights: str, threads: int):
+    """A runtime with its own engine (sharing the loaded weights) for one weight format."""
+    from context.config import ModelConfig
+    from context.runtime import get_runtime
+
+    base = get_runtime(ModelConfig(threads=threads))
+    clone = copy.copy(base)
+    clone.config = dataclasses.replace(base.config, quantize=weights)
+    clone._engine = clone._cache = clone._engine_key = None
+    import threading
+
+    clone._lock = threading.Lock()
+    return clone
+
+
+# -- 1. prefill / decode --------------------------------------------------------------------------
+
+
+def measure_ours(runtime, ids: list[int]) -> dict:
+    runtime.config = dataclasses.replace(runtime.config, draft_tokens=0)
+    runtime.forget_prefix()
+    result = runtime.generate(ids, max_new_tokens=NEW_TOKENS)
+    return {"prefill_s": result.prefill_s, "prefill_tok_s": len(ids) / result.prefill_s,
+            "decode_tok_s": result.tokens_per_s, "new_tokens": result.new_tokens, "text": result.text}
+
+
+def measure_generate(runtime, ids: list[int]) -> dict:
+    import torch
+
+    tensor = torch.tensor([ids])
+    with torch.inference_mode():
+        started = time.perf_counter()
+        runtime.model.generate(tensor, max_new_tokens=1, do_sample=False, pad_token_id=2)
+        first = time.perf_counter() - started
+        started = time.perf_counter()
+        out = runtime.model.generate(tensor, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                     do_sample=False, pad_token_id=2)
+        total = time.perf_counter() - started
+    new = out.shape[1] - len(ids)
+    return {"prefill_s": first, "prefill_tok_s": len(ids) / first,
+            "decode_tok_s": (new - 1) / (total - first), "new_tokens": new,
+            "text": runtime.decode(out[0, len(ids) :].tolist())}
+
+
+class LlamaCppWorker:
+    """llama-cpp-python in its own interpreter (it is installed for the benchmark only)."""
+
+    def __init__(self, python: str, gguf: Path, threads: int):
+        self.proc = subprocess.Popen(
+            [python, "-c", LLAMA_WORKER, json.dumps({"gguf": str(gguf), "threads": threads})],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        ready = self.proc.stdout.readline()
+        if not ready:
+            raise RuntimeError(f"llama.cpp worker did not start (exit {self.proc.wait()})")
+
+    def measure(self, text: str) -> dict:
+        self.proc.stdin.write(json.dumps({"text": text, "new_tokens": NEW_TOKENS}) + "\n")
+        self.proc.stdin.flush()
+        out = json.loads(self.proc.stdout.readline())
+        out["prefill_tok_s"] = out["prompt_tokens"] / out["prefill_s"]
+        out["decode_tok_s"] = (out["new_tokens"] - 1) / out["decode_s"]
+        return out
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+# -- 2. keystrokes --------------------------------------------------------------------------------
+
+
+def typing_sites(text: str, sites: int, chars: int) -> list[tuple[int, str]]:
+    """(line start offset, line) for code lines spread over the file, each long enough to type."""
+    lines = text.split("\n")
+    starts, offset = [], 0
+    for line in lines:
+        starts.append(offset)
+        offset += len(line) + 1
+    picked = []
+    for k in range(sites):
+        index = len(lines) * (k + 1) // (sites + 1)
+        while index < len(lines) and len(lines[index].strip()) < chars + 4:
+            index += 1
+        picked.append((starts[index], lines[index]))
+    return picked
+
+
+def measure_keystrokes(runtime, sites: int, chars: int) -> dict:
+    from agent.completion import CompletionRequest, complete
+    from context.config import CompletionConfig
+
+    text = TYPED_FILE.read_text()
+    config = CompletionConfig(max_tokens=KEYSTROKE_TOKENS, debounce_ms=0)
+    latencies, jumps, offered = [], [], 0
+    runtime.forget_prefix()
+    for start, line in typing_sites(text, sites, chars):
+        indent = len(line) - len(line.lstrip())
+        rest = text[start + len(line) :]
+        for typed in range(1, chars + 1):
+            cursor = start + indent + typed
+            document = text[:cursor] + rest  # the line being retyped, up to the cursor
+            began = time.perf_counter()
+            completion = complete(runtime, CompletionRequest(document, cursor, "python"), config)
+            elapsed = time.perf_counter() - began
+            (jumps if typed == 1 else latencies).append(elapsed)
+            offered += completion is not None
+    everything = latencies + jumps
+    return {"keystrokes": len(everything), "p50_s": percentile(everything, 50),
+            "p95_s": percentile(everything, 95), "typing_p50_s": percentile(latencies, 50),
+            "typing_p95_s": percentile(latencies, 95), "jump_median_s": statistics.median(jumps),
+            "offered": offered, "file": str(TYPED_FILE), "sites": sites, "chars_per_site": chars}
+
+
+# -- 3. prompt lookup -----------------------------------------------------------------------------
+
+
+def edit_prompts(runtime) -> list[tuple[str, str]]:
+    """(kind, prompt): rewrites of real code, answered up to their first rewritten line.
+
+    "rename" asks for the function with one name changed; "copy" for the function again (an edit
+    whose change lies further down: everything before it is a copy).
+    """
+    prompts = []
+    for path, start, (old, new) in EDIT_SOURCES:
+        text = (REPO / path).read_text()
+        at = text.index(start)
+        body = text[at : text.rfind("\n", at, at + 1200)]  # whole lines, ~1,200 characters
+        renamed = re.sub(rf"\b{old}\b", new, body)
+        original = f"# Original code:\n{body}\n\n"
+        heading = f"# The same code, with `{old}` renamed to `{new}`:"
+        prompts.append(("rename", f"{original}{heading}\n{renamed.split(chr(10), 1)[0]}\n"))
+        prompts.append(("copy", f"{original}# The same code again:\n{body.split(chr(10), 1)[0]}\n"))
+    return prompts
+
+
+def measure_speculative(runtime, new_tokens: int) -> dict:
+    rows = []
+    for kind, prompt in edit_prompts(runtime):
+        ids = runtime.encode(prompt)
+        timings = {}
+        for drafts in (0, 8):
+            runtime.config = dataclasses.replace(runtime.config, draft_tokens=drafts)
+            runtime.forget_prefix()
+            timings[drafts] = runtime.generate(ids, max_new_tokens=new_tokens)
+        plain, drafted = timings[0], timings[8]
+        rows.append({"kind": kind, "prompt_tokens": len(ids), "new_tokens": plain.new_tokens,
+                     "plain_decode_s": plain.decode_s, "drafted_decode_s": drafted.decode_s,
+                     "speedup": plain.decode_s / drafted.decode_s, "identical": plain.text == drafted.text,
+                     "accepted": drafted.accepted_tokens, "drafted": drafted.drafted_tokens})
+    runtime.config = dataclasses.replace(runtime.config, draft_tokens=8)
+
+    def speedup(kinds):
+        picked = [r for r in rows if r["kind"] in kinds]
+        return sum(r["plain_decode_s"] for r in picked) / sum(r["drafted_decode_s"] for r in picked)
+
+    return {"edits": rows, "speedup": speedup(("rename", "copy")), "rename_speedup": speedup(("rename",)),
+            "copy_speedup": speedup(("copy",)), "identical": all(r["identical"] for r in rows)}
+
+
+# -- 4. quality -----------------------------------------------------------------------------------
+
+
+def measure_quality(runtime, positions: int) -> dict:
+    import torch
+
+    from context.decode import DecodeEngine
+    from context.quant import int4_linear, int8_linear, logit_agreement
+
+    reference = DecodeEngine(runtime.model)
+    bf16_model = copy.deepcopy(runtime.model).to(torch.bfloat16)
+    candidates = {
+        "int8": DecodeEngine(runtime.model, int8_linear, quantize_head=False),  # what quantize="int8" runs
+        "int8_head_too": DecodeEngine(runtime.model, int8_linear),
+        "int4": DecodeEngine(runtime.model, int4_linear, quantize_head=False),
+        "bfloat16": DecodeEngine(bf16_model),
+    }
+    texts = [PREFIX_FIXTURE, TYPED_FILE, REPO / "context/index/store.py"]
+    texts = [path.read_text() for path in texts]
+    out = {}
+    for name, engine in candidates.items():
+        reports = [logit_agreement(reference, engine, runtime.encode(t)[:positions]) for t in texts]
+        total = sum(r.positions for r in reports)
+        out[name] = {
+            "positions": total,
+            "top1_agreement": sum(r.top1_agreement * r.positions for r in reports) / total,
+            "mean_kl": sum(r.mean_kl * r.positions for r in reports) / total,
+            "max_kl": max(r.max_kl for r in reports),
+        }
+    return out
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+
+def median_of(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def summarise(engine_rows, generate_rows, llama_rows) -> dict:
+    ours = {"prefill_tok_s": median_of(engine_rows, "prefill_tok_s"),
+            "decode_tok_s": median_of(engine_rows, "decode_tok_s")}
+
+    def versus(rows):
+        if not rows:
+            return None
+        prefill, decode = median_of(rows, "prefill_tok_s"), median_of(rows, "decode_tok_s")
+        return {"prefill_tok_s": round(prefill, 1), "decode_tok_s": round(decode, 2),
+                "prefill_ratio": round(ours["prefill_tok_s"] / prefill, 2),
+                "decode_ratio": round(ours["decode_tok_s"] / decode, 2)}
+
+    return ours | {"vs_generate": versus(generate_rows), "vs_llama_cpp": versus(llama_rows)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch / llama.cpp threads (all phases)")
+    parser.add_argument("--weights", choices=WEIGHTS, default="none",
+                        help="the weight format whose figures --json prints")
+    parser.add_argument("--llama-python", default="/tmp/llamavenv/bin/python")
+    parser.add_argument("--detail", nargs="+", choices=WEIGHTS, default=["none", "int4"],
+                        help="weight formats measured for keystrokes and prompt lookup")
+    parser.add_argument("--sites", type=int, default=5)
+    parser.add_argument("--chars", type=int, default=12)
+    parser.add_argument("--quick", action="store_true", help="1 run, 2 typing sites, short edits")
+    parser.add_argument("--save")
+    args = parser.parse_args(argv)
+    if args.weights not in args.detail:
+        args.detail.append(args.weights)
+    if args.quick:
+        args.runs, args.sites, args.chars = 1, 2, 8
+    import torch
+
+    from context.runtime import locate_embedded_gguf
+
+    torch.set_num_threads(args.threads)
+    record: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_before": loadavg(),
+                    "threads": args.threads, "nproc": os.cpu_count(), "torch": torch.__version__}
+    runtimes = {w: runtime_for(w, args.threads) for w in WEIGHTS}
+    text = PREFIX_FIXTURE.read_text()
+    ids = runtimes["none"].encode(text)
+    record["prompt_tokens"] = len(ids)
+    llama = None
+    if Path(args.llama_python).exists():
+        try:
+            llama = LlamaCppWorker(args.llama_python, locate_embedded_gguf(), args.threads)
+        except (OSError, RuntimeError) as exc:
+            record["llama_cpp_error"] = str(exc)
+    else:
+        record["llama_cpp_error"] = f"{args.llama_python} not found (pip install llama-cpp-python there)"
+    rows: dict[str, list[dict]] = {w: [] for w in WEIGHTS} | {"generate": [], "llama_cpp": []}
+    runtimes["none"].generate(ids[:64], max_new_tokens=2)  # touch the memory-mapped weights
+    for run in range(args.runs):
+        progress(f"speed run {run + 1}/{args.runs}")
+        for weights, runtime in runtimes.items():
+            rows[weights].append(measure_ours(runtime, ids))
+        rows["generate"].append(measure_generate(runtimes["none"], ids))
+        if llama is not None:
+            rows["llama_cpp"].append(llama.measure(text))
+    if llama is not None:
+        llama.close()
+    record["speed_rows"] = rows
+    record["greedy_equal_to_generate"] = all(
+        a["text"] == b["text"] for a, b in zip(rows["none"], rows["generate"], strict=True)
+    )
+    for weights in args.detail:
+        runtime = runtimes[weights]
+        runtime.config = dataclasses.replace(runtime.config, draft_tokens=8)
+        progress(f"keystrokes ({weights})")
+        record[f"keystrokes_{weights}"] = measure_keystrokes(runtime, args.sites, args.chars)
+        progress(f"prompt lookup ({weights})")
+        record[f"speculative_{weights}"] = measure_speculative(runtime, 48 if args.quick else 128)
+    progress("quality")
+    record["quality"] = measure_quality(runtimes["none"], 256 if args.quick else 512)
+    record["load_after"] = loadavg()
+    for weights in WEIGHTS:
+        record[f"summary_{weights}"] = summarise(rows[weights], rows["generate"], rows["llama_cpp"])
+    chosen = record[f"summary_{args.weights}"]
+    keys = record[f"keystrokes_{args.weights}"]
+    result = {
+        "prefill_tok_s": round(chosen["prefill_tok_s"], 1),
+        "decode_tok_s": round(chosen["decode_tok_s"], 2),
+        "keystroke_p50_s": round(keys["p50_s"], 3),
+        "keystroke_p95_s": round(keys["p95_s"], 3),
+        "speculative_speedup": round(record[f"speculative_{args.weights}"]["speedup"], 2),
+        "vs_llama_cpp": chosen["vs_llama_cpp"],
+        "vs_generate": chosen["vs_generate"],
+    }
+    if args.save:
+        Path(args.save).write_text(json.dumps(record | {"result": result}, indent=2, default=str))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(json.dumps(record | {"result": result}, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Token loops over the decode engine: one sequence (with prompt-lookup drafts) or K candidates.
+
+The loops own what happens between forward passes: sampling on the last position only, the
+caller's cancellation poll before every emitted token, end-of-sequence, stop sequences, the token
+budget, token healing, and the log-probability of what was chosen. The model math is in
+`context.decode`; the runtime (`context.runtime`) prepares the cache and calls these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .decode import DecodeEngine, KVCache
+from .lookup import PromptLookup
+
+__all__ = ["Emitted", "SequenceLoop", "earliest_stop", "emit", "pick_token", "run_batch", "sample_rows"]
+
+
+def pick_token(logits: torch.Tensor, temperature: float, top_p: float, generator) -> int:
+    """Greedy (temperature 0) or nucleus sampling from one row of logits [1, vocab]."""
+    logits = logits[0].float()  # [vocab]
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / temperature, dim=-1)
+    sorted_probs, order = torch.sort(probs, descending=True)
+    # Keep the smallest set of tokens whose mass reaches top_p (always at least one).
+    keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
+    sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
+    choice = torch.multinomial(sorted_probs / sorted_probs.sum(), 1, generator=generator)
+    return int(order[choice])
+
+
+def sample_rows(logits: torch.Tensor, temperature: float, top_p: float, generator) -> torch.Tensor:
+    """One token per row of logits [rows, vocab], greedy or nucleus; returns [rows]."""
+    logits = logits.float()
+    if temperature <= 0:
+        return torch.argmax(logits, dim=-1)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    sorted_probs, order = torch.sort(probs, descending=True, dim=-1)
+    keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
+    sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
+    choice = torch.multinomial(sorted_probs / sorted_probs.sum(-1, keepdim=True), 1, generator=generator)
+    return order.gather(-1, choice)[:, 0]
+
+
+def earliest_stop(text: str, stop: tuple[str, ...]) -> int | None:
+    hits = [i for i in (text.find(s) for s in stop if s) if i >= 0]
+    return min(hits) if hits else None
+
+
+@dataclass
+class Emitted:
+    """What a loop produced for one sequence."""
+
+    ids: list[int] = field(default_factory=list)
+    text: str = ""
+    reason: str = "length"
+    logprob: float = 0.0
+    done: bool = False
+    drafted: int = 0
+    accepted: int = 0
+
+
+class SequenceLoop:
+    """Generate one sequence after the prompt held in `cache` (prefilled up to its last token)."""
+
+    def __init__(self, engine: DecodeEngine, cache: KVCache, *, decode: Callable[[list[int]], str],
+                 eos_ids: set[int], healing_mask: Callable[[str, int], torch.Tensor]):
+        self.engine, self.cache = engine, cache
+        self.decode, self.eos_ids, self.healing_mask = decode, eos_ids, healing_mask
+
+    def run(self, logits: torch.Tensor, *, max_new_tokens: int, stop: tuple[str, ...], temperature: float,
+            top_p: float, generator, should_stop, heal: str, lookup: PromptLookup | None) -> Emitted:
+        out = Emitted()
+        greedy = temperature <= 0
+        self.draft_length = max(1, lookup.max_draft // 2) if lookup is not None else 0
+        while not out.done:
+            if should_stop():
+                out.reason, out.done = "stopped_by_caller", True
+                break
+            healing = len(self.decode(out.ids)) < len(heal) if heal else False
+            step_logits = logits
+            if healing:
+                step_logits = logits + self.healing_mask(heal[len(self.decode(out.ids)) :], logits.shape[-1])
+            elif len(out.ids) >= max_new_tokens:
+                break
+            next_id = pick_token(step_logits, temperature, top_p, generator)
+            if not emit(out, next_id, _logprob(logits[0], next_id), self.decode, self.eos_ids, heal, stop,
+                        max_new_tokens):
+                break
+            draft: list[int] = []
+            if greedy and lookup is not None:
+                lookup.append(next_id)
+                if not (heal and len(self.decode(out.ids)) < len(heal)):
+                    draft = lookup.draft(min(self.draft_length, max_new_tokens - len(out.ids)))
+            step = torch.tensor([[next_id, *draft]], device=self.engine.device)
+            all_logits = self.engine.forward(step, self.cache, all_logits=bool(draft))[0]  # [T, vocab]
+            if not draft:
+                logits = all_logits[-1:]
+                continue
+            logits = self._accept_draft(out, draft, all_logits, lookup, should_stop, heal, stop,
+                                        max_new_tokens)
+        return out
+
+    def _accept_draft(self, out: Emitted, draft, all_logits, lookup, should_stop, heal, stop, max_new_tokens):
+        """Keep the draft's longest prefix that greedy decoding would have produced."""
+        predicted = all_logits.argmax(-1).tolist()  # predicted[i] follows draft[i - 1]
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == predicted[accepted]:
+            accepted += 1
+        out.drafted += len(draft)
+        out.accepted += accepted
+        # A verify pass costs more the longer the draft: lengthen drafts while they are confirmed
+        # whole, shorten them when they are not (the schedule transformers' assisted decoding uses).
+        if accepted == len(draft):
+            self.draft_length = min(self.draft_length + 2, lookup.max_draft)
+        else:
+            self.draft_length = max(1, self.draft_length - 1)
+        # Keys of rejected draft tokens are dropped; the next forward pass overwrites them.
+        self.cache.crop(self.cache.length - (len(draft) - accepted))
+        for index in range(accepted):
+            if should_stop():
+                out.reason, out.done = "stopped_by_caller", True
+                break
+            token = draft[index]
+            logprob = _logprob(all_logits[index], token)
+            if not emit(out, token, logprob, self.decode, self.eos_ids, heal, stop, max_new_tokens):
+                break
+            lookup.append(token)
+        # When the sequence ended inside the draft the cache still holds valid keys for every
+        # accepted token (it describes `cache.ids`), so nothing needs undoing.
+        return all_logits[accepted : accepted + 1]
+
+
+def _logprob(logits: torch.Tensor, token: int) -> float:
+    return float(torch.log_softmax(logits.float(), dim=-1)[token])
+
+
+def emit(out: Emitted, token: int, logprob: float, decode, eos_ids, heal: str, stop, max_new_tokens) -> bool:
+    """Append `token` to `out` if it continues the sequence; False when the sequence is finished."""
+    if token in eos_ids:
+        out.reason, out.done = "eos", True
+        return False
+    out.ids.append(token)
+    out.logprob += logprob
+    full = decode(out.ids)
+    out.text = full[len(heal) :]
+    cut = earliest_stop(out.text, stop)
+    if cut is not None:
+        out.text, out.reason, out.done = out.text[:cut], "stop", True
+        return False
+    if len(full) >= len(heal) and len(out.ids) >= max_new_tokens:
+        out.reason, out.done = "length", True
+        return False
+    return True
+
+
+def run_batch(engine: DecodeEngine, cache: KVCache, logits: torch.Tensor, rows: int, *, max_new_tokens: int,
+              stop: tuple[str, ...], temperature: float, top_p: float, generator, should_stop,
+              decode, eos_ids) -> list[Emitted]:
+    """Decode `rows` candidates after the prompt in `cache`'s shared row, all in one batch."""
+    outs = [Emitted() for _ in range(rows)]
+    cache.start_rows(rows, max_new_tokens)
+    try:
+        logits = logits.expand(rows, -1)  # [rows, vocab]: every candidate starts from the prompt
+        while True:
+            if should_stop():
+                for out in outs:
+                    if not out.done:
+                        out.reason, out.done = "stopped_by_caller", True
+                break
+            tokens = sample_rows(logits, temperature, top_p, generator)  # [rows]
+            logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, None])[:, 0]
+            for out, token, logprob in zip(outs, tokens.tolist(), logprobs.tolist(), strict=True):
+                if not out.done:
+                    emit(out, token, logprob, decode, eos_ids, "", stop, max_new_tokens)
+            if all(out.done for out in outs):
+                break
+            # Finished rows keep decoding alongside (their tokens are ignored): the batch stays whole.
+            logits = engine.forward(tokens[:, None], cache, rows=True)[:, -1]
+    finally:
+        cache.end_rows()
+    return outs
