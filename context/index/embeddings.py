@@ -116,7 +116,8 @@ def blob_to_vectors(blobs: Sequence[bytes]) -> np.ndarray:
     """float16 blobs -> one float32 matrix [n, EMBEDDING_DIM]."""
     if not blobs:
         return np.zeros((0, EMBEDDING_DIM), dtype=np.float32)
-    return np.frombuffer(b"".join(blobs), dtype=np.float16).reshape(len(blobs), EMBEDDING_DIM).astype(np.float32)
+    flat = np.frombuffer(b"".join(blobs), dtype=np.float16)
+    return flat.reshape(len(blobs), EMBEDDING_DIM).astype(np.float32)
 
 
 class ChunkEmbedder:

@@ -135,7 +135,7 @@ _SYMBOL_WEIGHT_DEFINITION = 2.0
 _SYMBOL_WEIGHT_IDENTIFIER = 1.0
 _SYMBOL_WEIGHT_PLAIN = 0.6
 # Reciprocal rank fusion weight of the semantic list (tuned on the dev split only).
-_SEMANTIC_WEIGHT = 1.0
+_SEMANTIC_WEIGHT = 2.5
 _FTS_SYNONYMS = 3
 _JOIN_SYNONYMS = 4
 # General programming vocabulary, one group per line: the words a question uses and the ones code

@@ -3,6 +3,9 @@
 - `embed_pending(store, embedder)` embeds the chunks that have no vector yet, in small committed
   batches: a chunk whose embedded text (its head) is already known by its content key gets that
   vector back without running the model, so after an edit only the changed chunks are embedded.
+- `VectorCache` is a second, shared store of vectors by content key (one SQLite file per model
+  setting in the user's cache): a rebuilt index, another checkout of the same code, or a test run
+  over the same tree gets its vectors from there.
 - `EmbeddingProcess` runs `embed_pending` in a separate, niced (19), single-threaded process: torch's
   thread count is per process, and the server's completions must keep all theirs. It waits to be
   woken (after the first pass, after each watcher batch) and stops with its parent.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import SquidcodeError
+from ..config import default_cache_dir
+from ..errors import IndexStoreError, SquidcodeError
 from .embeddings import (
     ChunkEmbedder,
     EmbedderConfig,
@@ -38,6 +43,8 @@ from .types import SearchHit
 
 __all__ = [
     "EMBED_NICE",
+    "VectorCache",
+    "default_vector_cache_path",
     "EmbedReport",
     "EmbeddingProcess",
     "SemanticRanker",
@@ -54,10 +61,86 @@ _STEP_CHUNKS = 128
 _WORKER_POLL_S = 0.5
 
 
+def default_vector_cache_path(model_id: str) -> Path:
+    slug = "".join(c if c.isalnum() or c in "-." else "_" for c in model_id)
+    return default_cache_dir() / "embeddings" / f"{slug}.sqlite3"
+
+
+class VectorCache:
+    """Vectors by content key, shared by every index on the machine; a lost or damaged cache file
+    only costs recomputation (it is recreated, never fatal)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            try:
+                self._conn = self._open()
+            except sqlite3.DatabaseError as exc:
+                # Only a cache: a damaged file is replaced by an empty one.
+                log.warning("the vector cache %s is unusable (%s); starting it afresh", self.path, exc)
+                for path in (self.path, *(self.path.with_name(self.path.name + s) for s in ("-wal", "-shm"))):
+                    path.unlink(missing_ok=True)
+                self._conn = self._open()
+        return self._conn
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise IndexStoreError(f"cannot create the vector cache folder {self.path.parent}: {exc}") from exc
+        conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=30)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("CREATE TABLE IF NOT EXISTS vectors(key TEXT PRIMARY KEY, vec BLOB NOT NULL) "
+                         "WITHOUT ROWID")
+        except sqlite3.Error:
+            conn.close()
+            raise
+        return conn
+
+    def get(self, keys: list[str]) -> dict[str, bytes]:
+        found: dict[str, bytes] = {}
+        with self._lock:
+            try:
+                conn = self._connection()
+                for start in range(0, len(keys), 500):
+                    part = keys[start:start + 500]
+                    marks = ",".join("?" * len(part))
+                    found.update(conn.execute(f"SELECT key, vec FROM vectors WHERE key IN ({marks})", part))
+            except (sqlite3.Error, IndexStoreError) as exc:
+                log.warning("the vector cache %s cannot be read (%s); recomputing", self.path, exc)
+        return found
+
+    def put(self, vectors: dict[str, bytes]) -> None:
+        if not vectors:
+            return
+        with self._lock:
+            try:
+                conn = self._connection()
+                conn.execute("BEGIN IMMEDIATE")
+                conn.executemany("INSERT OR IGNORE INTO vectors(key, vec) VALUES (?, ?)", vectors.items())
+                conn.execute("COMMIT")
+            except (sqlite3.Error, IndexStoreError) as exc:
+                if self._conn is not None and self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                log.warning("the vector cache %s cannot be written: %s", self.path, exc)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
 @dataclass
 class EmbedReport:
     embedded: int = 0  # chunks that ran through the model
     reused: int = 0  # chunks whose vector was already stored under their content key
+    cached: int = 0  # of those, found in the shared VectorCache rather than the index
     pruned: int = 0  # vectors dropped because no chunk points at them any more
     seconds: float = 0.0
     stopped: bool = False
@@ -69,8 +152,9 @@ class EmbedReport:
 
 
 def embed_pending(store: IndexStore, embedder: ChunkEmbedder, should_stop: Callable[[], bool] | None = None,
-                  step: int = _STEP_CHUNKS) -> EmbedReport:
-    """Give every chunk without a vector one; returns what was done. Stops early when asked to."""
+                  step: int = _STEP_CHUNKS, cache: VectorCache | None = None) -> EmbedReport:
+    """Give every chunk without a vector one (from the index, the shared `cache`, or the model);
+    returns what was done. Stops early when asked to."""
     started = time.monotonic()
     report = EmbedReport()
     stop = should_stop or (lambda: False)
@@ -86,12 +170,17 @@ def embed_pending(store: IndexStore, embedder: ChunkEmbedder, should_stop: Calla
                  for chunk_id, text in ((r[0], embedding_text(r[1], r[2], r[3])) for r in rows)]
         known = store.existing_vector_keys(key for _, _, key in keyed)
         todo = {key: text for _, text, key in keyed if key not in known}
-        new: dict[str, bytes] = {}
+        new = cache.get(list(todo)) if cache is not None and todo else {}
+        report.cached += len(new)
+        todo = {key: text for key, text in todo.items() if key not in new}
         if todo:
             t0 = time.monotonic()
             vectors = embedder.embed(list(todo.values()))
             report.rates.append(len(todo) / max(time.monotonic() - t0, 1e-9))
-            new = {key: vector_to_blob(v) for key, v in zip(todo, vectors, strict=True)}
+            computed = {key: vector_to_blob(v) for key, v in zip(todo, vectors, strict=True)}
+            if cache is not None:
+                cache.put(computed)
+            new.update(computed)
         store.set_chunk_vectors([(chunk_id, key) for chunk_id, _, key in keyed], new)
         report.embedded += len(todo)
         report.reused += len(keyed) - len(todo)
@@ -105,7 +194,8 @@ def embed_pending(store: IndexStore, embedder: ChunkEmbedder, should_stop: Calla
 # --- the background process ---------------------------------------------------------------------
 
 
-def _worker_main(db_path: str, config: EmbedderConfig, wake, stop, parent_pid: int) -> None:
+def _worker_main(db_path: str, config: EmbedderConfig, wake, stop, parent_pid: int,
+                 cache_path: str | None) -> None:
     """The embedding process: nice, one torch thread, embed whenever woken, leave with the parent."""
     try:
         os.nice(EMBED_NICE)
@@ -116,6 +206,7 @@ def _worker_main(db_path: str, config: EmbedderConfig, wake, stop, parent_pid: i
     torch.set_num_threads(max(1, config.threads))
     embedder = ChunkEmbedder(config)
     store = IndexStore(Path(db_path))
+    cache = VectorCache(Path(cache_path)) if cache_path else None
 
     def should_stop() -> bool:
         return stop.is_set() or os.getppid() != parent_pid
@@ -125,7 +216,7 @@ def _worker_main(db_path: str, config: EmbedderConfig, wake, stop, parent_pid: i
             if not wake.wait(_WORKER_POLL_S):
                 continue
             wake.clear()
-            report = embed_pending(store, embedder, should_stop)
+            report = embed_pending(store, embedder, should_stop, cache=cache)
             if report.embedded or report.pruned:
                 log.info("embedded %d chunks (%d reused) in %.1fs", report.embedded, report.reused,
                          report.seconds)
@@ -133,12 +224,16 @@ def _worker_main(db_path: str, config: EmbedderConfig, wake, stop, parent_pid: i
         log.error("embedding stopped: %s", exc)
     finally:
         store.close()
+        if cache is not None:
+            cache.close()
 
 
 class EmbeddingProcess:
     """A background process that keeps a store's chunk vectors current (see `_worker_main`)."""
 
-    def __init__(self, db_path: Path, config: EmbedderConfig | None = None) -> None:
+    def __init__(self, db_path: Path, config: EmbedderConfig | None = None,
+                 cache_path: Path | None = None) -> None:
+        """`cache_path`: the shared `VectorCache` file (None: no shared cache)."""
         self.db_path = Path(db_path)
         self.config = config or EmbedderConfig()
         context = multiprocessing.get_context("spawn")
@@ -146,7 +241,8 @@ class EmbeddingProcess:
         self._stop = context.Event()
         self._process = context.Process(
             target=_worker_main, name="squid-embed", daemon=True,
-            args=(str(self.db_path), self.config, self._wake, self._stop, os.getpid()),
+            args=(str(self.db_path), self.config, self._wake, self._stop, os.getpid(),
+                  str(cache_path) if cache_path else None),
         )
 
     def start(self) -> None:
@@ -233,3 +329,41 @@ def default_ranker() -> SemanticRanker | None:
         if _DEFAULT is None:
             _DEFAULT = SemanticRanker()
         return _DEFAULT
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m context.index.semantic PATH`: embed the chunks of PATH's index now (niced, one
+    thread), indexing PATH first if needed."""
+    import argparse
+
+    from .indexer import Indexer, default_index_path
+
+    parser = argparse.ArgumentParser(prog="python -m context.index.semantic", description=main.__doc__)
+    parser.add_argument("path", type=Path)
+    parser.add_argument("--db", type=Path, help="the index database (default: PATH's in the user cache)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-cache", action="store_true", help="do not use the shared vector cache")
+    args = parser.parse_args(argv)
+    root = args.path.resolve()
+    try:
+        os.nice(EMBED_NICE)
+    except OSError:
+        pass
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))
+    with IndexStore(args.db or default_index_path([root])) as store:
+        if store.stats(references=False)["files"] == 0:
+            Indexer([root], store).index_all()
+        config = EmbedderConfig(threads=args.threads)
+        cache = None if args.no_cache else VectorCache(default_vector_cache_path(config.model_id))
+        report = embed_pending(store, ChunkEmbedder(config), cache=cache)
+        done, total = store.vector_counts()
+    print(f"embedded {report.embedded} chunks ({report.reused} reused, {report.cached} of them from the "
+          f"shared cache; {report.pruned} pruned) in "
+          f"{report.seconds:.1f}s ({report.chunks_per_s:.0f}/s); {done}/{total} chunks have vectors")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

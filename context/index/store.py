@@ -547,7 +547,8 @@ class IndexStore:
                 (new, str(new_source.root), new_source.rel, new_source.size, new_source.mtime, row[0]),
             )
             # The embedded text names the module: the vectors are recomputed for the new path.
-            conn.execute("UPDATE chunks SET rel = ?, vec_key = NULL WHERE file_id = ?", (new_source.rel, row[0]))
+            conn.execute("UPDATE chunks SET rel = ?, vec_key = NULL WHERE file_id = ?",
+                         (new_source.rel, row[0]))
             return True
 
     # --- vectors (the semantic ranker) ---

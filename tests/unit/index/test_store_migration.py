@@ -30,13 +30,15 @@ def _v1_database(path: Path) -> None:
     conn.execute("BEGIN")
     for file_id, (rel, name) in enumerate([("net/urls.py", "url_split"), ("web/server.py", "serve")], 1):
         text = f"def {name}(x):\n    return len(x)\n"
-        conn.execute("INSERT INTO files(id, path, root, rel, language, content_hash, size, mtime, indexed_at) "
-                     "VALUES (?, ?, '/ws', ?, 'python', ?, 30, 1000.0, 1.0)",
+        conn.execute("INSERT INTO files(id, path, root, rel, language, content_hash, size, mtime, "
+                     "indexed_at) VALUES (?, ?, '/ws', ?, 'python', ?, 30, 1000.0, 1.0)",
                      (file_id, f"/ws/{rel}", rel, f"h{file_id}"))
         conn.execute("INSERT INTO chunks(file_id, start_line, end_line, symbol, kind, text, rel, terms) "
-                     "VALUES (?, 1, 2, ?, 'definition', ?, ?, ?)", (file_id, name, text, rel, name.replace("_", "")))
-        conn.execute("INSERT INTO symbols(file_id, name, qualname, tail, kind, start_line, end_line, signature) "
-                     "VALUES (?, ?, ?, ?, 'function', 1, 2, ?)", (file_id, name, name, name, f"def {name}(x):"))
+                     "VALUES (?, 1, 2, ?, 'definition', ?, ?, ?)",
+                     (file_id, name, text, rel, name.replace("_", "")))
+        conn.execute("INSERT INTO symbols(file_id, name, qualname, tail, kind, start_line, end_line, "
+                     "signature) VALUES (?, ?, ?, ?, 'function', 1, 2, ?)",
+                     (file_id, name, name, name, f"def {name}(x):"))
         conn.execute("INSERT INTO refs(file_id, name, line) VALUES (?, 'len', 2)", (file_id,))
     conn.execute("COMMIT")
     conn.close()
