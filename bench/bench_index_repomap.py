@@ -59,7 +59,8 @@ def timed(fn) -> tuple[float, str]:
 def measure(module, store: IndexStore, runs: int) -> dict:
     module._GRAPH_CACHE.clear()
     first_ms, text = timed(lambda: module.render_repo_map(store, focus=FOCUS, token_budget=1024))
-    same = [timed(lambda: module.render_repo_map(store, focus=FOCUS, token_budget=1024))[0] for _ in range(runs)]
+    same = [timed(lambda: module.render_repo_map(store, focus=FOCUS, token_budget=1024))[0]
+            for _ in range(runs)]
     other = [timed(lambda f=f: module.render_repo_map(store, focus=f, token_budget=1024))[0]
              for f in OTHER_FOCUSES[:max(runs, 1)]]
     named = [timed(lambda i=i: module.render_repo_map(store, focus=FOCUS, names=[f"name{i}", "JSONDecoder"],
@@ -94,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{report['machine']['date']} | load before {report['load_before']}, after {report['load_after']}")
     print(f"{'repo map, 1024 tokens, focus ' + FOCUS:46s} {'baseline':>10s} {'current':>10s} {'ratio':>7s}")
-    for key, label in [("first_ms", "first call (builds the graph)"), ("same_focus_ms", "same focus again"),
-                       ("new_focus_ms", "new focus (graph reused)"), ("new_names_ms", "new names (graph reused)")]:
+    labels = [("first_ms", "first call (builds the graph)"), ("same_focus_ms", "same focus again"),
+              ("new_focus_ms", "new focus (graph reused)"), ("new_names_ms", "new names (graph reused)")]
+    for key, label in labels:
         b, c = report["baseline"][key], report["current"][key]
         print(f"  {label:44s} {b:8.1f}ms {c:8.1f}ms {b / c:6.1f}x")
     print(f"  same map text: {report['same_output']}")
