@@ -46,6 +46,7 @@ def load_baseline(rev: str):
     path.write_text(source, encoding="utf-8")
     spec = importlib.util.spec_from_file_location("context.index.repomap_baseline", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 

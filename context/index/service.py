@@ -21,7 +21,7 @@ from pathlib import Path
 from ..config import IndexConfig
 from ..errors import SquidcodeError
 from .embeddings import embeddings_available
-from .indexer import Indexer, default_index_path
+from .indexer import Indexer, default_index_path, prune_stale_indexes
 from .retrieval import search
 from .semantic import EmbeddingProcess, SemanticRanker, default_ranker, default_vector_cache_path
 from .store import IndexStore, SymbolRow
@@ -110,6 +110,9 @@ class IndexService:
         self.watcher.notify_changed(Path(p) for p in self.indexer.overlay_paths())
         if on_done:
             on_done(report, None)
+        if self.db_path == default_index_path(self.roots):
+            # Indexes of folders that are gone (temporary checkouts, deleted projects) pile up otherwise.
+            prune_stale_indexes(self.db_path.parent.parent, keep=[self.db_path.parent])
         if self.ranker is not None and not self._stop.wait(EMBED_START_DELAY_S):
             self._start_semantic()
 
