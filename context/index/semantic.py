@@ -21,6 +21,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,7 @@ EMBED_NICE = 19
 # process loses little, large enough for the model's batches.
 _STEP_CHUNKS = 128
 _WORKER_POLL_S = 0.5
+_QUERY_CACHE_SIZE = 256
 
 
 def default_vector_cache_path(model_id: str) -> Path:
@@ -256,14 +258,16 @@ class EmbeddingProcess:
     def alive(self) -> bool:
         return self._process.is_alive()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 2.0) -> None:
+        """Ask the process to stop; terminate it if it does not within `timeout` (it may be loading
+        the model). Killing it loses at most the batch in flight: each one commits on its own."""
         self._stop.set()
         if self._process.pid is None:
             return
         self._process.join(timeout)
         if self._process.is_alive():
             self._process.terminate()
-            self._process.join(timeout)
+            self._process.join(10.0)
 
 
 # --- ranking --------------------------------------------------------------------------------------
@@ -277,6 +281,21 @@ class SemanticRanker:
         self._lock = threading.Lock()
         # db path -> (vector generation, chunk ids [n], matrix [n, dim])
         self._matrices: dict[str, tuple[tuple, np.ndarray, np.ndarray]] = {}
+        # Recent query vectors: an editor asks the same question again (retries, other modes, k).
+        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    def query_vector(self, query: str) -> np.ndarray:
+        with self._lock:
+            cached = self._queries.get(query)
+            if cached is not None:
+                self._queries.move_to_end(query)
+                return cached
+        vector = self.embedder.embed_query(query)
+        with self._lock:
+            self._queries[query] = vector
+            while len(self._queries) > _QUERY_CACHE_SIZE:
+                self._queries.popitem(last=False)
+        return vector
 
     def _matrix(self, store: IndexStore) -> tuple[np.ndarray, np.ndarray]:
         key, generation = str(store.path), store.vector_generation()
@@ -302,7 +321,7 @@ class SemanticRanker:
         ids, matrix = self._matrix(store)
         if not len(ids) or limit <= 0 or not query.strip():
             return []
-        scores = matrix @ self.embedder.embed_query(query)  # [n]
+        scores = matrix @ self.query_vector(query)  # [n]
         top = np.argpartition(-scores, min(limit, len(ids)) - 1)[:limit]
         top = top[np.argsort(-scores[top], kind="stable")]
         rows = store.chunks_by_id(int(ids[i]) for i in top)
