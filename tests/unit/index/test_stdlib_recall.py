@@ -267,6 +267,8 @@ def _combined(a: dict, b: dict) -> dict:
 SEMANTIC_FLOOR = {"dev": 0.90, "holdout": 0.84, "all": 0.89}
 
 
+# Seconds on a quiet machine; minutes when the shared machine is loaded (235 s at load 17).
+@pytest.mark.timeout(900)
 def test_stdlib_recall_with_semantic_ranker(semantic_results, results, capsys):
     with capsys.disabled():
         print("\nstdlib retrieval with the semantic ranker:")
@@ -281,5 +283,6 @@ def test_stdlib_recall_with_semantic_ranker(semantic_results, results, capsys):
         assert fused["recall@5"] >= semantic_results[(split, "semantic")]["recall@5"], split
 
 
+@pytest.mark.timeout(900)
 def test_stdlib_recall_meets_the_issue_target(semantic_results):
     assert semantic_results[("all", "fused")]["recall@5"] >= ISSUE_TARGET
