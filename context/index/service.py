@@ -72,6 +72,7 @@ class IndexService:
         self.ranker: SemanticRanker | None = default_ranker() if wanted else None
         self.embedding: EmbeddingProcess | None = None
         self._ranker_ready = threading.Event()
+        self._first_pass = threading.Event()  # set when the first pass ended (done, failed or stopped)
 
     def start(self, on_progress: ProgressCallback | None = None, on_done: DoneCallback | None = None,
               on_update: Callable[[], None] | None = None) -> None:
@@ -91,10 +92,12 @@ class IndexService:
         except (SquidcodeError, OSError) as exc:
             self.state, self.error = "error", str(exc)
             log.error("indexing failed: %s", exc)
+            self._first_pass.set()
             if on_done:
                 on_done(None, self.error)
             return
         if self._stop.is_set():
+            self._first_pass.set()
             return
         self.last_report = report
         self.state = "ready"
@@ -108,6 +111,7 @@ class IndexService:
         self.watcher.start()
         # Buffers opened during the first pass may have been read before their overlay was set.
         self.watcher.notify_changed(Path(p) for p in self.indexer.overlay_paths())
+        self._first_pass.set()
         if on_done:
             on_done(report, None)
         if self.db_path == default_index_path(self.roots):
@@ -133,21 +137,25 @@ class IndexService:
         except (SquidcodeError, OSError) as exc:
             log.warning("semantic search unavailable: %s", exc)
             return
+        finally:
+            if self._stop.is_set():
+                self.embedding.stop()  # stop() ran while this was starting
         self._ranker_ready.set()
 
     def wait_until_indexed(self, timeout: float | None = None) -> bool:
+        """Block until the first pass has ended; True if the index is ready."""
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._first_pass.wait(timeout)
         return self.state == "ready"
 
     def stop(self) -> None:
         self._stop.set()
         if self.watcher is not None:
             self.watcher.stop()
-        if self.embedding is not None:
-            self.embedding.stop()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self.embedding is not None:
+            self.embedding.stop()
         self.store.close()
         self.state = "stopped"
 
