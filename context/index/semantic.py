@@ -380,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         done, total = store.vector_counts()
     print(f"embedded {report.embedded} chunks ({report.reused} reused, {report.cached} of them from the "
           f"shared cache; {report.pruned} pruned) in "
-          f"{report.seconds:.1f}s ({report.chunks_per_s:.0f}/s); {done}/{total} chunks have vectors")
+          f"{report.seconds:.1f}s, model load included ({report.chunks_per_s:.1f}/s); "
+          f"{done}/{total} chunks have vectors")
     return 0
 
 
