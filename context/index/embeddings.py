@@ -20,6 +20,7 @@ whose head did not change keeps its vector across re-parses, renames and re-inde
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -165,7 +166,9 @@ class ChunkEmbedder:
         return pooled.numpy()
 
 
+@functools.lru_cache(maxsize=2)
 def _load_model(quantize: bool):
+    """The tokenizer and model, loaded once per process and setting (inference only reads them)."""
     path = model_dir()
     # The model is a local folder; nothing may be looked up on a hub.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
