@@ -44,6 +44,8 @@ from context.index.store import IndexStore  # noqa: E402
 from context.index.watcher import IndexWatcher  # noqa: E402
 from tests.unit.index.test_stdlib_recall import copy_stdlib, evaluate, load_queries  # noqa: E402
 
+# The lexical modes; bench/bench_index_embed.py measures the semantic ranker.
+MODES = tuple(m for m in MODES if m != "semantic")
 WATCH_FILE = "bench_watch_target.py"
 REPO_MAP_FOCUS = "json/decoder.py"
 

@@ -119,6 +119,8 @@ class IndexConfig:
     watch: bool = True
     # File events are coalesced for this long before the index is updated.
     debounce_ms: int = field(default=50, metadata=_range(0, 10_000))
+    # Embed chunks for the semantic ranker (needs the `embeddings` extra), in a background process.
+    embeddings: bool = True
 
 
 @dataclass(frozen=True)

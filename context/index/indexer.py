@@ -23,6 +23,8 @@ import hashlib
 import logging
 import multiprocessing
 import os
+import shutil
+import sqlite3
 import threading
 import time
 from collections import Counter, deque
@@ -44,6 +46,7 @@ __all__ = [
     "lower_thread_priority",
     "OVERLAY_MTIME",
     "merge_reports",
+    "prune_stale_indexes",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,51 @@ def default_index_path(roots: Iterable[Path]) -> Path:
     key = "\n".join(sorted(str(Path(r).resolve()) for r in roots))
     digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).hexdigest()
     return default_cache_dir() / "index" / digest / "index.sqlite3"
+
+
+# An index that records no file and has not been written for this long is dropped by the prune.
+EMPTY_INDEX_MAX_AGE_S = 7 * 24 * 3600
+
+
+def prune_stale_indexes(index_dir: Path | None = None, keep: Iterable[Path] = (),
+                        now: float | None = None) -> list[Path]:
+    """Delete the index folders (under the user cache's `index/`) of roots that no longer exist: every
+    root their files were indexed under is gone, or they hold no file and are a week old. Folders
+    in `keep` (databases in use) and anything that cannot be read are left alone. Returns the
+    folders removed."""
+    index_dir = Path(index_dir) if index_dir else default_cache_dir() / "index"
+    kept = {Path(p).resolve() for p in keep}
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    try:
+        folders = [f for f in index_dir.iterdir() if f.is_dir() and not f.is_symlink()]
+    except OSError:
+        return removed
+    for folder in folders:
+        db = folder / "index.sqlite3"
+        if folder.resolve() in kept or db.resolve() in kept or not db.is_file():
+            continue
+        if _is_stale(db, now):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+            log.info("removed the index of vanished roots at %s", folder)
+    return removed
+
+
+def _is_stale(db: Path, now: float) -> bool:
+    try:
+        # Before opening: a reader may create the -shm file.
+        newest = max(p.stat().st_mtime for p in db.parent.glob(db.name + "*"))
+        conn = sqlite3.connect(db.absolute().as_uri() + "?mode=ro", uri=True, timeout=1)
+        try:
+            roots = [row[0] for row in conn.execute("SELECT DISTINCT root FROM files")]
+        finally:
+            conn.close()
+    except (sqlite3.Error, OSError, ValueError):
+        return False  # busy, damaged (the store moves it aside itself) or vanished meanwhile
+    if roots:
+        return not any(Path(root).exists() for root in roots)
+    return now - newest > EMPTY_INDEX_MAX_AGE_S
 
 
 def content_hash(data: bytes) -> str:

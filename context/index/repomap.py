@@ -16,6 +16,13 @@ through edges naming it. Output, for the best files until `token_budget` is reac
       def urlsplit(url, scheme='', allow_fragments=True) (line 453)
 
 The focus file itself is not listed (its text is already in the prompt). Output is deterministic.
+
+Speed: the graph is built once per index generation (`IndexStore.generation()`) and turned into
+arrays; PageRank is a numpy power iteration over them (`np.bincount` per step), the definition
+scores one vectorised pass over the named edges, and both are kept per (focus, names) for the
+generation, as are rendered maps per budget and token counter. Rendering counts each file's block
+once and the whole map once at the end (trimming the last lines if a tokenizer counts the joined text
+higher than its parts).
 """
 
 from __future__ import annotations
@@ -23,9 +30,11 @@ from __future__ import annotations
 import math
 import re
 import threading
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 __all__ = ["DAMPING", "default_token_counter", "rank_files", "render_repo_map"]
 
@@ -51,12 +60,44 @@ def default_token_counter(text: str) -> int:
     return (len(text) + 3) // 4
 
 
+# Rankings (per focus and names) and rendered maps kept per graph.
+_RANK_CACHE_SIZE = 64
+_RENDER_CACHE_SIZE = 64
+
+
 @dataclass
 class _Graph:
     rel: dict[str, str]  # path -> rel
     defs: dict[str, list]  # path -> SymbolRows, in line order
     edges: dict[str, dict[str, float]]  # A -> {B: weight}
     named_edges: dict[tuple[str, str], dict[str, float]]  # (A, B) -> {name: weight}
+    arrays: _Arrays | None = None
+    ranks: OrderedDict = field(default_factory=OrderedDict)  # (focus, names) -> _Ranking
+    renders: OrderedDict = field(default_factory=OrderedDict)  # (focus, names, budget, counter) -> str
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class _Arrays:
+    """The graph as index arrays, for numpy power iteration."""
+
+    nodes: list[str]  # sorted paths
+    index: dict[str, int]
+    src: np.ndarray  # [edges] source node of each edge
+    dst: np.ndarray  # [edges]
+    share: np.ndarray  # [edges] weight / the source's total out-weight
+    dangling: np.ndarray  # [nodes] bool: no out-edges
+    named_src: np.ndarray  # [named edges] source node of each (src, dst, name) triple
+    named_share: np.ndarray  # [named edges] weight / the source's out-weight
+    named_key: np.ndarray  # [named edges] index into `def_keys`
+    def_keys: list[tuple[str, str]]  # (dst path, name)
+
+
+@dataclass(frozen=True)
+class _Ranking:
+    ranked: list[tuple[str, float]]
+    focus_node: str | None
+    scores: dict[tuple[str, str], float]
 
 
 def _specific(name: str) -> bool:
@@ -114,26 +155,39 @@ def _build_graph(store) -> _Graph:
     )
 
 
-def _pagerank(nodes: list[str], edges: dict[str, dict[str, float]], personal: dict[str, float]) -> dict:
+def _arrays(graph: _Graph) -> _Arrays:
+    nodes = sorted(set(graph.rel) | set(graph.edges))
+    index = {n: i for i, n in enumerate(nodes)}
+    out_weight = {a: sum(t.values()) for a, t in graph.edges.items()}
+    triples = [(index[a], index[b], w / out_weight[a]) for a, t in graph.edges.items() for b, w in t.items()]
+    src, dst, share = (np.array(col, dtype=dtype) for col, dtype in
+                       zip(zip(*triples, strict=True) if triples else ((), (), ()),
+                           (np.int64, np.int64, np.float64), strict=True))
+    dangling = np.array([not out_weight.get(n) for n in nodes], dtype=bool)
+    def_keys: dict[tuple[str, str], int] = {}
+    named = [(index[a], w / out_weight[a], def_keys.setdefault((b, name), len(def_keys)))
+             for (a, b), by_name in graph.named_edges.items() for name, w in by_name.items()]
+    named_src, named_share, named_key = (np.array(col, dtype=dtype) for col, dtype in
+                                         zip(zip(*named, strict=True) if named else ((), (), ()),
+                                             (np.int64, np.float64, np.int64), strict=True))
+    return _Arrays(nodes, index, src, dst, share, dangling, named_src, named_share, named_key, list(def_keys))
+
+
+def _pagerank(arrays: _Arrays, personal: dict[str, float]) -> np.ndarray:
     """Personalised PageRank by power iteration; dangling files hand their rank to `personal`."""
-    total = sum(personal.values())
-    if total <= 0:
-        personal = {n: 1.0 for n in nodes}
-        total = float(len(nodes))
-    p = {n: personal.get(n, 0.0) / total for n in nodes}
-    out_weight = {a: sum(targets.values()) for a, targets in edges.items()}
-    rank = dict(p)
+    n = len(arrays.nodes)
+    p = np.zeros(n)
+    for node, weight in personal.items():
+        p[arrays.index[node]] += weight
+    if p.sum() <= 0:
+        p[:] = 1.0
+    p /= p.sum()
+    rank = p.copy()
     for _ in range(_MAX_ITERATIONS):
-        dangling = sum(rank[n] for n in nodes if not out_weight.get(n))
-        new = {n: (1.0 - DAMPING + DAMPING * dangling) * p[n] for n in nodes}
-        for a in nodes:
-            targets = edges.get(a)
-            if not targets:
-                continue
-            share = DAMPING * rank[a] / out_weight[a]
-            for b, w in targets.items():
-                new[b] += share * w
-        delta = sum(abs(new[n] - rank[n]) for n in nodes)
+        dangling = rank[arrays.dangling].sum()
+        new = (1.0 - DAMPING + DAMPING * dangling) * p
+        new += DAMPING * np.bincount(arrays.dst, weights=rank[arrays.src] * arrays.share, minlength=n)
+        delta = np.abs(new - rank).sum()
         rank = new
         if delta < _TOLERANCE:
             break
@@ -174,31 +228,47 @@ def _graph_for(store) -> _Graph:
 
 def rank_files(store, focus: str | None = None, names: Iterable[str] = ()) -> list[tuple[str, float]]:
     """(path, rank) of every file with definitions or references, best first (focus included)."""
-    graph = _graph_for(store)
-    return _ranked(graph, focus, set(names))[0]
+    return _ranking(_graph_for(store), focus, frozenset(names)).ranked
 
 
-def _ranked(graph: _Graph, focus: str | None, names: set[str]) -> tuple[list[tuple[str, float]], str | None]:
-    nodes = sorted(set(graph.rel) | set(graph.edges))
-    focus_node = _resolve_focus(graph, nodes, focus)
+def _ranking(graph: _Graph, focus: str | None, names: frozenset[str]) -> _Ranking:
+    """The ranking for (focus, names), computed once per graph."""
+    key = (focus, names)
+    with graph.lock:
+        if graph.arrays is None:
+            graph.arrays = _arrays(graph)
+        cached = graph.ranks.get(key)
+        if cached is not None:
+            graph.ranks.move_to_end(key)
+            return cached
+    arrays = graph.arrays
+    focus_node = _resolve_focus(graph, arrays.nodes, focus)
     personal: dict[str, float] = {}
     if focus_node is not None:
         personal[focus_node] = 1.0
-    for path, rows in graph.defs.items():
-        if any(r.name in names for r in rows):
-            personal[path] = personal.get(path, 0.0) + 1.0
-    rank = _pagerank(nodes, graph.edges, personal)
-    return sorted(rank.items(), key=lambda item: (-item[1], graph.rel.get(item[0], item[0]))), focus_node
+    if names:
+        for path, rows in graph.defs.items():
+            if any(r.name in names for r in rows):
+                personal[path] = personal.get(path, 0.0) + 1.0
+    rank = _pagerank(arrays, personal)
+    order = sorted(range(len(arrays.nodes)),
+                   key=lambda i: (-rank[i], graph.rel.get(arrays.nodes[i], arrays.nodes[i])))
+    ranked = [(arrays.nodes[i], float(rank[i])) for i in order]
+    result = _Ranking(ranked, focus_node, _definition_scores(arrays, rank))
+    with graph.lock:
+        graph.ranks[key] = result
+        while len(graph.ranks) > _RANK_CACHE_SIZE:
+            graph.ranks.popitem(last=False)
+    return result
 
 
-def _definition_scores(graph: _Graph, rank: dict[str, float]) -> dict[tuple[str, str], float]:
+def _definition_scores(arrays: _Arrays, rank: np.ndarray) -> dict[tuple[str, str], float]:
     """(path, name) -> the rank that flows into the file through references to that name."""
-    out_weight = {a: sum(t.values()) for a, t in graph.edges.items()}
-    scores: dict[tuple[str, str], float] = defaultdict(float)
-    for (src, dst), by_name in graph.named_edges.items():
-        for name, w in by_name.items():
-            scores[(dst, name)] += rank.get(src, 0.0) * w / out_weight[src]
-    return scores
+    if not arrays.def_keys:
+        return {}
+    totals = np.bincount(arrays.named_key, weights=rank[arrays.named_src] * arrays.named_share,
+                         minlength=len(arrays.def_keys))
+    return dict(zip(arrays.def_keys, totals.tolist(), strict=True))
 
 
 def _one_line(signature: str) -> str:
@@ -224,16 +294,21 @@ def _file_lines(rows: list, scores: dict, path: str, names: set[str]) -> list[st
     ]
 
 
-def _fit(
-    parts: list[str], header: str, lines: list[str], budget: int, count: Callable[[str], int]
-) -> tuple[str, int] | None:
-    """The block with the most of the file's lines (at least one) that keeps the map within budget,
-    and how many lines it holds."""
-    lo, hi, best = 1, len(lines), None
+def _block(header: str, lines: list[str], count: int) -> str:
+    return header + "\n" + "\n".join(lines[:count]) + "\n"
+
+
+def _fit(header: str, lines: list[str], room: int, count: Callable[[str], int]) -> tuple[str, int] | None:
+    """The block with the most of the file's lines (at least one) within `room` tokens, and how many
+    lines it holds."""
+    whole = _block(header, lines, len(lines))
+    if count(whole) <= room:
+        return whole, len(lines)
+    lo, hi, best = 1, len(lines) - 1, None
     while lo <= hi:
         mid = (lo + hi) // 2
-        block = header + "\n" + "\n".join(lines[:mid]) + "\n"
-        if count("".join(parts) + block) <= budget:
+        block = _block(header, lines, mid)
+        if count(block) <= room:
             best, lo = (block, mid), mid + 1
         else:
             hi = mid - 1
@@ -250,22 +325,49 @@ def render_repo_map(
     """The repository map for `focus` and `names`, at most `token_budget` tokens by `count_tokens`."""
     if token_budget <= 0:
         return ""
-    wanted = set(names)
+    wanted = frozenset(names)
     graph = _graph_for(store)
-    ranked, focus_node = _ranked(graph, focus, wanted)
-    scores = _definition_scores(graph, dict(ranked))
+    key = (focus, wanted, token_budget, count_tokens)
+    with graph.lock:
+        cached = graph.renders.get(key)
+        if cached is not None:
+            graph.renders.move_to_end(key)
+            return cached
+    text = _render(graph, _ranking(graph, focus, wanted), wanted, token_budget, count_tokens)
+    with graph.lock:
+        graph.renders[key] = text
+        while len(graph.renders) > _RENDER_CACHE_SIZE:
+            graph.renders.popitem(last=False)
+    return text
+
+
+def _render(graph: _Graph, ranking: _Ranking, wanted: frozenset[str], budget: int,
+            count: Callable[[str], int]) -> str:
     parts: list[str] = []
-    for path, _rank in ranked:
+    used = 0
+    for path, _rank in ranking.ranked:
         rows = graph.defs.get(path)
-        if path == focus_node or not rows:
+        if path == ranking.focus_node or not rows:
             continue
-        lines = _file_lines(rows, scores, path, wanted)
+        lines = _file_lines(rows, ranking.scores, path, wanted)
         if not lines:
             continue
-        fitted = _fit(parts, f"{graph.rel[path]}:", lines, token_budget, count_tokens)
+        fitted = _fit(f"{graph.rel[path]}:", lines, budget - used, count)
         if fitted is None:
             break
         parts.append(fitted[0])
+        used += count(fitted[0])
         if fitted[1] < len(lines):
             break  # the file only fit cut short: the budget is spent
-    return "".join(parts)
+    return _trim("".join(parts), budget, count)
+
+
+def _trim(text: str, budget: int, count: Callable[[str], int]) -> str:
+    """Drop whole lines from the end while the joined text counts over the budget (a tokenizer may
+    count it higher than the sum of its blocks); never leaves a file header without a line."""
+    while text and count(text) > budget:
+        lines = text.splitlines(keepends=True)[:-1]
+        while lines and not lines[-1].startswith("  "):
+            lines.pop()  # a header whose lines were all dropped
+        text = "".join(lines)
+    return text

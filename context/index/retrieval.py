@@ -12,7 +12,10 @@
 - "fused" (default): weighted reciprocal rank fusion of four lists: BM25; BM25 with a few synonyms
   per word from a small programming vocabulary; that synonym pool re-ranked by its "heads" (the
   definition's name, signature and docstring: the IDF-weighted share of query words, or their
-  synonyms, found there); and the symbol list (weighted up for "where is X defined" questions).
+  synonyms, found there); and the symbol list (weighted up for "where is X defined" questions);
+  with a `semantic` ranker (the optional embeddings extra, `context.index.semantic`) a fifth list:
+  the chunks whose embedded heads are closest to the query;
+- "semantic": that list alone.
 
 Hits are de-duplicated (one per definition, never two near-identical line ranges of a file) and
 carry the symbol they cover and a 1-based inclusive line range; a fused hit whose chunk also holds
@@ -42,7 +45,7 @@ __all__ = [
     "word_forms",
 ]
 
-MODES = ("bm25", "symbols", "fused")
+MODES = ("bm25", "symbols", "semantic", "fused")
 RRF_K = 10
 
 # A long query is cut here: enough for any real question, bounded work for pasted junk.
@@ -131,6 +134,8 @@ _QUALNAME_WORD_BONUS = 0.5
 _SYMBOL_WEIGHT_DEFINITION = 2.0
 _SYMBOL_WEIGHT_IDENTIFIER = 1.0
 _SYMBOL_WEIGHT_PLAIN = 0.6
+# Reciprocal rank fusion weight of the semantic list (tuned on the dev split only).
+_SEMANTIC_WEIGHT = 2.5
 _FTS_SYNONYMS = 3
 _JOIN_SYNONYMS = 4
 # General programming vocabulary, one group per line: the words a question uses and the ones code
@@ -357,8 +362,9 @@ def _joined_stems(terms: QueryTerms) -> set[str]:
     return {light_stem(a + b) for a, b in zip(plain, plain[1:], strict=False)}
 
 
-def search(store, query: str, k: int = 10, *, mode: str = "fused") -> list[SearchHit]:
-    """The best `k` hits for `query`, best first. Never raises for odd query text."""
+def search(store, query: str, k: int = 10, *, mode: str = "fused", semantic=None) -> list[SearchHit]:
+    """The best `k` hits for `query`, best first. Never raises for odd query text. `semantic`: a
+    `SemanticRanker` to fuse in (lexical ranking alone without it, or while nothing is embedded)."""
     if mode not in MODES:
         raise ValueError(f"unknown search mode {mode!r}; expected one of {', '.join(MODES)}")
     if k <= 0:
@@ -367,6 +373,9 @@ def search(store, query: str, k: int = 10, *, mode: str = "fused") -> list[Searc
     if not terms.words:
         return []
     depth = max(k * 4, 40)
+    meaning = _semantic_hits(semantic, store, query, depth)
+    if mode == "semantic":
+        return _dedupe(meaning, k)
     if mode == "symbols":
         return _dedupe(_symbol_hits(store, terms, depth), k)
     bm25 = _bm25_hits(store, terms, depth)
@@ -379,7 +388,15 @@ def search(store, query: str, k: int = 10, *, mode: str = "fused") -> list[Searc
         (_HEAD_WEIGHT, _head_ranked(pool, terms)[:depth], False),
         (_symbol_weight(terms), _symbol_hits(store, terms, depth), True),
     ]
+    if meaning:
+        lists.append((_SEMANTIC_WEIGHT, meaning, False))
     return _dedupe(_promote_dotted(_fuse(lists), terms), k)
+
+
+def _semantic_hits(semantic, store, query: str, limit: int) -> list[SearchHit]:
+    if semantic is None:
+        return []
+    return semantic.hits(store, query[:_MAX_QUERY_CHARS], limit)
 
 
 def _promote_dotted(hits: list[SearchHit], terms: QueryTerms) -> list[SearchHit]:

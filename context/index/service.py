@@ -4,6 +4,10 @@ One `IndexService` owns the store, the indexer and the watcher for a set of root
 pass runs on its own low-priority thread (the editor's requests never wait for it), then the watcher
 keeps the index current; editor events (saves, watched-file changes, unsaved buffers) feed the same
 indexer.
+
+With the `embeddings` extra installed, a separate niced embedding process (`EmbeddingProcess`) gives
+new and changed chunks their vectors after the first pass and after each watcher batch, and search
+fuses in the semantic ranker once its query model is loaded (never waiting for it).
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from pathlib import Path
 
 from ..config import IndexConfig
 from ..errors import SquidcodeError
-from .indexer import Indexer, default_index_path
+from .embeddings import embeddings_available
+from .indexer import Indexer, default_index_path, prune_stale_indexes
 from .retrieval import search
+from .semantic import EmbeddingProcess, SemanticRanker, default_ranker, default_vector_cache_path
 from .store import IndexStore, SymbolRow
 from .types import IndexReport, SearchHit
 from .watcher import IndexWatcher
@@ -28,6 +34,10 @@ log = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[int, int], None]
 DoneCallback = Callable[[IndexReport | None, str | None], None]
+
+# The embedding process starts this long after the first pass: short sessions (and tests) never pay
+# for loading the model, and the editor's first requests after indexing get the CPU.
+EMBED_START_DELAY_S = 3.0
 
 
 def _lower_this_threads_priority() -> None:
@@ -41,7 +51,10 @@ def _lower_this_threads_priority() -> None:
 class IndexService:
     """Background indexing, watching and querying for one workspace."""
 
-    def __init__(self, roots: Iterable[Path], config: IndexConfig, db_path: Path | None = None):
+    def __init__(self, roots: Iterable[Path], config: IndexConfig, db_path: Path | None = None,
+                 embeddings: bool | None = None):
+        """`embeddings`: run the semantic ranker (default: the config's `embeddings` setting where
+        it has one, else on whenever the extra is installed)."""
         self.roots = [Path(r).resolve() for r in roots]
         self.config = config
         self.db_path = db_path or default_index_path(self.roots)
@@ -53,6 +66,13 @@ class IndexService:
         self.error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        if embeddings is None:
+            embeddings = bool(getattr(config, "embeddings", True))
+        wanted = embeddings and embeddings_available()
+        self.ranker: SemanticRanker | None = default_ranker() if wanted else None
+        self.embedding: EmbeddingProcess | None = None
+        self._ranker_ready = threading.Event()
+        self._first_pass = threading.Event()  # set when the first pass ended (done, failed or stopped)
 
     def start(self, on_progress: ProgressCallback | None = None, on_done: DoneCallback | None = None,
               on_update: Callable[[], None] | None = None) -> None:
@@ -72,10 +92,12 @@ class IndexService:
         except (SquidcodeError, OSError) as exc:
             self.state, self.error = "error", str(exc)
             log.error("indexing failed: %s", exc)
+            self._first_pass.set()
             if on_done:
                 on_done(None, self.error)
             return
         if self._stop.is_set():
+            self._first_pass.set()
             return
         self.last_report = report
         self.state = "ready"
@@ -84,17 +106,46 @@ class IndexService:
         # Without `watch` the watcher still runs, fed by the editor's own events only.
         self.watcher = IndexWatcher(
             self.indexer, debounce_s=self.config.debounce_ms / 1000, observe=self.config.watch,
-            on_batch=(lambda *_: on_update()) if on_update else None,
+            on_batch=lambda *_: self._after_batch(on_update),
         )
         self.watcher.start()
         # Buffers opened during the first pass may have been read before their overlay was set.
         self.watcher.notify_changed(Path(p) for p in self.indexer.overlay_paths())
+        self._first_pass.set()
         if on_done:
             on_done(report, None)
+        if self.db_path == default_index_path(self.roots):
+            # Indexes of folders that are gone (temporary checkouts, deleted projects) pile up otherwise.
+            prune_stale_indexes(self.db_path.parent.parent, keep=[self.db_path.parent])
+        if self.ranker is not None and not self._stop.wait(EMBED_START_DELAY_S):
+            self._start_semantic()
+
+    def _after_batch(self, on_update: Callable[[], None] | None) -> None:
+        if self.embedding is not None:
+            self.embedding.wake()
+        if on_update:
+            on_update()
+
+    def _start_semantic(self) -> None:
+        """Start the embedding process, then load the query model here (on this niced thread)."""
+        config = self.ranker.embedder.config
+        self.embedding = EmbeddingProcess(self.db_path, config, default_vector_cache_path(config.model_id))
+        try:
+            self.embedding.start()
+            self.embedding.wake()
+            self.ranker.embedder.load()
+        except (SquidcodeError, OSError) as exc:
+            log.warning("semantic search unavailable: %s", exc)
+            return
+        finally:
+            if self._stop.is_set():
+                self.embedding.stop()  # stop() ran while this was starting
+        self._ranker_ready.set()
 
     def wait_until_indexed(self, timeout: float | None = None) -> bool:
+        """Block until the first pass has ended; True if the index is ready."""
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._first_pass.wait(timeout)
         return self.state == "ready"
 
     def stop(self) -> None:
@@ -103,6 +154,8 @@ class IndexService:
             self.watcher.stop()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self.embedding is not None:
+            self.embedding.stop()
         self.store.close()
         self.state = "stopped"
 
@@ -143,10 +196,18 @@ class IndexService:
         return self.store.symbols_prefix(query, limit)
 
     def search(self, query: str, k: int = 10) -> list[SearchHit]:
-        return search(self.store, query, k)
+        """Fused search; the semantic ranker joins once its model is loaded (never waited for)."""
+        ranker = self.ranker if self._ranker_ready.is_set() else None
+        return search(self.store, query, k, semantic=ranker)
+
+    def wait_until_semantic(self, timeout: float | None = None) -> bool:
+        """Block until semantic search is ready (the query model loaded); False without it."""
+        return self.ranker is not None and self._ranker_ready.wait(timeout)
 
     def status(self) -> dict:
         stats = self.store.stats() if self.state != "stopped" else {}
+        if self.ranker is not None and stats:
+            stats["embedded"] = self.store.vector_counts()[0]
         report = self.last_report
         return {
             "state": self.state,

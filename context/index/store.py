@@ -9,6 +9,14 @@ each chunk also carries `terms`: the camelCase parts and the joined snake_case f
 identifiers, so "url split" finds `urlSplit`, `url_split` and (through the query's joined pairs)
 `urlsplit`.
 
+Vectors (the optional semantic ranker, `context.index.semantic`): `vectors` maps a content key (a
+hash of the embedded text and the model) to a float16 blob; `chunks.vec_key` points a chunk at its
+vector, NULL until the background embedder has reached it. Keys outlive re-parses: a file whose
+chunks come back with the same heads gets its vectors back without running the model.
+
+Schema versions: an index of an older version listed in `_MIGRATIONS` is migrated in place (one
+transaction per step); any other version is moved aside and rebuilt.
+
 Threads: every thread gets its own connection (WAL lets readers run while a writer commits); writes
 are serialised by a lock. A damaged or foreign database file is moved aside on open and a fresh one
 is created: the index is a cache and can always be rebuilt.
@@ -44,8 +52,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Bump when the schema or what is stored changes: an index of another version is rebuilt.
-SCHEMA_VERSION = 1
+# Bump when the schema or what is stored changes, with a step in `_MIGRATIONS` from the last version
+# (an index of an unknown version is rebuilt).
+SCHEMA_VERSION = 2
 
 # bm25 weights per FTS column (text, symbol, rel, terms): a hit on a definition's name or the file's
 # path says more than one word somewhere in a body. The identifier parts in `terms` help queries
@@ -80,9 +89,12 @@ CREATE TABLE IF NOT EXISTS chunks(
     kind TEXT NOT NULL,
     text TEXT NOT NULL,
     rel TEXT NOT NULL,
-    terms TEXT NOT NULL
+    terms TEXT NOT NULL,
+    vec_key TEXT
 );
 CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file_id);
+CREATE INDEX IF NOT EXISTS chunks_vec_key ON chunks(vec_key);
+CREATE TABLE IF NOT EXISTS vectors(key TEXT PRIMARY KEY, vec BLOB NOT NULL) WITHOUT ROWID;
 CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
     text, symbol, rel, terms,
     content='chunks', content_rowid='id',
@@ -126,7 +138,18 @@ CREATE INDEX IF NOT EXISTS refs_name ON refs(name);
 COMMIT;
 """
 
-_EXPECTED_TABLES = {"meta", "files", "chunks", "chunks_fts", "symbols", "refs"}
+_EXPECTED_TABLES = {"meta", "files", "chunks", "chunks_fts", "symbols", "refs", "vectors"}
+
+# version -> the statements that bring an index of that version to the next one.
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    # 1 -> 2: chunk vectors for the semantic ranker; existing rows keep everything and get no vector
+    # yet (the background embedder fills them in).
+    1: (
+        "ALTER TABLE chunks ADD COLUMN vec_key TEXT",
+        "CREATE INDEX IF NOT EXISTS chunks_vec_key ON chunks(vec_key)",
+        "CREATE TABLE IF NOT EXISTS vectors(key TEXT PRIMARY KEY, vec BLOB NOT NULL) WITHOUT ROWID",
+    ),
+}
 
 # Definitions before variables when several symbols share a name.
 _KIND_RANK = {"class": 0, "struct": 0, "interface": 0, "trait": 0, "enum": 0, "type": 1,
@@ -272,6 +295,45 @@ def _problem_with(path: Path) -> str | None:
         raise IndexStoreError(f"cannot open the index database {path}: {exc}") from exc
 
 
+def _parse_version(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _migratable(version: int | None) -> bool:
+    """An older version from which every step up to SCHEMA_VERSION is known."""
+    return version is not None and version < SCHEMA_VERSION and all(
+        v in _MIGRATIONS for v in range(version, SCHEMA_VERSION))
+
+
+def _migrate(conn: sqlite3.Connection) -> int | None:
+    """Bring an index of an older version up to SCHEMA_VERSION, one transaction per step; returns the
+    version it started from (None when there was nothing to do). Safe against another process
+    opening the same file: each step re-reads the version inside its write transaction."""
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone() is None:
+        return None  # a new, empty database
+    started = None
+    while True:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            version = _parse_version(row[0] if row else None)
+            if version is None or version >= SCHEMA_VERSION:
+                conn.execute("COMMIT")
+                return started
+            for statement in _MIGRATIONS[version]:
+                conn.execute(statement)
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version + 1),))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        started = version if started is None else started
+        log.info("migrated the index database from schema version %d to %d", version, version + 1)
+
+
 def _check_contents(conn: sqlite3.Connection) -> str | None:
     check = conn.execute("PRAGMA quick_check").fetchone()[0]
     if check != "ok":
@@ -282,8 +344,11 @@ def _check_contents(conn: sqlite3.Connection) -> str | None:
     if "meta" not in tables:
         return "it is not a squidcode index (no meta table)"
     row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    if row is None or row[0] != str(SCHEMA_VERSION):
+    version = _parse_version(row[0] if row else None)
+    if version != SCHEMA_VERSION and not _migratable(version):
         return f"schema version {row[0] if row else 'none'}, expected {SCHEMA_VERSION}"
+    if version != SCHEMA_VERSION:
+        return None  # migrated on open; its tables are checked against its own version's there
     if not _EXPECTED_TABLES <= tables:
         return f"tables missing: {', '.join(sorted(_EXPECTED_TABLES - tables))}"
     return None
@@ -319,6 +384,7 @@ class IndexStore:
     def __init__(self, db_path: Path) -> None:
         self.path = Path(db_path)
         self.recovered_from: Path | None = None
+        self.migrated_from: int | None = None  # the schema version this open migrated from
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
@@ -345,6 +411,7 @@ class IndexStore:
         with _sqlite_errors("create the schema"):
             conn = self._conn()
             conn.execute("PRAGMA journal_mode=WAL")
+            self.migrated_from = _migrate(conn)
             conn.executescript(_SCHEMA)
 
     # --- connections and transactions ---
@@ -479,8 +546,76 @@ class IndexStore:
                 "UPDATE files SET path = ?, root = ?, rel = ?, size = ?, mtime = ? WHERE id = ?",
                 (new, str(new_source.root), new_source.rel, new_source.size, new_source.mtime, row[0]),
             )
-            conn.execute("UPDATE chunks SET rel = ? WHERE file_id = ?", (new_source.rel, row[0]))
+            # The embedded text names the module: the vectors are recomputed for the new path.
+            conn.execute("UPDATE chunks SET rel = ?, vec_key = NULL WHERE file_id = ?",
+                         (new_source.rel, row[0]))
             return True
+
+    # --- vectors (the semantic ranker) ---
+
+    def chunks_without_vectors(self, limit: int, after_id: int = 0) -> list[tuple[int, str, str | None, str]]:
+        """(chunk id, rel, symbol, text) of chunks not embedded yet, in id order from `after_id`."""
+        return self._rows("SELECT id, rel, symbol, text FROM chunks WHERE vec_key IS NULL AND id > ? "
+                          "ORDER BY id LIMIT ?", (after_id, limit))
+
+    def existing_vector_keys(self, keys: Iterable[str]) -> set[str]:
+        keys = list(dict.fromkeys(keys))
+        found: set[str] = set()
+        for start in range(0, len(keys), 500):
+            part = keys[start:start + 500]
+            marks = ",".join("?" * len(part))
+            found.update(r[0] for r in self._rows(f"SELECT key FROM vectors WHERE key IN ({marks})", part))
+        return found
+
+    def set_chunk_vectors(self, assignments: Iterable[tuple[int, str]], new_vectors: dict[str, bytes]) -> int:
+        """Store new vectors and point chunks at their keys, in one transaction; chunks deleted
+        meanwhile are skipped. Returns how many chunks got a vector."""
+        with self.transaction(), _sqlite_errors("store vectors"):
+            conn = self._conn()
+            conn.executemany("INSERT OR IGNORE INTO vectors(key, vec) VALUES (?, ?)", new_vectors.items())
+            cur = conn.executemany("UPDATE chunks SET vec_key = ? WHERE id = ? AND vec_key IS NULL",
+                                   ((key, chunk_id) for chunk_id, key in assignments))
+            return cur.rowcount
+
+    def vector_rows(self) -> Iterator[tuple[int, bytes]]:
+        """(chunk id, vector blob) of every embedded chunk."""
+        yield from self._iter_rows("SELECT c.id, v.vec FROM chunks c JOIN vectors v ON v.key = c.vec_key")
+
+    def chunks_by_id(self, ids: Iterable[int]) -> dict[int, ChunkRow]:
+        """The chunks with these ids (score 0), for hits found outside the FTS index."""
+        ids = list(ids)
+        out: dict[int, ChunkRow] = {}
+        for start in range(0, len(ids), 500):
+            part = ids[start:start + 500]
+            marks = ",".join("?" * len(part))
+            for row in self._rows(
+                "SELECT c.id, f.path, c.rel, c.start_line, c.end_line, c.symbol, c.kind, c.text "
+                f"FROM chunks c JOIN files f ON f.id = c.file_id WHERE c.id IN ({marks})", part):
+                out[row[0]] = ChunkRow(*row[1:], score=0.0)
+        return out
+
+    def vector_counts(self) -> tuple[int, int]:
+        """(chunks with a vector, all chunks)."""
+        return tuple(self._rows("SELECT count(vec_key), count(*) FROM chunks")[0])
+
+    def vector_model(self) -> str | None:
+        row = self._rows("SELECT value FROM meta WHERE key = 'vector_model'")
+        return row[0][0] if row else None
+
+    def reset_vectors(self, model_id: str) -> None:
+        """Forget every vector (they were made by another model or setting) and record `model_id`."""
+        with self.transaction(), _sqlite_errors("reset vectors"):
+            conn = self._conn()
+            conn.execute("UPDATE chunks SET vec_key = NULL WHERE vec_key IS NOT NULL")
+            conn.execute("DELETE FROM vectors")
+            conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('vector_model', ?)", (model_id,))
+
+    def prune_vectors(self) -> int:
+        """Drop vectors no chunk points at any more (their chunks changed or went away)."""
+        with self.transaction(), _sqlite_errors("prune vectors"):
+            return self._conn().execute(
+                "DELETE FROM vectors WHERE key NOT IN (SELECT vec_key FROM chunks WHERE vec_key IS NOT NULL)"
+            ).rowcount
 
     def optimize(self) -> None:
         """Merge the FTS index's segments (after a large pass) and refresh the planner's statistics."""
@@ -593,6 +728,10 @@ class IndexStore:
         return tuple(self._rows(
             "SELECT count(*), coalesce(max(indexed_at), 0), coalesce(sum(id), 0) FROM files"
         )[0])
+
+    def vector_generation(self) -> tuple:
+        """Changes whenever files change or chunks get vectors (for the semantic ranker's matrix)."""
+        return (*self.generation(), self.vector_counts()[0])
 
     def stats(self, references: bool = True) -> dict[str, int]:
         """Row counts; counting references (the largest table) can be left out when speed matters."""

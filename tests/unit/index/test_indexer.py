@@ -468,3 +468,37 @@ def test_index_the_running_interpreters_standard_library(tmp_path):
         found = store.symbols_named(["urlsplit"], 5)
         assert any(s.rel == "urllib/parse.py" and s.kind == "function" for s in found)
         assert any(h.rel == "urllib/parse.py" for h in store.fts_chunks("url split", 10))
+
+
+def test_prune_removes_indexes_of_vanished_roots_only(tmp_path):
+    import os
+
+    from context.index.indexer import EMPTY_INDEX_MAX_AGE_S, prune_stale_indexes
+
+    index_dir = tmp_path / "cache" / "index"
+    live, gone = tmp_path / "live", tmp_path / "gone"
+    for root in (live, gone):
+        root.mkdir()
+        (root / "m.py").write_text("def f():\n    return 1\n", encoding="utf-8")
+    dbs = {}
+    for name, root in (("live", live), ("gone", gone), ("in_use", gone)):
+        dbs[name] = index_dir / name / "index.sqlite3"
+        with IndexStore(dbs[name]) as store:
+            Indexer([root], store, workers=0).index_all()
+    for name in ("empty_new", "empty_old"):
+        dbs[name] = index_dir / name / "index.sqlite3"
+        IndexStore(dbs[name]).close()
+    old = time.time() - EMPTY_INDEX_MAX_AGE_S - 60
+    for path in dbs["empty_old"].parent.iterdir():
+        os.utime(path, (old, old))
+    (index_dir / "not_an_index").mkdir()
+    (index_dir / "damaged").mkdir()
+    (index_dir / "damaged" / "index.sqlite3").write_bytes(b"garbage" * 100)
+    import shutil
+
+    shutil.rmtree(gone)
+    removed = prune_stale_indexes(index_dir, keep=[dbs["in_use"].parent])
+    assert sorted(p.name for p in removed) == ["empty_old", "gone"]
+    assert sorted(p.name for p in index_dir.iterdir()) == ["damaged", "empty_new", "in_use", "live",
+                                                           "not_an_index"]
+    assert prune_stale_indexes(tmp_path / "no such folder") == []

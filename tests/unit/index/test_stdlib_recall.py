@@ -13,10 +13,13 @@ The stdlib (without site-packages, its test suites, compiled modules and caches)
 temporary folder and indexed once per module with the real Indexer. `evaluate` is shared with
 bench/bench_index.py.
 
-Issue 3 asks for fused recall@5 >= 0.9. Lexical retrieval reaches 0.85 on dev and 0.66 on holdout
-(0.80 overall); `test_stdlib_recall_meets_the_issue_target` records that gap as a strict xfail (it fails
-loudly once the target is met, so the mark gets removed), and `test_stdlib_recall` guards the level
-reached against regressions.
+Issue 3 asks for fused recall@5 >= 0.9. Lexical retrieval alone reaches 0.85 on dev and 0.66 on
+holdout (0.80 overall); `test_stdlib_recall` guards that level. With the semantic ranker (the
+`embeddings` extra) fused in, `test_stdlib_recall_with_semantic_ranker` and
+`test_stdlib_recall_meets_the_issue_target` measure the whole query set. Embedding the ~17k chunks
+takes minutes on two cores, so these read the vectors from the shared vector cache (keyed by content,
+filled by `python bench/bench_index_embed.py` or any earlier run) and are skipped when it does not
+cover the tree; tests/unit/index/test_semantic.py always runs the ranker on a small repository.
 """
 
 from __future__ import annotations
@@ -31,8 +34,16 @@ from pathlib import Path
 
 import pytest
 
+from context.index.embeddings import (
+    ChunkEmbedder,
+    EmbedderConfig,
+    embedding_text,
+    embeddings_available,
+    vector_key,
+)
 from context.index.indexer import Indexer
 from context.index.retrieval import MODES, search
+from context.index.semantic import SemanticRanker, VectorCache, default_vector_cache_path, embed_pending
 from context.index.store import IndexStore
 
 __all__ = ["QUERIES_PATH", "STDLIB", "Expected", "copy_stdlib", "evaluate", "load_queries"]
@@ -54,6 +65,7 @@ _COPY_IGNORE = shutil.ignore_patterns(
 )
 RECALL_AT = 5
 MRR_AT = 10
+LEXICAL_MODES = tuple(m for m in MODES if m != "semantic")
 
 
 @dataclass(frozen=True)
@@ -109,11 +121,11 @@ def is_hit(hit, expected: Expected) -> bool:
     return hit.start_line <= expected.start_line <= hit.end_line and not encloses
 
 
-def evaluate(store, queries: list[dict], mode: str) -> dict:
+def evaluate(store, queries: list[dict], mode: str, semantic=None) -> dict:
     """recall@5, MRR@10 and the queries missed at 5 for one search mode."""
     found_at_5, reciprocal, missed = 0, 0.0, []
     for q in queries:
-        hits = search(store, q["query"], MRR_AT, mode=mode)
+        hits = search(store, q["query"], MRR_AT, mode=mode, semantic=semantic)
         rank = next((i for i, h in enumerate(hits, 1) if any(is_hit(h, e) for e in q["resolved"])), None)
         if rank is not None and rank <= RECALL_AT:
             found_at_5 += 1
@@ -182,7 +194,7 @@ def results(stdlib_store) -> dict[tuple[str, str], dict]:
     out = {}
     for split in ("dev", "holdout", "all"):
         subset = [q for q in queries if split in ("all", q["split"])]
-        for mode in MODES:
+        for mode in LEXICAL_MODES:
             out[(split, mode)] = evaluate(stdlib_store, subset, mode)
     return out
 
@@ -206,6 +218,71 @@ def test_stdlib_recall(results, capsys):
             assert fused["mrr"] >= results[(split, single)]["mrr"] - 0.02, split
 
 
-@pytest.mark.xfail(strict=True, reason="lexical retrieval stays below issue 3's 0.9 (0.80 overall)")
-def test_stdlib_recall_meets_the_issue_target(results):
-    assert results[("all", "fused")]["recall@5"] >= ISSUE_TARGET
+# The shared cache as configured when the tests start (fixtures may point XDG_CACHE_HOME elsewhere).
+VECTOR_CACHE = default_vector_cache_path(EmbedderConfig().model_id)
+# What the cache must hold of the tree's chunk vectors for the semantic measurements to run.
+CACHE_COVERAGE = 0.98
+
+
+def cache_coverage(store, cache: VectorCache, model_id: str) -> float:
+    rows = store.chunks_without_vectors(10**7)
+    keys = [vector_key(model_id, embedding_text(r[1], r[2], r[3])) for r in rows]
+    return len(cache.get(keys)) / max(len(keys), 1)
+
+
+@pytest.fixture(scope="module")
+def semantic_results(stdlib_store) -> dict[tuple[str, str], dict]:
+    if not embeddings_available():
+        pytest.skip("the embeddings extra is not installed")
+    embedder = ChunkEmbedder(EmbedderConfig())
+    cache = VectorCache(VECTOR_CACHE)
+    try:
+        coverage = cache_coverage(stdlib_store, cache, embedder.model_id)
+        if coverage < CACHE_COVERAGE:
+            pytest.skip(f"the vector cache {VECTOR_CACHE} holds {coverage:.0%} of the stdlib's chunk "
+                        "vectors; `python bench/bench_index_embed.py` fills it (minutes)")
+        embed_pending(stdlib_store, embedder, cache=cache)
+    finally:
+        cache.close()
+    ranker = SemanticRanker(embedder)
+    queries = load_queries()
+    out = {}
+    for mode in ("semantic", "fused"):
+        for split in ("dev", "holdout"):
+            out[(split, mode)] = evaluate(stdlib_store, [q for q in queries if q["split"] == split], mode,
+                                          semantic=ranker)
+        out[("all", mode)] = _combined(out[("dev", mode)], out[("holdout", mode)])
+    return out
+
+
+def _combined(a: dict, b: dict) -> dict:
+    """The evaluation of two disjoint query sets together."""
+    n = a["n"] + b["n"]
+    return {"mode": a["mode"], "n": n, "missed": a["missed"] + b["missed"],
+            "recall@5": (a["recall@5"] * a["n"] + b["recall@5"] * b["n"]) / n,
+            "mrr": (a["mrr"] * a["n"] + b["mrr"] * b["n"]) / n}
+
+
+# Reached with the semantic ranker (int8, 64 tokens) on Python 3.11.7, a query of slack.
+SEMANTIC_FLOOR = {"dev": 0.90, "holdout": 0.84, "all": 0.89}
+
+
+# Seconds on a quiet machine; minutes when the shared machine is loaded (235 s at load 17).
+@pytest.mark.timeout(900)
+def test_stdlib_recall_with_semantic_ranker(semantic_results, results, capsys):
+    with capsys.disabled():
+        print("\nstdlib retrieval with the semantic ranker:")
+        for (split, mode), r in semantic_results.items():
+            print(f"  {split:8s} {mode:8s} n={r['n']:3d}  recall@{RECALL_AT} = {r['recall@5']:.3f}  "
+                  f"MRR = {r['mrr']:.3f}")
+    for split, floor in SEMANTIC_FLOOR.items():
+        fused = semantic_results[(split, "fused")]
+        assert fused["recall@5"] >= floor, (split, fused["missed"])
+        # Fusion keeps what the lexical rankers found and adds what only the embeddings find.
+        assert fused["recall@5"] >= results[(split, "fused")]["recall@5"], split
+        assert fused["recall@5"] >= semantic_results[(split, "semantic")]["recall@5"], split
+
+
+@pytest.mark.timeout(900)
+def test_stdlib_recall_meets_the_issue_target(semantic_results):
+    assert semantic_results[("all", "fused")]["recall@5"] >= ISSUE_TARGET

@@ -464,3 +464,30 @@ def test_walking_the_standard_library_is_fast():
     assert not any("site-packages/" in rel or "__pycache__" in rel for rel in python_files)
     assert Counter(result.skipped)["binary"] > 0
     assert elapsed < 2.0, f"walking the stdlib took {elapsed:.2f}s"
+
+
+def test_nested_repositories_and_submodules_are_listed_with_their_own_ignores(tmp_path):
+    library = make_repo(tmp_path / "library")
+    write(library / "lib.py")
+    write(library / ".gitignore", "generated.py\n")
+    write(library / "generated.py")
+    git(library, "add", "lib.py", ".gitignore")
+    git(library, "commit", "-q", "-m", "lib")
+    repo = make_repo(tmp_path / "repo")
+    write(repo / "main.py")
+    git(repo, "add", "main.py")
+    git(repo, "commit", "-q", "-m", "main")
+    git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(library), "vendor/library")
+    git(repo, "commit", "-q", "-m", "submodule")
+    inner = make_repo(repo / "tools" / "inner")  # a clone nobody added: git lists it as one `tools/inner/`
+    write(inner / "tool.py")
+    write(inner / ".gitignore", "*.log\n")
+    write(inner / "run.log", "noise\n")
+    write(repo / "vendor" / "library" / "generated.py")  # ignored by the submodule's own .gitignore
+    result = walk_roots([repo])
+    assert rels(result) == [".gitmodules", "main.py", "tools/inner/.gitignore", "tools/inner/tool.py",
+                            "vendor/library/.gitignore", "vendor/library/lib.py"]
+    # A submodule that was never checked out is an empty folder: skipped, not an error.
+    git(repo, "submodule", "deinit", "-q", "-f", "vendor/library")
+    assert rels(walk_roots([repo])) == [".gitmodules", "main.py", "tools/inner/.gitignore",
+                                        "tools/inner/tool.py"]
