@@ -1,0 +1,3 @@
+"""The background GRPO trainer: dataset, objective, loop, adapters and their promotion."""
+
+__all__: list[str] = []
