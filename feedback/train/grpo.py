@@ -113,7 +113,9 @@ def grpo_loss(
         per_token = per_token + config.beta * kl
     loss = _aggregate(per_token, mask, config, grad_accum, num_items_in_batch, world_size)
     tokens = mask.sum().clamp(min=1.0)
-    was_clipped = ((ratio < 1 - config.epsilon_low) & (adv < 0)) | ((ratio > 1 + config.epsilon_high) & (adv > 0))
+    low = (ratio < 1 - config.epsilon_low) & (adv < 0)
+    high = (ratio > 1 + config.epsilon_high) & (adv > 0)
+    was_clipped = low | high
     stats = LossStats(
         policy_loss=float(loss.detach()) * (grad_accum if config.loss_type != "dapo" else 1),
         kl=float((kl.detach() * mask).sum() / tokens) if kl is not None else 0.0,

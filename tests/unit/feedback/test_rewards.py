@@ -48,7 +48,8 @@ def test_lint_counts_real_ruff_errors():
 def test_tests_run_in_a_sandbox_and_report_the_share_passing(tmp_path):
     context = RewardContext(test_asserts=TESTS)
     assert run_tests_sandboxed(GOOD, context) == 1.0
-    assert run_tests_sandboxed("def add(a, b):\n    return int(a) + int(b)\n", context) == pytest.approx(2 / 3)
+    numeric_only = "def add(a, b):\n    return int(a) + int(b)\n"
+    assert run_tests_sandboxed(numeric_only, context) == pytest.approx(2 / 3)
     # The candidate's writes land in the temporary copy, never in the caller's directory.
     escape = "open('written.txt', 'w').write('x')\ndef add(a, b):\n    return a + b\n"
     assert run_tests_sandboxed(escape, context) == 1.0

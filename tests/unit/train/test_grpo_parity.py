@@ -21,8 +21,8 @@ VOCAB, B, T, MAX_LEN = 32, 6, 9, 12
 
 def _trl_trainer(loss_type: str, beta: float, grad_accum: int, kl_correction: bool, tmp_path):
     from datasets import Dataset
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
     from trl import GRPOConfig, GRPOTrainer
 
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
@@ -32,7 +32,7 @@ def _trl_trainer(loss_type: str, beta: float, grad_accum: int, kl_correction: bo
     args = GRPOConfig(
         output_dir=str(tmp_path), loss_type=loss_type, beta=beta, epsilon=0.2, epsilon_high=0.28,
         num_generations=2, per_device_train_batch_size=B, gradient_accumulation_steps=grad_accum,
-        max_completion_length=MAX_LEN, use_bias_correction_kl=kl_correction, report_to=[], use_cpu=True, logging_steps=1,
+        max_completion_length=MAX_LEN, use_bias_correction_kl=kl_correction, report_to=[], use_cpu=True,
     )
     # A model directory, not an instance: TRL builds its reference model from the same path.
     model_dir = tmp_path / "tiny-llama"
@@ -96,7 +96,9 @@ def _theirs(trainer, logits, tokens, mask, old, ref, adv):
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-@pytest.mark.parametrize(("beta", "grad_accum", "kl_correction"), [(0.04, 1, True), (0.1, 2, False), (0.0, 2, True)])
+@pytest.mark.parametrize(
+    ("beta", "grad_accum", "kl_correction"), [(0.04, 1, True), (0.1, 2, False), (0.0, 2, True)]
+)
 def test_loss_and_gradients_match_trl(loss_type, beta, grad_accum, kl_correction, tmp_path):
     trainer = _trl_trainer(loss_type, beta, grad_accum, kl_correction, tmp_path)
     if loss_type == "dapo":
