@@ -12,6 +12,8 @@ __all__ = [
     "GenerationCancelled",
     "IndexStoreError",
     "IndexCorruptError",
+    "AdapterError",
+    "TrainingError",
 ]
 
 
@@ -41,3 +43,11 @@ class IndexStoreError(SquidcodeError):
 
 class IndexCorruptError(IndexStoreError):
     """The repository index database is damaged; delete it (or reopen the store) to rebuild it."""
+
+
+class AdapterError(SquidcodeError):
+    """A LoRA adapter cannot be stored, found, promoted or applied."""
+
+
+class TrainingError(SquidcodeError):
+    """The background trainer cannot run (no data, no model, a bad checkpoint)."""
