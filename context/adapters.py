@@ -30,8 +30,8 @@ def current_adapter(runtime) -> str | None:
 def apply_adapter(runtime, path: Path, adapter_id: str) -> None:
     """Apply the peft adapter saved at `path` as `adapter_id`, replacing any adapter applied before.
 
-    Raises AdapterError (the runtime keeps its previous adapter) when the files cannot be read or
-    do not fit the model.
+    Raises AdapterError when the files cannot be read or do not fit the model; the runtime is then
+    left on the base weights (adapter_id None), never half-applied.
     """
     from peft import PeftModel
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from context.errors import AdapterError
 
-__all__ = ["AdapterRef", "AdapterRegistry", "POINTER_NAME", "read_pointer"]
+__all__ = ["AdapterRef", "AdapterRegistry", "POINTER_NAME", "read_pointer", "sync_runtime_adapter"]
 
 POINTER_NAME = "promoted.json"
 
@@ -123,3 +123,22 @@ class AdapterRegistry:
         _atomic_write_json(self.root / POINTER_NAME,
                            {"current": previous, "history": history, "updated_at": time.time()})
         return previous
+
+
+def sync_runtime_adapter(runtime, root: Path) -> bool:
+    """Apply to `runtime` the adapter the pointer under `root` names (or the base model); True when
+    the runtime changed. A promoted adapter that does not load leaves the base model in place."""
+    from context.adapters import apply_adapter, remove_adapter
+
+    wanted = read_pointer(root).get("current")
+    if wanted == runtime.adapter_id:
+        return False
+    if wanted is None:
+        remove_adapter(runtime)
+        return True
+    try:
+        apply_adapter(runtime, Path(root) / "versions" / wanted, wanted)
+    except AdapterError:
+        remove_adapter(runtime)
+        raise
+    return True

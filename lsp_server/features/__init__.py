@@ -1,10 +1,20 @@
 """One module per LSP feature; each exposes `register(server)`."""
 
-from . import completion, configuration, index_events, inline_completion, lifecycle, workspace_symbol
+from . import (
+    adapters,
+    completion,
+    configuration,
+    index_events,
+    inline_completion,
+    lifecycle,
+    workspace_symbol,
+)
 
 __all__ = ["register_all"]
 
-FEATURE_MODULES = (lifecycle, configuration, inline_completion, completion, workspace_symbol, index_events)
+FEATURE_MODULES = (
+    lifecycle, configuration, inline_completion, completion, workspace_symbol, index_events, adapters
+)
 
 
 def register_all(server) -> None:
