@@ -15,7 +15,9 @@ from feedback.train.trainer import GrpoTrainer
 
 from .conftest import tiny_model, tiny_tokenizer
 
-EXAMPLES = [TrainingExample(id=f"e{i}", created_at=i, instruction=f"t{3 + i} t4", original="") for i in range(4)]
+EXAMPLES = [
+    TrainingExample(id=f"e{i}", created_at=i, instruction=f"t{3 + i} t4", original="") for i in range(4)
+]
 CONFIG = TrainConfig(group_size=4, prompts_per_step=2, max_new_tokens=6, temperature=1.0, learning_rate=0.05,
                      lora_rank=4, lora_alpha=8, beta=0.04, checkpoint_every=100)
 
