@@ -45,7 +45,8 @@ def apply_adapter(runtime, path: Path, adapter_id: str) -> None:
         _unload_locked(runtime)
         try:
             wrapper = PeftModel.from_pretrained(runtime.model, str(path), is_trainable=False)
-        except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        except (*_unreadable_errors(), ValueError, RuntimeError, KeyError) as exc:
+            _strip_partial_lora(runtime)
             log.warning("adapter %s at %s does not load (%s); keeping the base model", adapter_id, path, exc)
             raise AdapterError(f"cannot apply adapter {adapter_id} from {path}: {exc}") from exc
         wrapper.eval()
@@ -66,3 +67,24 @@ def _unload_locked(runtime) -> None:
         # unload() takes the LoRA layers out of the model in place and returns the base model.
         runtime.model = wrapper.unload()
     runtime.adapter_id = None
+
+
+def _unreadable_errors() -> tuple[type[Exception], ...]:
+    from safetensors import SafetensorError
+
+    return (OSError, SafetensorError)
+
+
+def _strip_partial_lora(runtime) -> None:
+    """Take out LoRA layers a failed load may have injected before it raised."""
+    from peft.tuners.lora import LoraLayer
+
+    if not any(isinstance(m, LoraLayer) for m in runtime.model.modules()):
+        return
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in list(runtime.model.named_modules()):
+        if isinstance(module, BaseTunerLayer) and hasattr(module, "get_base_layer"):
+            parent_name, _, child = name.rpartition(".")
+            parent = runtime.model.get_submodule(parent_name) if parent_name else runtime.model
+            setattr(parent, child, module.get_base_layer())
