@@ -39,7 +39,9 @@ def train_status(ls: SquidServer) -> dict:
 
 
 async def _watch(ls: SquidServer) -> None:
-    failed: str | None = None  # a promoted adapter that did not load is not retried until it changes
+    # A promoted adapter that did not load is not retried until the pointer changes.
+    nothing_failed = object()
+    failed: object = nothing_failed
     while True:
         await asyncio.sleep(POLL_S)
         runtime = ls.runtime
@@ -58,7 +60,7 @@ async def _watch(ls: SquidServer) -> None:
             ls.window_show_message(types.ShowMessageParams(
                 type=types.MessageType.Error, message=f"squidcode: {exc}; using the base model"))
             continue
-        failed = None
+        failed = nothing_failed
         if changed:
             log.info("now generating with adapter %s", runtime.adapter_id or "none (base model)")
 

@@ -10,11 +10,14 @@ from context.errors import AdapterError
 
 
 def write_adapter(runtime, path, seed: int, scale: float = 0.05):
-    """A real peft LoRA adapter (q_proj and v_proj of every layer, random A and B) for the model."""
+    return write_adapter_for(runtime.model.config, path, seed, scale)
+
+
+def write_adapter_for(config, path, seed: int, scale: float = 0.05):
+    """A real peft LoRA adapter (q_proj and v_proj of every layer, random A and B) for a model config."""
     from peft import LoraConfig
     from safetensors.torch import save_file
 
-    config = runtime.model.config
     gen = torch.Generator().manual_seed(seed)
     weights = {}
     head_dim = config.hidden_size // config.num_attention_heads
