@@ -90,6 +90,15 @@ async def test_promoted_adapter_is_picked_up_without_restart(client, model_cache
     from transformers import AutoConfig
 
     registry = AdapterRegistry(client.train_dir / "adapters")
+    # A promoted adapter that does not load: the user is told, the base model keeps serving.
+    broken = registry.add_version(lambda d: (d / "adapter_config.json").write_text("{}") and None, {})
+    registry.promote(broken.id)
+    deadline = time.monotonic() + 60
+    while not any(broken.id in m.message for m in client.messages) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert any(broken.id in m.message and m.type == types.MessageType.Error for m in client.messages)
+    assert (await train_status(client))["loadedAdapter"] is None
+    assert await complete(client) is not None
     ref = registry.add_version(
         lambda d: write_adapter_for(AutoConfig.from_pretrained(str(model_dir)), d / "x", 1) and None, {}
     )
@@ -102,6 +111,6 @@ async def test_promoted_adapter_is_picked_up_without_restart(client, model_cache
     after = await complete(client)
     assert after is not None and (await train_status(client))["loadedAdapter"] == ref.id
 
-    registry.rollback()
+    assert registry.rollback() == broken.id and registry.rollback() is None
     await wait_for_loaded(client, None)
     assert await complete(client) is not None
