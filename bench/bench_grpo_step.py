@@ -138,8 +138,13 @@ def run_trl(steps: int) -> dict:
     )
     peft_config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
                              task_type="CAUSAL_LM")
-    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=args, train_dataset=data,
-                          peft_config=peft_config, callbacks=[Timer()])
+    from context.config import ModelConfig
+    from context.runtime import ModelRuntime
+
+    # An instance, as on our side: the converted config names no architecture for TRL to load by.
+    runtime = ModelRuntime(ModelConfig(path=str(model_dir), threads=1)).load()
+    trainer = GRPOTrainer(model=runtime.model, reward_funcs=reward, args=args, train_dataset=data,
+                          processing_class=runtime.tokenizer, peft_config=peft_config, callbacks=[Timer()])
     trainer.train()
     peak = marks["peak"]
     peak.__exit__(None, None, None)
@@ -157,7 +162,7 @@ def main() -> None:
         print("RESULT " + json.dumps(result), flush=True)
         return
     results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_before": os.getloadavg()}
-    for side in ("ours", "trl"):
+    for side in ("trl", "ours"):  # TRL first: a setup problem there shows before the long half
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         proc = subprocess.run([sys.executable, __file__, "--side", side, "--steps", str(args.steps)],
                               capture_output=True, text=True, cwd=REPO, env=env)

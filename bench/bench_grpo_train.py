@@ -55,7 +55,7 @@ def plot(history: list[dict], path: Path, before: float, after: float) -> None:
     ax2.plot(steps, [h["kl"] for h in history], "-")
     ax2.set_xlabel("step")
     ax2.set_ylabel("k3 KL to base (per token)")
-    fig.suptitle("GRPO on SmolLM2-135M-Instruct + LoRA, CPU, 1 thread")
+    fig.suptitle("GRPO on SmolLM2-135M-Instruct + LoRA, CPU, 1 thread, nice 10")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -64,6 +64,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--updates", type=int, default=1, help="optimizer steps per sampled batch")
+    parser.add_argument("--train-tasks", type=int, default=0,
+                        help="train on only the N oldest training tasks, cycled (0: all of them)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/grpo-train.json"))
     args = parser.parse_args()
     started = time.monotonic()
@@ -71,10 +75,13 @@ def main() -> None:
     os.nice(10)
     torch.set_num_threads(1)
     config = replace(TrainConfig(), learning_rate=args.lr, prompts_per_step=1, group_size=4,
-                     max_new_tokens=64, temperature=1.0, checkpoint_every=10, holdout_fraction=0.25)
+                     max_new_tokens=64, temperature=args.temperature, updates_per_batch=args.updates,
+                     checkpoint_every=10, holdout_fraction=0.25)
     runtime = ModelRuntime(ModelConfig(threads=1), default_cache_dir()).load()
     model = attach_lora(runtime.model, config.lora_rank, config.lora_alpha)
     train, held_out = split_by_time(load_task_set(TASKS), config.holdout_fraction)
+    if args.train_tasks:
+        train = train[: args.train_tasks]
     eval_started = time.monotonic()
     before = evaluate(model, runtime.tokenizer, held_out, reward, config.max_new_tokens)
     eval_s = time.monotonic() - eval_started
