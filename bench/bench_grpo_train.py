@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -86,7 +87,7 @@ def main() -> None:
     before = evaluate(model, runtime.tokenizer, held_out, reward, config.max_new_tokens)
     eval_s = time.monotonic() - eval_started
     print(f"held-out before: {before}  ({eval_s:.0f}s)", flush=True)
-    run_dir = args.out.with_suffix("")
+    run_dir = Path(tempfile.mkdtemp(prefix="squid-grpo-bench-"))  # checkpoints: not results
     trainer = GrpoTrainer(model, runtime.tokenizer, config, train, reward, run_dir)
     # Leave room for the final evaluation (plus a margin for a slow last step).
     stop_at = deadline - eval_s * 1.3 - 90

@@ -102,6 +102,7 @@ def _train(config, args) -> int:
 
     stop = threading.Event()
     install_stop_signals(stop)
+    _init_distributed(config)
     if args.once:
         import os
 
@@ -118,3 +119,16 @@ def _train(config, args) -> int:
     rounds = run_scheduler(config, stop=stop, steps=args.steps)
     print(f"scheduler stopped after {rounds} round(s)")
     return 0
+
+
+def _init_distributed(config) -> None:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1): data-parallel training."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "nccl" if config.train.device == "cuda" else "gloo"
+        dist.init_process_group(backend)

@@ -37,7 +37,7 @@ MIN_EPISODES = 8  # below this the verifiable tasks are the training data
 
 @dataclass(frozen=True)
 class RoundResult:
-    state: str  # "promoted" | "rejected" | "stopped"
+    state: str  # "promoted" | "rejected" | "stopped" ("trained" on a data-parallel process other than 0)
     steps: int
     adapter: str | None
     message: str
@@ -96,11 +96,16 @@ def run_round(
     log.info("training (%s) to step %d on %d examples", "resumed" if resumed else "new", target, len(train))
 
     def on_step(record) -> None:
+        if trainer.rank != 0:
+            return
         history = [asdict(r) for r in trainer.history[-50:]]
         write_status(paths.status, "training", step=record.step, steps=target, reward=record.mean_reward,
                      kl=record.kl, adapter=registry.current_id(), history=history)
 
     trainer.run(target, should_stop=should_stop, on_step=on_step)
+    if trainer.rank != 0:
+        # Process 0 evaluates, gates and promotes; the others only trained alongside it.
+        return RoundResult("trained", trainer.step_count, registry.current_id(), "data-parallel worker")
     if trainer.step_count < target:
         message = f"stopped at step {trainer.step_count} of {target}; the next run resumes from here"
         write_status(paths.status, "stopped", step=trainer.step_count, steps=target,

@@ -185,7 +185,9 @@ class GrpoTrainer:
     ) -> list[StepRecord]:
         """Train until `steps` steps in total were taken or `should_stop()`; checkpoint on the way."""
         done: list[StepRecord] = []
-        while self.step_count < steps and not should_stop():
+        # Every process must take the same number of steps (they meet in all_reduce): one that is
+        # told to stop stops them all.
+        while self.step_count < steps and not _any_process(should_stop()):
             record = self.train_step()
             done.append(record)
             if on_step is not None:
@@ -254,6 +256,10 @@ def _all_reduce_sum(value: float) -> float:
     tensor = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return float(tensor)
+
+
+def _any_process(flag: bool) -> bool:
+    return _all_reduce_sum(1.0 if flag else 0.0) > 0
 
 
 def _all_reduce_mean(value: float) -> float:
