@@ -109,8 +109,10 @@ class GrpoTrainer:
         self._prepare_logprobs([scored[i] for i in live])
         tokens = _all_reduce_sum(float(sum(scored[i].group.mask.sum() for i in live)))
         loss_total = kl_total = clip_total = 0.0
+        # No informative group anywhere: no step at all (Adam's momentum would still move the weights).
+        updates = self.config.updates_per_batch if _all_reduce_sum(float(len(live))) > 0 else 0
         self.model.train()
-        for _ in range(self.config.updates_per_batch):
+        for _ in range(updates):
             self.optimizer.zero_grad(set_to_none=True)
             for i in live:
                 loss, stats = self._group_loss(scored[i], advantages[i], tokens)
@@ -123,7 +125,7 @@ class GrpoTrainer:
             self.optimizer.step()
         self.model.eval()
         self.step_count += 1
-        updates = self.config.updates_per_batch
+        updates = max(updates, 1)
         record = StepRecord(
             step=self.step_count,
             mean_reward=_all_reduce_mean(float(rewards.mean())),
