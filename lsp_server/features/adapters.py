@@ -15,6 +15,7 @@ from lsprotocol import types
 
 from context.errors import AdapterError
 from feedback.train.adapters import read_pointer, sync_runtime_adapter
+from feedback.train.scheduler import spawn_background
 from feedback.train.status import read_status, train_paths
 
 from ..server import SquidServer
@@ -66,9 +67,18 @@ async def _watch(ls: SquidServer) -> None:
 
 
 def start_adapter_watch(ls: SquidServer) -> None:
-    """Start the pointer watcher once per server (called when the server is initialized)."""
+    """Start the pointer watcher once per server (called when the server is initialized), and the
+    background trainer when the user turned it on (`train.enabled`)."""
     if getattr(ls, "_adapter_watch", None) is None:
         ls._adapter_watch = asyncio.ensure_future(_watch(ls))
+    if ls.config.train.enabled:
+        root = ls.workspace_roots[0] if ls.workspace_roots else None
+        try:
+            pid = spawn_background(config_root=root, paths=train_paths(ls.config))
+        except OSError as exc:
+            log.error("cannot start the background trainer: %s", exc)
+        else:
+            log.info("background trainer running (pid %d)", pid)
 
 
 def register(server: SquidServer) -> None:

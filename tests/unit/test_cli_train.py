@@ -98,3 +98,40 @@ def test_sigterm_stops_the_round_and_the_next_run_resumes(workspace, capsys):
 def test_background_mode_needs_train_enabled(workspace, capsys):
     assert main(["train"]) == 2
     assert "train.enabled is false" in capsys.readouterr().err
+
+
+def test_background_trainer_process_runs_reports_and_stops(workspace, monkeypatch):
+    from context.config import load_file_config
+    from feedback.train.scheduler import spawn_background
+    from feedback.train.status import read_status, train_paths
+
+    toml = workspace / ".squidcode.toml"
+    toml.write_text(toml.read_text().replace("[train]\n", "[train]\nenabled = true\nidle_load = 64.0\n"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    config, problems = load_file_config([workspace])
+    assert not problems
+    paths = train_paths(config)
+    pid = spawn_background(config_root=workspace, paths=paths)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and read_status(paths.status).get("step", 0) < 1:
+            time.sleep(0.2)
+        status = read_status(paths.status)
+        assert status["pid"] == pid and status["state"] in ("training", "evaluating", "promoted", "loading")
+        # A second start finds it running and does not start another.
+        assert spawn_background(config_root=workspace, paths=paths) == pid
+    finally:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _running(pid):
+        time.sleep(0.2)
+    assert not _running(pid)
+    assert read_status(paths.status)["state"] in ("stopped", "promoted", "rejected")
+
+
+def _running(pid: int) -> bool:
+    try:
+        finished, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return finished == 0
