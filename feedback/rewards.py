@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import difflib
 import json
+import logging
 import os
 import re
 import shutil
@@ -45,6 +46,8 @@ __all__ = [
     "score_output",
     "similarity",
 ]
+
+log = logging.getLogger(__name__)
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 SIMILARITY_CHARS = 4000  # difflib is quadratic: compare at most this much of each text
@@ -197,9 +200,14 @@ def run_tests_sandboxed(code: str, context: RewardContext) -> float | None:
         return None
     with tempfile.TemporaryDirectory(prefix="squid-reward-") as tmp:
         root = Path(tmp)
-        for rel, text in {**context.files, **context.test_files}.items():
-            _write_inside(root, rel, text)
-        _write_inside(root, context.target_path, code)
+        try:
+            for rel, text in {**context.files, **context.test_files}.items():
+                _write_inside(root, rel, text)
+            _write_inside(root, context.target_path, code)
+        except ValueError as exc:
+            # A recorded path outside the workspace: the tests cannot be run faithfully.
+            log.warning("tests not run: %s", exc)
+            return None
         env = {"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1", "HOME": tmp}
         if context.test_asserts:
             _write_inside(root, "candidate.py", code)

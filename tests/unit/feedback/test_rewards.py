@@ -115,3 +115,9 @@ def test_rewards_stay_in_bounds_under_extreme_weights():
 def test_similarity_ignores_blank_lines_and_trailing_space():
     assert similarity("a = 1\n\n\nb = 2  \n", "a = 1\nb = 2") == 1.0
     assert similarity("a = 1", "zzzzzz") < 0.2
+
+
+def test_a_recorded_path_outside_the_workspace_is_not_written():
+    context = RewardContext(files={"../escape.py": "x = 1"}, test_asserts=("assert True",))
+    assert run_tests_sandboxed(GOOD, context) is None
+    assert score_output(fenced(GOOD), context).parts.get("tests") == 0.0
