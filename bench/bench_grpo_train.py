@@ -108,6 +108,12 @@ def main() -> None:
         "train_reward_last_third": sum(h["mean_reward"] for h in history[-third:]) / third,
         "steps": len(history), "history": history,
     }
+    if args.train_tasks:
+        # Each pass over the cycled tasks scores the same prompts: comparable from pass to pass.
+        n = args.train_tasks
+        result["train_reward_per_pass"] = [
+            sum(h["mean_reward"] for h in history[i: i + n]) / n for i in range(0, len(history) - n + 1, n)
+        ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     plot(history, args.out.with_suffix(".png"), before.mean_reward, after.mean_reward)
