@@ -26,6 +26,7 @@ __all__ = [
     "CompletionConfig",
     "IndexConfig",
     "FeedbackConfig",
+    "TrainConfig",
     "SquidConfig",
     "ConfigLayer",
     "merge_layers",
@@ -150,6 +151,46 @@ class FeedbackConfig:
 
 
 @dataclass(frozen=True)
+class TrainConfig:
+    """The background GRPO trainer (`squidcode train`) and the promotion of its LoRA adapters."""
+
+    # The background scheduler trains only when enabled; `squidcode train --once` always may.
+    enabled: bool = False
+    device: str = field(default="cpu", metadata=_choice("auto", "cpu", "cuda", "mps"))
+    threads: int = field(default=1, metadata=_range(0, 1024))
+    nice: int = field(default=19, metadata=_range(0, 19))
+    # Train only while the 1-minute load average per CPU core is below this.
+    idle_load: float = field(default=0.7, metadata=_range(0.0, 64.0))
+    group_size: int = field(default=4, metadata=_range(2, 64))
+    prompts_per_step: int = field(default=2, metadata=_range(1, 256))
+    max_new_tokens: int = field(default=64, metadata=_range(1, 4096))
+    temperature: float = field(default=1.0, metadata=_range(0.05, 2.0))
+    learning_rate: float = field(default=1e-4, metadata=_range(0.0, 1.0))
+    lora_rank: int = field(default=8, metadata=_range(1, 256))
+    lora_alpha: int = field(default=16, metadata=_range(1, 1024))
+    beta: float = field(default=0.04, metadata=_range(0.0, 10.0))
+    epsilon_low: float = field(default=0.2, metadata=_range(0.0, 1.0))
+    epsilon_high: float = field(default=0.28, metadata=_range(0.0, 10.0))
+    loss_type: str = field(default="dapo", metadata=_choice("grpo", "bnpo", "dr_grpo", "dapo"))
+    scale_rewards: str = field(default="group", metadata=_choice("group", "batch", "none"))
+    # Optimizer steps taken on one batch of samples (more than 1 makes the clipped ratio bite).
+    updates_per_batch: int = field(default=1, metadata=_range(1, 64))
+    steps: int = field(default=50, metadata=_range(1, 1_000_000))
+    checkpoint_every: int = field(default=1, metadata=_range(1, 1_000_000))
+    holdout_fraction: float = field(default=0.2, metadata=_range(0.0, 0.9))
+    # Promotion: held-out and regression rewards may fall at most this much; KL must stay below.
+    promote_tolerance: float = field(default=0.02, metadata=_range(0.0, 2.0))
+    promote_max_kl: float = field(default=0.1, metadata=_range(0.0, 100.0))
+    # Verifiable tasks (JSON, see tests/data/grpo_tasks.json): the fixed regression set, and the
+    # training data while the feedback store has no episodes. None: the bundled set.
+    task_set: str | None = None
+    # Where checkpoints, adapter versions, the promoted pointer and status.json live. None:
+    # <cache_dir>/train.
+    dir: str | None = None
+    seed: int = field(default=0, metadata=_range(0, 2**31 - 1))
+
+
+@dataclass(frozen=True)
 class SquidConfig:
     """Everything squidcode can be configured with."""
 
@@ -157,6 +198,7 @@ class SquidConfig:
     completion: CompletionConfig = CompletionConfig()
     index: IndexConfig = IndexConfig()
     feedback: FeedbackConfig = FeedbackConfig()
+    train: TrainConfig = TrainConfig()
     log_level: str = field(default="info", metadata=_choice("debug", "info", "warning", "error"))
 
     def resolved_cache_dir(self) -> Path:
@@ -246,8 +288,13 @@ def _deep_update(target: dict[str, Any], update: Mapping[str, Any]) -> None:
             target[key] = value
 
 
-_SECTIONS = {"model": ModelConfig, "completion": CompletionConfig, "index": IndexConfig}
-_SECTIONS["feedback"] = FeedbackConfig
+_SECTIONS = {
+    "model": ModelConfig,
+    "completion": CompletionConfig,
+    "index": IndexConfig,
+    "feedback": FeedbackConfig,
+    "train": TrainConfig,
+}
 
 
 def _validate_section(

@@ -14,6 +14,8 @@ __all__ = [
     "IndexCorruptError",
     "FeedbackStoreError",
     "FeedbackUploadError",
+    "AdapterError",
+    "TrainingError",
 ]
 
 
@@ -51,3 +53,11 @@ class FeedbackStoreError(SquidcodeError):
 
 class FeedbackUploadError(SquidcodeError):
     """A batch of feedback could not be delivered to the team collector."""
+
+
+class AdapterError(SquidcodeError):
+    """A LoRA adapter cannot be stored, found, promoted or applied."""
+
+
+class TrainingError(SquidcodeError):
+    """The background trainer cannot run (no data, no model, a bad checkpoint)."""

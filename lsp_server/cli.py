@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     repo_map.add_argument("--focus", type=Path, metavar="FILE", help="rank toward this file")
     repo_map.add_argument("--tokens", type=int, default=1024, help="token budget (default 1024)")
 
+    from .cli_train import add_train_parser
+
+    add_train_parser(sub)
+
     demo = sub.add_parser(
         "demo", help="start `squidcode serve`, open the bundled example, print an inline completion"
     )
@@ -101,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "search":
             return cli_index.run_search(args.path, args.query, args.k, args.json)
         return cli_index.run_map(args.path, args.focus, args.tokens)
+    if args.command == "train":
+        from .cli_train import run_train
+
+        return run_train(args)
     if args.command == "demo":
         from .demo import run_demo
 

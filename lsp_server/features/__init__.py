@@ -1,6 +1,7 @@
 """One module per LSP feature; each exposes `register(server)`."""
 
 from . import (
+    adapters,
     completion,
     configuration,
     edit_tracking,
@@ -24,6 +25,7 @@ FEATURE_MODULES = (
     feedback_commands,
     edit_tracking,
     status,
+    adapters,
 )
 
 

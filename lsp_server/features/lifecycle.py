@@ -11,6 +11,7 @@ from pygls.exceptions import JsonRpcException
 from ..indexing import start_index, stop_index
 from ..logging_bridge import LOGGED_PACKAGES, LspLogHandler
 from ..server import CONFIG_SECTION, SquidServer
+from .adapters import start_adapter_watch
 
 __all__ = ["register"]
 
@@ -33,6 +34,7 @@ def register(server: SquidServer) -> None:
         log.info("squidcode %s ready; roots: %s", ls.version, [str(r) for r in ls.workspace_roots])
         ls.start_model_load()
         start_index(ls)
+        start_adapter_watch(ls)
 
     @server.feature(types.SHUTDOWN)
     def on_shutdown(ls: SquidServer, params: None) -> None:

@@ -1,0 +1,90 @@
+"""Apply a LoRA adapter (peft) to a loaded ModelRuntime, or take it off, without reloading the model.
+
+peft injects the LoRA layers into the runtime's own model object, so `runtime.model` keeps its
+identity and its generation code works unchanged; `runtime.adapter_id` names what is applied, and
+anything derived from activations (Squid KV caches) is keyed by it, so caches made under another
+adapter are never reused. Swaps hold the runtime's generation lock: a generation in progress
+finishes with the weights it started with.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from pathlib import Path
+
+from .errors import AdapterError
+
+__all__ = ["apply_adapter", "current_adapter", "remove_adapter"]
+
+log = logging.getLogger(__name__)
+
+# runtime -> the peft wrapper whose LoRA layers are inside runtime.model.
+_WRAPPERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def current_adapter(runtime) -> str | None:
+    return runtime.adapter_id
+
+
+def apply_adapter(runtime, path: Path, adapter_id: str) -> None:
+    """Apply the peft adapter saved at `path` as `adapter_id`, replacing any adapter applied before.
+
+    Raises AdapterError when the files cannot be read or do not fit the model; the runtime is then
+    left on the base weights (adapter_id None), never half-applied.
+    """
+    from peft import PeftModel
+
+    path = Path(path)
+    if not (path / "adapter_config.json").is_file():
+        raise AdapterError(f"{path} holds no LoRA adapter (adapter_config.json is missing)")
+    with runtime._lock:
+        if runtime.adapter_id == adapter_id:
+            return
+        previous = runtime.adapter_id
+        _unload_locked(runtime)
+        try:
+            wrapper = PeftModel.from_pretrained(runtime.model, str(path), is_trainable=False)
+        except (*_unreadable_errors(), ValueError, RuntimeError, KeyError) as exc:
+            _strip_partial_lora(runtime)
+            log.warning("adapter %s at %s does not load (%s); keeping the base model", adapter_id, path, exc)
+            raise AdapterError(f"cannot apply adapter {adapter_id} from {path}: {exc}") from exc
+        wrapper.eval()
+        _WRAPPERS[runtime] = wrapper
+        runtime.adapter_id = adapter_id
+    log.info("adapter %s applied (was %s)", adapter_id, previous or "base model")
+
+
+def remove_adapter(runtime) -> None:
+    """Go back to the base weights."""
+    with runtime._lock:
+        _unload_locked(runtime)
+
+
+def _unload_locked(runtime) -> None:
+    wrapper = _WRAPPERS.pop(runtime, None)
+    if wrapper is not None:
+        # unload() takes the LoRA layers out of the model in place and returns the base model.
+        runtime.model = wrapper.unload()
+    runtime.adapter_id = None
+
+
+def _unreadable_errors() -> tuple[type[Exception], ...]:
+    from safetensors import SafetensorError
+
+    return (OSError, SafetensorError)
+
+
+def _strip_partial_lora(runtime) -> None:
+    """Take out LoRA layers a failed load may have injected before it raised."""
+    from peft.tuners.lora import LoraLayer
+
+    if not any(isinstance(m, LoraLayer) for m in runtime.model.modules()):
+        return
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in list(runtime.model.named_modules()):
+        if isinstance(module, BaseTunerLayer) and hasattr(module, "get_base_layer"):
+            parent_name, _, child = name.rpartition(".")
+            parent = runtime.model.get_submodule(parent_name) if parent_name else runtime.model
+            setattr(parent, child, module.get_base_layer())

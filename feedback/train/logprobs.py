@@ -1,0 +1,69 @@
+"""Per-token log-probs of completion tokens under a causal LM: the one seam to the numerics.
+
+`token_logprobs` runs the model's body once and scores only the completion positions against the
+LM head, so the full [batch, seq, vocab] logits of the prompt are never built. The head step is
+`selective_logprob`, written here in plain torch; `kernels.selective_logprob` (chunked, fused) has
+the same contract and replaces it where available.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["selective_logprob", "token_logprobs", "unwrap_causal_lm"]
+
+
+def unwrap_causal_lm(model):
+    """The transformers *ForCausalLM inside a peft wrapper (LoRA layers stay injected in it)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def selective_logprob(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """log softmax(hidden @ weight.T / temperature)[tokens]: hidden [b, s, d], tokens [b, s] -> [b, s].
+
+    Computed in float32 with logsumexp (never a full log_softmax tensor kept for backward beyond
+    the logits themselves).
+    """
+    logits = torch.nn.functional.linear(hidden, weight, bias).float()  # [b, s, vocab]
+    if temperature != 1.0:
+        logits = logits / temperature
+    picked = torch.gather(logits, -1, tokens.unsqueeze(-1)).squeeze(-1)  # [b, s]
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float = 1.0,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Log-probs [b, C] of the last C tokens of `input_ids` [b, L], C = completion_mask.shape[1].
+
+    Positions where `completion_mask` is 0 (padding after the end of a completion) are returned
+    as 0. `attention_mask` [b, L] defaults to the prompt (all ones) followed by `completion_mask`.
+    """
+    lm = unwrap_causal_lm(model)
+    completion_len = completion_mask.shape[1]
+    if attention_mask is None:
+        prompt_ones = torch.ones(
+            input_ids.shape[0], input_ids.shape[1] - completion_len, dtype=completion_mask.dtype,
+            device=input_ids.device,
+        )
+        attention_mask = torch.cat([prompt_ones, completion_mask], dim=1)  # [b, L]
+    hidden = lm.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [b, L, d]
+    # The hidden state at position t predicts token t + 1.
+    scoring = hidden[:, -completion_len - 1 : -1, :]  # [b, C, d]
+    targets = input_ids[:, -completion_len:]  # [b, C]
+    head = lm.get_output_embeddings()
+    logps = selective_logprob(
+        scoring, head.weight, targets, bias=getattr(head, "bias", None), temperature=temperature
+    )
+    return logps * completion_mask.to(logps.dtype)

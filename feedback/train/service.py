@@ -1,0 +1,161 @@
+"""One training round end to end: load, build the data, train, evaluate, gate, promote.
+
+Used by `squidcode train` (in the foreground) and by the background scheduler. A round resumes the
+run in progress if there is one, otherwise starts from the promoted adapter (or a fresh one).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from context.config import ModelConfig, SquidConfig, TrainConfig
+from context.errors import TrainingError
+from feedback.rewards import score_output
+
+from .adapters import AdapterRegistry
+from .dataset import (
+    EpisodeSource,
+    TrainingExample,
+    examples_from_source,
+    load_task_set,
+    reward_context,
+    split_by_time,
+)
+from .status import TrainPaths, train_paths, write_status
+
+__all__ = ["BUNDLED_TASKS", "RoundResult", "load_training_data", "run_round", "task_reward"]
+
+log = logging.getLogger(__name__)
+
+BUNDLED_TASKS = Path(__file__).resolve().parent / "data" / "grpo_tasks.json"
+MIN_EPISODES = 8  # below this the verifiable tasks are the training data
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    state: str  # "promoted" | "rejected" | "stopped" ("trained" on a data-parallel process other than 0)
+    steps: int
+    adapter: str | None
+    message: str
+
+
+def task_reward(text: str, example: TrainingExample) -> float:
+    return score_output(text, reward_context(example)).total
+
+
+def load_training_data(
+    config: TrainConfig, source: EpisodeSource | None
+) -> tuple[list[TrainingExample], list[TrainingExample], list[TrainingExample]]:
+    """(train, held_out, regression): episodes split by time; the task set's newest part is the
+    fixed regression set, its older part trains while there are too few episodes."""
+    tasks = load_task_set(Path(config.task_set) if config.task_set else BUNDLED_TASKS)
+    task_train, regression = split_by_time(tasks, max(config.holdout_fraction, 0.2))
+    episodes = examples_from_source(source) if source is not None else []
+    if len(episodes) >= MIN_EPISODES:
+        train, held_out = split_by_time(episodes, config.holdout_fraction)
+    else:
+        train, held_out = task_train, regression
+    return train, held_out, regression
+
+
+def _load_model(config: SquidConfig):
+    from context.runtime import ModelRuntime
+
+    model_config = ModelConfig(path=config.model.path, device=config.train.device, dtype=config.model.dtype,
+                               threads=config.train.threads, cache_dir=config.model.cache_dir)
+    return ModelRuntime(model_config, config.resolved_cache_dir()).load()
+
+
+def run_round(
+    config: SquidConfig, *, steps: int | None = None, source: EpisodeSource | None = None,
+    should_stop: Callable[[], bool] = lambda: False, paths: TrainPaths | None = None,
+) -> RoundResult:
+    """Train `steps` steps (default train.steps) then gate; stopped early it keeps the checkpoint."""
+    from .gate import decide_promotion
+    from .policy import attach_lora
+    from .trainer import GrpoTrainer
+
+    cfg = config.train
+    paths = paths or train_paths(config)
+    registry = AdapterRegistry(paths.adapters)
+    write_status(paths.status, "loading", adapter=registry.current_id())
+    train, held_out, regression = load_training_data(cfg, source)
+    if not train:
+        raise TrainingError("no training examples: record some episodes or configure train.task_set")
+    runtime = _load_model(config)
+    promoted = registry.current()
+    model = attach_lora(runtime.model, cfg.lora_rank, cfg.lora_alpha,
+                        adapter_path=str(promoted.path) if promoted else None)
+    trainer = GrpoTrainer(model, runtime.tokenizer, cfg, train, task_reward, paths.run_dir)
+    resumed = trainer.resume()
+    target = (trainer.step_count if resumed else 0) + (steps or cfg.steps)
+    log.info("training (%s) to step %d on %d examples", "resumed" if resumed else "new", target, len(train))
+
+    def on_step(record) -> None:
+        if trainer.rank != 0:
+            return
+        history = [asdict(r) for r in trainer.history[-50:]]
+        write_status(paths.status, "training", step=record.step, steps=target, reward=record.mean_reward,
+                     kl=record.kl, adapter=registry.current_id(), history=history)
+
+    trainer.run(target, should_stop=should_stop, on_step=on_step)
+    if trainer.rank != 0:
+        # Process 0 evaluates, gates and promotes; the others only trained alongside it.
+        return RoundResult("trained", trainer.step_count, registry.current_id(), "data-parallel worker")
+    if trainer.step_count < target:
+        message = f"stopped at step {trainer.step_count} of {target}; the next run resumes from here"
+        write_status(paths.status, "stopped", step=trainer.step_count, steps=target,
+                     adapter=registry.current_id(), message=message)
+        return RoundResult("stopped", trainer.step_count, registry.current_id(), message)
+    write_status(paths.status, "evaluating", step=trainer.step_count, steps=target,
+                 adapter=registry.current_id())
+    decision, metrics = _gate(model, runtime.tokenizer, cfg, held_out, regression, promoted, decide_promotion)
+    result = _finish(registry, model, paths, decision, metrics, trainer.step_count)
+    write_status(paths.status, result.state, step=result.steps, steps=target, adapter=registry.current_id(),
+                 message=result.message, metrics=metrics)
+    return result
+
+
+def _gate(model, tokenizer, cfg: TrainConfig, held_out, regression, promoted, decide):
+    from .gate import evaluate
+
+    def on(examples, adapter=True):
+        return evaluate(model, tokenizer, examples, task_reward, cfg.max_new_tokens, adapter=adapter)
+
+    candidate, candidate_reg = on(held_out), on(regression)
+    if promoted is None:
+        baseline, baseline_reg = on(held_out, adapter=False), on(regression, adapter=False)
+    else:
+        # The adapter in use now is the one to beat: load it beside the candidate and compare.
+        model.load_adapter(str(promoted.path), adapter_name="baseline")
+        model.set_adapter("baseline")
+        try:
+            baseline, baseline_reg = on(held_out), on(regression)
+        finally:
+            model.set_adapter("default")
+            model.delete_adapter("baseline")
+    decision = decide(candidate, baseline, candidate_reg, baseline_reg,
+                      tolerance=cfg.promote_tolerance, max_kl=cfg.promote_max_kl)
+    metrics = {"held_out": asdict(candidate), "held_out_baseline": asdict(baseline),
+               "regression": asdict(candidate_reg), "regression_baseline": asdict(baseline_reg),
+               "reasons": list(decision.reasons)}
+    return decision, metrics
+
+
+def _finish(
+    registry: AdapterRegistry, model, paths: TrainPaths, decision, metrics, steps: int
+) -> RoundResult:
+    ref = registry.add_version(lambda d: model.save_pretrained(str(d)),
+                               {"steps": steps, "promoted": decision.promote, **metrics})
+    # The round is over either way: the next one starts from the promoted adapter.
+    shutil.rmtree(paths.run_dir, ignore_errors=True)
+    if decision.promote:
+        registry.promote(ref.id)
+        return RoundResult("promoted", steps, ref.id, f"promoted {ref.id}: {decision.reasons[0]}")
+    return RoundResult("rejected", steps, registry.current_id(),
+                       f"kept {registry.current_id() or 'the base model'}; {ref.id} rejected: "
+                       + "; ".join(decision.reasons))

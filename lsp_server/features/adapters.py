@@ -1,0 +1,87 @@
+"""Hot swap of the trained adapter, and `squidcode.train.status`.
+
+A watcher polls the promoted-adapter pointer the trainer writes; when it names another adapter the
+swap runs on the model worker (so it queues behind a completion in progress, and applying takes
+the runtime's generation lock), and no restart is needed. The command reports the trainer's status
+file together with the adapter the running model uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from lsprotocol import types
+
+from context.errors import AdapterError
+from feedback.train.adapters import read_pointer, sync_runtime_adapter
+from feedback.train.scheduler import spawn_background
+from feedback.train.status import read_status, train_paths
+
+from ..server import SquidServer
+
+__all__ = ["POLL_S", "TRAIN_STATUS_COMMAND", "register", "start_adapter_watch", "train_status"]
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0
+TRAIN_STATUS_COMMAND = "squidcode.train.status"
+
+
+def train_status(ls: SquidServer) -> dict:
+    paths = train_paths(ls.config)
+    status = read_status(paths.status)
+    return {
+        "state": status.get("state"), "step": status.get("step"), "steps": status.get("steps"),
+        "reward": status.get("reward"), "kl": status.get("kl"), "message": status.get("message"),
+        "adapter": read_pointer(paths.adapters).get("current"),
+        "loadedAdapter": ls.runtime.adapter_id if ls.runtime else None,
+    }
+
+
+async def _watch(ls: SquidServer) -> None:
+    # A promoted adapter that did not load is not retried until the pointer changes.
+    nothing_failed = object()
+    failed: object = nothing_failed
+    while True:
+        await asyncio.sleep(POLL_S)
+        runtime = ls.runtime
+        if runtime is None:
+            continue
+        root = train_paths(ls.config).adapters
+        wanted = read_pointer(root).get("current")
+        if wanted == runtime.adapter_id or wanted == failed:
+            continue
+        loop = asyncio.get_running_loop()
+        try:
+            changed = await loop.run_in_executor(ls.model_executor, sync_runtime_adapter, runtime, root)
+        except AdapterError as exc:
+            failed = wanted
+            log.error("promoted adapter not applied: %s", exc)
+            ls.window_show_message(types.ShowMessageParams(
+                type=types.MessageType.Error, message=f"squidcode: {exc}; using the base model"))
+            continue
+        failed = nothing_failed
+        if changed:
+            log.info("now generating with adapter %s", runtime.adapter_id or "none (base model)")
+
+
+def start_adapter_watch(ls: SquidServer) -> None:
+    """Start the pointer watcher once per server (called when the server is initialized), and the
+    background trainer when the user turned it on (`train.enabled`)."""
+    if getattr(ls, "_adapter_watch", None) is None:
+        ls._adapter_watch = asyncio.ensure_future(_watch(ls))
+    if ls.config.train.enabled:
+        root = ls.workspace_roots[0] if ls.workspace_roots else None
+        try:
+            pid = spawn_background(config_root=root, paths=train_paths(ls.config))
+        except OSError as exc:
+            log.error("cannot start the background trainer: %s", exc)
+        else:
+            log.info("background trainer running (pid %d)", pid)
+
+
+def register(server: SquidServer) -> None:
+    @server.command(TRAIN_STATUS_COMMAND)
+    async def status_command(ls: SquidServer, *args) -> dict:
+        return train_status(ls)

@@ -1,0 +1,137 @@
+"""`squidcode train`: a round on a tiny model through the CLI (train, gate, promote, status,
+rollback), a rejected round, and a SIGTERM mid-round that loses nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lsp_server.cli import main
+from tests.unit.train.conftest import tiny_model_dir  # noqa: F401 - fixture
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def workspace(tmp_path, tiny_model_dir, monkeypatch):  # noqa: F811 - the fixture above
+    train_dir = tmp_path / "train"
+    (tmp_path / ".squidcode.toml").write_text(
+        f'[model]\npath = "{tiny_model_dir}"\n'
+        f'[train]\ndir = "{train_dir}"\ngroup_size = 2\nprompts_per_step = 1\nmax_new_tokens = 4\n'
+        "learning_rate = 0.01\nnice = 0\nthreads = 1\npromote_tolerance = 2.0\npromote_max_kl = 100.0\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    yield tmp_path
+    signal.signal(signal.SIGTERM, previous[0])
+    signal.signal(signal.SIGINT, previous[1])
+
+
+def run_json(capsys, *argv) -> dict:
+    capsys.readouterr()
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_once_trains_gates_promotes_and_rolls_back(workspace, capsys):
+    result = run_json(capsys, "train", "--once", "--steps", "2", "--json")
+    assert result["state"] == "promoted" and result["adapter"] == "v0001" and result["steps"] == 2
+    status = run_json(capsys, "train", "status", "--json")
+    assert status["state"] == "promoted" and status["promoted"] == "v0001" and status["versions"] == ["v0001"]
+    assert set(status["metrics"]) >= {"held_out", "regression", "held_out_baseline", "reasons"}
+    version = workspace / "train" / "adapters" / "versions" / "v0001"
+    assert (version / "adapter_model.safetensors").is_file() and (version / "meta.json").is_file()
+    assert not (workspace / "train" / "run").exists()  # the round is over: the next starts from v0001
+    assert run_json(capsys, "train", "rollback", "--json") == {"promoted": None}
+    capsys.readouterr()
+    assert main(["train", "status"]) == 0
+    assert "adapter in use: none (base model); versions: v0001" in capsys.readouterr().out
+    assert main(["train", "rollback"]) == 1
+    assert "nothing to roll back" in capsys.readouterr().err
+
+
+def test_a_round_over_the_kl_limit_is_rejected(workspace, capsys):
+    toml = workspace / ".squidcode.toml"
+    toml.write_text(toml.read_text().replace("promote_max_kl = 100.0", "promote_max_kl = 0.0"))
+    result = run_json(capsys, "train", "--once", "--steps", "2", "--json")
+    assert result["state"] == "rejected" and result["adapter"] is None and "KL" in result["message"]
+    status = run_json(capsys, "train", "status", "--json")
+    assert status["promoted"] is None and status["versions"] == ["v0001"]
+
+
+def test_sigterm_stops_the_round_and_the_next_run_resumes(workspace, capsys):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lsp_server", "train", "--once", "--steps", "500", "--json"],
+        cwd=workspace,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    status_path = workspace / "train" / "status.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if status_path.is_file() and json.loads(status_path.read_text()).get("step", 0) >= 2:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    result = json.loads(out.strip().splitlines()[-1])
+    assert proc.returncode == 0 and result["state"] == "stopped"
+    stopped_at = result["steps"]
+    checkpoint = json.loads((workspace / "train" / "run" / "checkpoint" / "state.json").read_text())
+    assert checkpoint["step"] == stopped_at >= 2
+    status = run_json(capsys, "train", "status", "--json")
+    assert status["state"] == "stopped" and "resumes" in status["message"]
+    resumed = run_json(capsys, "train", "--once", "--steps", "1", "--json")
+    assert resumed["steps"] == stopped_at + 1 and resumed["state"] == "promoted"
+
+
+def test_background_mode_needs_train_enabled(workspace, capsys):
+    assert main(["train"]) == 2
+    assert "train.enabled is false" in capsys.readouterr().err
+
+
+def test_background_trainer_process_runs_reports_and_stops(workspace, monkeypatch):
+    from context.config import load_file_config
+    from feedback.train.scheduler import spawn_background
+    from feedback.train.status import read_status, train_paths
+
+    toml = workspace / ".squidcode.toml"
+    toml.write_text(toml.read_text().replace("[train]\n", "[train]\nenabled = true\nidle_load = 64.0\n"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    config, problems = load_file_config([workspace])
+    assert not problems
+    paths = train_paths(config)
+    pid = spawn_background(config_root=workspace, paths=paths)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and read_status(paths.status).get("step", 0) < 1:
+            time.sleep(0.2)
+        status = read_status(paths.status)
+        assert status["pid"] == pid and status["state"] in ("training", "evaluating", "promoted", "loading")
+        # A second start finds it running and does not start another.
+        assert spawn_background(config_root=workspace, paths=paths) == pid
+    finally:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _running(pid):
+        time.sleep(0.2)
+    assert not _running(pid)
+    assert read_status(paths.status)["state"] in ("stopped", "promoted", "rejected")
+
+
+def _running(pid: int) -> bool:
+    try:
+        finished, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return finished == 0
