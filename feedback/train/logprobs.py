@@ -2,13 +2,19 @@
 
 `token_logprobs` runs the model's body once and scores only the completion positions against the
 LM head, so the full [batch, seq, vocab] logits of the prompt are never built. The head step is
-`selective_logprob`, written here in plain torch; `kernels.selective_logprob` (chunked, fused) has
-the same contract and replaces it where available.
+`kernels.selective_logprob`: chunked over the completion rows in forward and backward, so not even
+the completion's [rows, vocab] float32 logits are kept for backward (Triton on CUDA, torch elsewhere).
 """
 
 from __future__ import annotations
 
 import torch
+
+from kernels import selective_logprob
+
+# Completion rows scored per chunk: 64 rows of a 49k vocabulary is a 12 MiB float32 workspace, and
+# peak memory was 14x lower than a full log_softmax at this size (docs/benchmarks.md, kernels).
+LOGPROB_CHUNK_ROWS = 64
 
 __all__ = ["selective_logprob", "token_logprobs", "unwrap_causal_lm"]
 
@@ -16,26 +22,6 @@ __all__ = ["selective_logprob", "token_logprobs", "unwrap_causal_lm"]
 def unwrap_causal_lm(model):
     """The transformers *ForCausalLM inside a peft wrapper (LoRA layers stay injected in it)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def selective_logprob(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    tokens: torch.Tensor,
-    *,
-    bias: torch.Tensor | None = None,
-    temperature: float = 1.0,
-) -> torch.Tensor:
-    """log softmax(hidden @ weight.T / temperature)[tokens]: hidden [b, s, d], tokens [b, s] -> [b, s].
-
-    Computed in float32 with logsumexp (never a full log_softmax tensor kept for backward beyond
-    the logits themselves).
-    """
-    logits = torch.nn.functional.linear(hidden, weight, bias).float()  # [b, s, vocab]
-    if temperature != 1.0:
-        logits = logits / temperature
-    picked = torch.gather(logits, -1, tokens.unsqueeze(-1)).squeeze(-1)  # [b, s]
-    return picked - torch.logsumexp(logits, dim=-1)
 
 
 def token_logprobs(
@@ -64,6 +50,7 @@ def token_logprobs(
     targets = input_ids[:, -completion_len:]  # [b, C]
     head = lm.get_output_embeddings()
     logps = selective_logprob(
-        scoring, head.weight, targets, bias=getattr(head, "bias", None), temperature=temperature
+        scoring, head.weight, targets, bias=getattr(head, "bias", None), temperature=temperature,
+        chunk_size=LOGPROB_CHUNK_ROWS,
     )
     return logps * completion_mask.to(logps.dtype)

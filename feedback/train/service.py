@@ -74,7 +74,10 @@ def run_round(
     config: SquidConfig, *, steps: int | None = None, source: EpisodeSource | None = None,
     should_stop: Callable[[], bool] = lambda: False, paths: TrainPaths | None = None,
 ) -> RoundResult:
-    """Train `steps` steps (default train.steps) then gate; stopped early it keeps the checkpoint."""
+    """Train `steps` steps (default train.steps) then gate; stopped early it keeps the checkpoint.
+
+    Episodes come from `source`, by default the user's local feedback store (feedback.db_path).
+    """
     from .gate import decide_promotion
     from .policy import attach_lora
     from .trainer import GrpoTrainer
@@ -83,6 +86,12 @@ def run_round(
     paths = paths or train_paths(config)
     registry = AdapterRegistry(paths.adapters)
     write_status(paths.status, "loading", adapter=registry.current_id())
+    if source is None:
+        from feedback.store import default_db_path
+
+        from .store_source import FeedbackStoreSource
+
+        source = FeedbackStoreSource(default_db_path(config.feedback))
     train, held_out, regression = load_training_data(cfg, source)
     if not train:
         raise TrainingError("no training examples: record some episodes or configure train.task_set")

@@ -1,0 +1,62 @@
+"""The feedback store as the trainer's EpisodeSource: recorded episodes become training examples.
+
+A completion episode becomes "continue this code" with the text before the cursor; an agent
+episode keeps its instruction. The outcome at the last checkpoint supplies the reference texts a
+reward compares fresh samples with: the region's final text when the user kept or modified it,
+the model's output when the user reverted it. Episodes never accepted, or not yet judged, teach
+nothing and are left out (`example_from_episode` skips an episode without reference texts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FeedbackStoreSource", "COMPLETION_INSTRUCTION", "episode_as_example_fields"]
+
+COMPLETION_INSTRUCTION = "Continue this code from where it stops. Answer with the code only."
+_KEPT = ("unchanged", "mostly_unchanged", "modified")
+
+
+def episode_as_example_fields(record: Any) -> dict[str, Any] | None:
+    """The fields `example_from_episode` reads, from one `feedback.store.EpisodeOutcomes`."""
+    episode, finals = record.episode, record.final_outcomes()
+    if not record.accepted or not finals:
+        return None
+    last = finals[-1]
+    extra = episode.get("extra") or {}
+    if episode["kind"] == "completion":
+        instruction = f"{COMPLETION_INSTRUCTION}\n\n```\n{episode.get('prompt_text') or ''}\n```"
+    else:
+        instruction = episode.get("instruction") or ""
+    status = last["status"]
+    return {
+        "id": episode["id"],
+        "created_at": episode["ts"],
+        "instruction": instruction,
+        "original": extra.get("original", ""),
+        "output": episode.get("output"),
+        "outcome": "reverted" if status == "reverted" else "kept" if status in _KEPT else status,
+        "kept_text": last.get("kept_text") if status in _KEPT else None,
+        "reverted_text": episode.get("output") if status == "reverted" else None,
+        "candidates": tuple(c.get("diff", "") for c in episode.get("candidates") or ()),
+        "language": episode.get("language") or "python",
+    }
+
+
+class FeedbackStoreSource:
+    """Reads the local feedback store (read-only) for `run_round(..., source=...)`."""
+
+    def __init__(self, db_path: Path | str | None = None):
+        self.db_path = db_path
+
+    def episodes_with_outcomes(self, since: float | None, until: float | None) -> Iterator[dict[str, Any]]:
+        from feedback import episodes_with_outcomes
+
+        if self.db_path is not None and not Path(self.db_path).exists():
+            return
+        for record in episodes_with_outcomes(self.db_path, since, until):
+            fields = episode_as_example_fields(record)
+            if fields is not None:
+                yield fields

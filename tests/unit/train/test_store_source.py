@@ -1,0 +1,63 @@
+"""The feedback store as the trainer's source: a kept and a reverted completion, recorded through
+the real recorder into a real SQLite store, become training examples with the right references."""
+
+from __future__ import annotations
+
+from context.config import FeedbackConfig, TrainConfig
+from feedback.recorder import FeedbackRecorder
+from feedback.tracking import TextChange
+from feedback.train.dataset import examples_from_source
+from feedback.train.service import load_training_data
+from feedback.train.store_source import COMPLETION_INSTRUCTION, FeedbackStoreSource
+
+BEFORE = "def add(a, b):\n    \n"
+
+
+class Clock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _record(tmp_path):
+    clock = Clock()
+    recorder = FeedbackRecorder(FeedbackConfig(checkpoints_s=(30.0,), dismiss_after_s=10.0),
+                                db_path=tmp_path / "f.db", monotonic=clock)
+    kept = recorder.record_completion_episode(uri="file:///w/a.py", position=(1, 4), output="return a + b",
+                                              prompt_text=BEFORE[:19], model_id="m", language="python")
+    after = BEFORE.replace("    \n", "    return a + b\n")
+    recorder.on_did_change("file:///w/a.py", [TextChange((1, 4), (1, 4), "return a + b")], after)
+    recorder.accept_completion(kept, None, after)
+    reverted = recorder.record_completion_episode(uri="file:///w/b.py", position=(1, 4), output="pass",
+                                                  prompt_text=BEFORE[:19], model_id="m", language="python")
+    after_b = BEFORE.replace("    \n", "    pass\n")
+    recorder.on_did_change("file:///w/b.py", [TextChange((1, 4), (1, 4), "pass")], after_b)
+    recorder.accept_completion(reverted, None, after_b)
+    recorder.on_did_change("file:///w/b.py", [TextChange((1, 4), (1, 8), "")], BEFORE)  # undo
+    shown_only = recorder.record_completion_episode(uri="file:///w/c.py", position=(1, 4), output="x = 1",
+                                                    prompt_text=BEFORE[:19], model_id="m")
+    clock.now += 31
+    recorder.tick()
+    assert recorder.flush()
+    recorder.close()
+    return tmp_path / "f.db", kept, reverted, shown_only
+
+
+def test_kept_and_reverted_completions_become_examples(tmp_path):
+    db, kept, reverted, shown_only = _record(tmp_path)
+    examples = {ex.id: ex for ex in examples_from_source(FeedbackStoreSource(db))}
+    assert set(examples) == {kept, reverted}  # shown and never accepted: nothing to learn from
+    assert examples[kept].kept_text == "return a + b" and not examples[kept].reverted
+    assert examples[reverted].reverted and examples[reverted].reverted_text == "pass"
+    assert examples[reverted].kept_text is None
+    assert examples[kept].instruction.startswith(COMPLETION_INSTRUCTION)
+    assert "def add(a, b):" in examples[kept].instruction
+
+
+def test_a_missing_store_gives_no_episodes_and_training_falls_back_to_the_task_set(tmp_path):
+    source = FeedbackStoreSource(tmp_path / "none.db")
+    assert list(source.episodes_with_outcomes(None, None)) == []
+    train, held_out, regression = load_training_data(TrainConfig(), source)
+    assert train and held_out and regression
+    assert not (tmp_path / "none.db").exists()
