@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="start `squidcode serve`, open the bundled example, print an inline completion"
     )
     demo.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    from . import cli_agent
+
+    cli_agent.add_parsers(sub)
     return parser
 
 
@@ -97,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "search":
             return cli_index.run_search(args.path, args.query, args.k, args.json)
         return cli_index.run_map(args.path, args.focus, args.tokens)
+    if args.command in ("agent", "memory"):
+        from . import cli_agent
+
+        if args.command == "agent":
+            return cli_agent.run_agent_command(args)
+        return cli_agent.run_memory_command(args)
     if args.command == "demo":
         from .demo import run_demo
 
