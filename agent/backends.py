@@ -24,11 +24,25 @@ import httpx
 
 from context.errors import GenerationCancelled
 
-from .errors import AgentCancelled, BackendAuthError, BackendConnectionError, BackendError, BackendTimeoutError
+from .errors import (
+    AgentCancelled,
+    BackendAuthError,
+    BackendConnectionError,
+    BackendError,
+    BackendTimeoutError,
+)
 from .protocol import ToolCall
 
-__all__ = ["Document", "Conversation", "Sample", "Backend", "LocalBackend", "OpenAIBackend",
-           "build_local_prompt", "LOCAL_PREFILL"]
+__all__ = [
+    "Document",
+    "Conversation",
+    "Sample",
+    "Backend",
+    "LocalBackend",
+    "OpenAIBackend",
+    "build_local_prompt",
+    "LOCAL_PREFILL",
+]
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +87,16 @@ class Backend(Protocol):
     name: str
     native_tools: bool
 
-    def sample(self, conversation: Conversation, k: int, *, temperature: float, max_tokens: int,
-               seed: int, should_stop: ShouldStop) -> list[Sample]: ...
+    def sample(
+        self,
+        conversation: Conversation,
+        k: int,
+        *,
+        temperature: float,
+        max_tokens: int,
+        seed: int,
+        should_stop: ShouldStop,
+    ) -> list[Sample]: ...
 
     def logprob(self, conversation: Conversation, sample: Sample) -> float | None: ...
 
@@ -88,8 +110,9 @@ def _context_block(conversation: Conversation) -> str:
     return "\n\n".join(parts)
 
 
-def build_local_prompt(tokenizer, system: str, repo_map: str, documents: list[Document],
-                       messages: list[dict[str, Any]]) -> str:
+def build_local_prompt(
+    tokenizer, system: str, repo_map: str, documents: list[Document], messages: list[dict[str, Any]]
+) -> str:
     """The local model's prompt: the chat template over system + documents + turns, answer started.
 
     The one place documents enter the local prompt, so Squid composition can take it over.
@@ -119,11 +142,24 @@ class LocalBackend:
         self.runtime = runtime
 
     def prompt(self, conversation: Conversation) -> str:
-        return build_local_prompt(self.runtime.tokenizer, conversation.system, conversation.repo_map,
-                                  conversation.documents, conversation.messages)
+        return build_local_prompt(
+            self.runtime.tokenizer,
+            conversation.system,
+            conversation.repo_map,
+            conversation.documents,
+            conversation.messages,
+        )
 
-    def sample(self, conversation: Conversation, k: int, *, temperature: float, max_tokens: int,
-               seed: int = 0, should_stop: ShouldStop = lambda: False) -> list[Sample]:
+    def sample(
+        self,
+        conversation: Conversation,
+        k: int,
+        *,
+        temperature: float,
+        max_tokens: int,
+        seed: int = 0,
+        should_stop: ShouldStop = lambda: False,
+    ) -> list[Sample]:
         """K answers to the conversation: the prompt is prefilled once, then decoded K times from a copy
         of its cache (one after another for now: the seam for batched decoding)."""
         prompt_ids = self.runtime.encode(self.prompt(conversation))
@@ -134,12 +170,24 @@ class LocalBackend:
                 raise AgentCancelled("cancelled while sampling")
             try:
                 if shared is None:
-                    result = self.runtime.generate(prompt_ids, max_new_tokens=max_tokens, stop=_LOCAL_STOP,
-                                                   temperature=temperature, seed=seed + i, should_stop=should_stop)
+                    result = self.runtime.generate(
+                        prompt_ids,
+                        max_new_tokens=max_tokens,
+                        stop=_LOCAL_STOP,
+                        temperature=temperature,
+                        seed=seed + i,
+                        should_stop=should_stop,
+                    )
                 else:
-                    result = self.runtime.generate(prompt_ids[-1:], max_new_tokens=max_tokens, stop=_LOCAL_STOP,
-                                                   temperature=temperature, seed=seed + i, should_stop=should_stop,
-                                                   past=copy.deepcopy(shared))
+                    result = self.runtime.generate(
+                        prompt_ids[-1:],
+                        max_new_tokens=max_tokens,
+                        stop=_LOCAL_STOP,
+                        temperature=temperature,
+                        seed=seed + i,
+                        should_stop=should_stop,
+                        past=copy.deepcopy(shared),
+                    )
             except GenerationCancelled as exc:
                 raise AgentCancelled(str(exc)) from exc
             text = LOCAL_PREFILL + result.text
@@ -157,7 +205,7 @@ class LocalBackend:
             for start in range(0, len(ids), 256):
                 if should_stop():
                     raise AgentCancelled("cancelled during prefill")
-                chunk = torch.tensor([ids[start:start + 256]], device=self.runtime.device)  # [1, chunk]
+                chunk = torch.tensor([ids[start : start + 256]], device=self.runtime.device)  # [1, chunk]
                 cache = self.runtime.model(input_ids=chunk, cache=cache, use_cache=True).cache
         return cache
 
@@ -166,13 +214,15 @@ class LocalBackend:
         import torch
 
         prompt_ids = self.runtime.encode(self.prompt(conversation))
-        answer = sample.text[len(LOCAL_PREFILL):] if sample.text.startswith(LOCAL_PREFILL) else sample.text
+        answer = sample.text[len(LOCAL_PREFILL) :] if sample.text.startswith(LOCAL_PREFILL) else sample.text
         answer_ids = self.runtime.encode(answer)
         if not answer_ids:
             return None
         ids = torch.tensor([prompt_ids + answer_ids], device=self.runtime.device)  # [1, seq]
         with torch.inference_mode():
-            logits = self.runtime.model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float()  # [n, vocab]
+            logits = (
+                self.runtime.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
+            )  # [n, vocab]
             logp = torch.log_softmax(logits, dim=-1)
             picked = logp.gather(1, torch.tensor(answer_ids, device=logp.device)[:, None])  # [n, 1]
         return float(picked.mean())
@@ -184,22 +234,34 @@ class OpenAIBackend:
     name = "openai"
     native_tools = True
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, *, timeout_s: float = 120.0,
-                 retries: int = 2, backoff_s: float = 0.5, stream: bool = True,
-                 transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 120.0,
+        retries: int = 2,
+        backoff_s: float = 0.5,
+        stream: bool = True,
+        transport: httpx.BaseTransport | None = None,
+    ):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.retries = retries
         self.backoff_s = backoff_s
         self.stream = stream
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10)),
-                                    transport=transport)
+        self._client = httpx.Client(
+            headers=headers, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10)), transport=transport
+        )
 
     @classmethod
     def from_config(cls, config) -> OpenAIBackend:
         key = os.environ.get(config.api_key_env) if config.api_key_env else None
-        return cls(config.base_url, config.model, key, timeout_s=config.request_timeout_s, retries=config.retries)
+        return cls(
+            config.base_url, config.model, key, timeout_s=config.request_timeout_s, retries=config.retries
+        )
 
     def close(self) -> None:
         self._client.close()
@@ -211,11 +273,25 @@ class OpenAIBackend:
             system = f"{system}\n\n{context}"
         return [{"role": "system", "content": system}, *conversation.messages]
 
-    def sample(self, conversation: Conversation, k: int, *, temperature: float, max_tokens: int,
-               seed: int = 0, should_stop: ShouldStop = lambda: False) -> list[Sample]:
+    def sample(
+        self,
+        conversation: Conversation,
+        k: int,
+        *,
+        temperature: float,
+        max_tokens: int,
+        seed: int = 0,
+        should_stop: ShouldStop = lambda: False,
+    ) -> list[Sample]:
         body: dict[str, Any] = {
-            "model": self.model, "messages": self._messages(conversation), "temperature": temperature,
-            "max_tokens": max_tokens, "n": k, "seed": seed, "logprobs": True, "stream": self.stream,
+            "model": self.model,
+            "messages": self._messages(conversation),
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+            "n": k,
+            "seed": seed,
+            "logprobs": True,
+            "stream": self.stream,
         }
         if conversation.tools:
             body["tools"] = conversation.tools
@@ -227,7 +303,7 @@ class OpenAIBackend:
                     if isinstance(exc, _Retryable):
                         raise BackendError(str(exc)) from exc
                     raise
-                delay = self.backoff_s * (2 ** attempt)
+                delay = self.backoff_s * (2**attempt)
                 log.warning("model server: %s; retrying in %.1fs", exc, delay)
                 time.sleep(delay)
         raise AssertionError("unreachable")
@@ -240,14 +316,18 @@ class OpenAIBackend:
         try:
             with self._client.stream("POST", url, json=body) as response:
                 self._check_status(response)
-                if body["stream"] and response.headers.get("content-type", "").startswith("text/event-stream"):
+                if body["stream"] and response.headers.get("content-type", "").startswith(
+                    "text/event-stream"
+                ):
                     return _read_stream(response, k, should_stop)
                 response.read()
                 return _read_whole(response)
         except httpx.TimeoutException as exc:
             raise BackendTimeoutError(f"the model server at {self.base_url} did not answer in time") from exc
         except httpx.ConnectError as exc:
-            raise BackendConnectionError(f"cannot connect to the model server at {self.base_url}: {exc}") from exc
+            raise BackendConnectionError(
+                f"cannot connect to the model server at {self.base_url}: {exc}"
+            ) from exc
         except httpx.HTTPError as exc:
             raise BackendConnectionError(f"the connection to {self.base_url} failed: {exc}") from exc
 
@@ -257,12 +337,16 @@ class OpenAIBackend:
         response.read()
         detail = response.text[:300]
         if response.status_code in (401, 403):
-            raise BackendAuthError(f"the model server at {self.base_url} refused the API key "
-                                   f"(HTTP {response.status_code}): set agent.api_key_env to the variable "
-                                   "holding a valid key")
+            raise BackendAuthError(
+                f"the model server at {self.base_url} refused the API key "
+                f"(HTTP {response.status_code}): set agent.api_key_env to the variable "
+                "holding a valid key"
+            )
         if response.status_code == 429 or response.status_code >= 500:
             raise _Retryable(f"HTTP {response.status_code} from {self.base_url}: {detail}")
-        raise BackendError(f"the model server at {self.base_url} answered HTTP {response.status_code}: {detail}")
+        raise BackendError(
+            f"the model server at {self.base_url} answered HTTP {response.status_code}: {detail}"
+        )
 
 
 class _Retryable(BackendError):
@@ -279,14 +363,21 @@ def _tool_calls(raw: Any) -> list[ToolCall]:
             args = json.loads(arguments) if isinstance(arguments, str) else arguments
         except json.JSONDecodeError:
             args = {"__unparsable__": arguments}
-        calls.append(ToolCall(name if isinstance(name, str) else "", args if isinstance(args, dict) else
-                              {"__unparsable__": arguments}, item.get("id")))
+        calls.append(
+            ToolCall(
+                name if isinstance(name, str) else "",
+                args if isinstance(args, dict) else {"__unparsable__": arguments},
+                item.get("id"),
+            )
+        )
     return calls
 
 
 def _mean_logprob(choice: dict[str, Any]) -> float | None:
     content = ((choice.get("logprobs") or {}).get("content")) or []
-    values = [t.get("logprob") for t in content if isinstance(t, dict) and isinstance(t.get("logprob"), int | float)]
+    values = [
+        t.get("logprob") for t in content if isinstance(t, dict) and isinstance(t.get("logprob"), int | float)
+    ]
     return sum(values) / len(values) if values else None
 
 
@@ -297,11 +388,19 @@ def _read_whole(response: httpx.Response) -> list[Sample]:
         samples = []
         for choice in choices:
             message = choice["message"]
-            samples.append(Sample(message.get("content") or "", _tool_calls(message.get("tool_calls")),
-                                  int((data.get("usage") or {}).get("completion_tokens") or 0) // max(len(choices), 1),
-                                  _mean_logprob(choice), choice.get("finish_reason") or ""))
+            samples.append(
+                Sample(
+                    message.get("content") or "",
+                    _tool_calls(message.get("tool_calls")),
+                    int((data.get("usage") or {}).get("completion_tokens") or 0) // max(len(choices), 1),
+                    _mean_logprob(choice),
+                    choice.get("finish_reason") or "",
+                )
+            )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise BackendError(f"the model server's answer is not a chat completion: {response.text[:200]!r}") from exc
+        raise BackendError(
+            f"the model server's answer is not a chat completion: {response.text[:200]!r}"
+        ) from exc
     if not samples:
         raise BackendError("the model server answered no choices")
     return samples
@@ -326,18 +425,28 @@ def _read_stream(response: httpx.Response, k: int, should_stop: ShouldStop) -> l
             for choice in chunk["choices"]:
                 _add_delta(choice, texts, calls, logps, finish)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise BackendError(f"the model server streamed something that is not a chat chunk: {payload[:200]!r}") \
-                from exc
+            raise BackendError(
+                f"the model server streamed something that is not a chat chunk: {payload[:200]!r}"
+            ) from exc
     indexes = sorted(set(texts) | set(calls))
     if not indexes:
         raise BackendError("the model server streamed no answer")
     samples = []
     for i in indexes:
-        raw_calls = [{"id": c.get("id"), "function": {"name": c.get("name"), "arguments": c.get("arguments", "")}}
-                     for _, c in sorted(calls.get(i, {}).items())]
+        raw_calls = [
+            {"id": c.get("id"), "function": {"name": c.get("name"), "arguments": c.get("arguments", "")}}
+            for _, c in sorted(calls.get(i, {}).items())
+        ]
         values = logps.get(i, [])
-        samples.append(Sample("".join(texts.get(i, [])), _tool_calls(raw_calls), len(values) or len(texts.get(i, [])),
-                              sum(values) / len(values) if values else None, finish.get(i, "")))
+        samples.append(
+            Sample(
+                "".join(texts.get(i, [])),
+                _tool_calls(raw_calls),
+                len(values) or len(texts.get(i, [])),
+                sum(values) / len(values) if values else None,
+                finish.get(i, ""),
+            )
+        )
     return samples
 
 

@@ -24,7 +24,9 @@ def _failed(checks: dict, name: str, detail: str, text: str, temperature: float)
     return Candidate("", False, checks, text, None, temperature, detail)
 
 
-def verify_candidate(ctx: ToolContext, action, text: str, temperature: float, run_tests: bool = True) -> Candidate:
+def verify_candidate(
+    ctx: ToolContext, action, text: str, temperature: float, run_tests: bool = True
+) -> Candidate:
     """Apply an edit action to a copy of the overlay and check it; never raises for the model's mistakes."""
     checks: dict[str, bool | None] = dict.fromkeys(CHECKS)
     if isinstance(action, ParseFailure) or not (isinstance(action, ToolCall) and action.name == "edit"):

@@ -13,8 +13,16 @@ from typing import Any, Protocol
 
 from .overlay import FileChange
 
-__all__ = ["StepRecord", "Candidate", "AgentResult", "EpisodeSink", "register_episode_sink",
-           "unregister_episode_sink", "record_episode", "new_episode_id"]
+__all__ = [
+    "StepRecord",
+    "Candidate",
+    "AgentResult",
+    "EpisodeSink",
+    "register_episode_sink",
+    "unregister_episode_sink",
+    "record_episode",
+    "new_episode_id",
+]
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +94,12 @@ class AgentResult:
 
     def to_json(self) -> dict[str, Any]:
         """The CLI's `--json` object (exactly these keys)."""
-        return {"diff": self.diff, "steps": [s.to_json() for s in self.steps],
-                "candidates": [c.to_json() for c in self.candidates], "chosen": self.chosen}
+        return {
+            "diff": self.diff,
+            "steps": [s.to_json() for s in self.steps],
+            "candidates": [c.to_json() for c in self.candidates],
+            "chosen": self.chosen,
+        }
 
 
 class EpisodeSink(Protocol):

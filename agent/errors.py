@@ -2,8 +2,17 @@
 
 from context.errors import SquidcodeError
 
-__all__ = ["AgentError", "SandboxError", "ToolError", "BackendError", "BackendAuthError",
-           "BackendConnectionError", "BackendTimeoutError", "MemoryStoreError", "AgentCancelled"]
+__all__ = [
+    "AgentError",
+    "SandboxError",
+    "ToolError",
+    "BackendError",
+    "BackendAuthError",
+    "BackendConnectionError",
+    "BackendTimeoutError",
+    "MemoryStoreError",
+    "AgentCancelled",
+]
 
 
 class AgentError(SquidcodeError):

@@ -57,9 +57,19 @@ class AgentRequest:
 class AgentLoop:
     """Runs episodes for one workspace with one backend."""
 
-    def __init__(self, backend: Backend, workspace: Workspace, config, *, registry: ToolRegistry | None = None,
-                 store=None, memory=None, buffers: Mapping[Path, str] | None = None,
-                 on_step: StepCallback | None = None, should_stop: Callable[[], bool] | None = None):
+    def __init__(
+        self,
+        backend: Backend,
+        workspace: Workspace,
+        config,
+        *,
+        registry: ToolRegistry | None = None,
+        store=None,
+        memory=None,
+        buffers: Mapping[Path, str] | None = None,
+        on_step: StepCallback | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ):
         self.backend = backend
         self.workspace = workspace
         self.config = config
@@ -74,36 +84,53 @@ class AgentLoop:
 
     def run(self, request: AgentRequest) -> AgentResult:
         started = time.monotonic()
-        ctx = ToolContext(self.workspace, Overlay(self.workspace, self.buffers), self.config, self.store,
-                          self.memory)
+        ctx = ToolContext(
+            self.workspace, Overlay(self.workspace, self.buffers), self.config, self.store, self.memory
+        )
         target = self.workspace.resolve(request.path) if request.path is not None else None
-        result = AgentResult(new_episode_id(), request.instruction, [], [], None, "step_budget",
-                             backend=self.backend.name)
+        result = AgentResult(
+            new_episode_id(), request.instruction, [], [], None, "step_budget", backend=self.backend.name
+        )
         conversation = self._start(ctx, request, target, result)
         try:
             self._steps(ctx, conversation, request, target, result)
         except BackendError as exc:
             result.stop_reason, result.error = "backend_error", str(exc)
         result.seconds = time.monotonic() - started
-        record_episode(result, {"workspace": str(self.workspace.root), "path": str(target) if target else None,
-                                "range": request.line_range})
+        record_episode(
+            result,
+            {
+                "workspace": str(self.workspace.root),
+                "path": str(target) if target else None,
+                "range": request.line_range,
+            },
+        )
         return result
 
-    def _start(self, ctx: ToolContext, request: AgentRequest, target: Path | None,
-               result: AgentResult) -> Conversation:
+    def _start(
+        self, ctx: ToolContext, request: AgentRequest, target: Path | None, result: AgentResult
+    ) -> Conversation:
         notes = [n.body for n in self.memory.recall(request.instruction)] if self.memory else []
         budget = self.config.context_tokens
         conversation = Conversation(
             system_prompt(self.registry, self.backend.native_tools, notes),
             repo_map_for(self.store, target, budget // 3),
-            select_documents(ctx.overlay, self.workspace, self.store, request.instruction, target,
-                             request.line_range, budget - budget // 3),
+            select_documents(
+                ctx.overlay,
+                self.workspace,
+                self.store,
+                request.instruction,
+                target,
+                request.line_range,
+                budget - budget // 3,
+            ),
             tools=self.registry.schemas() if self.backend.native_tools else [],
         )
         pretest = self._pretest(ctx, result) if self.config.pretest else None
         rel = self.workspace.rel(target) if target else None
         conversation.messages.append(
-            {"role": "user", "content": first_message(request.instruction, rel, request.line_range, pretest)})
+            {"role": "user", "content": first_message(request.instruction, rel, request.line_range, pretest)}
+        )
         return conversation
 
     def _pretest(self, ctx: ToolContext, result: AgentResult) -> str | None:
@@ -115,8 +142,14 @@ class AgentLoop:
         self._record(result, StepRecord("run_tests", {}, True, text, time.monotonic() - began))
         return trim_middle(text, OBSERVATION_CHARS)
 
-    def _steps(self, ctx: ToolContext, conversation: Conversation, request: AgentRequest,
-               target: Path | None, result: AgentResult) -> None:
+    def _steps(
+        self,
+        ctx: ToolContext,
+        conversation: Conversation,
+        request: AgentRequest,
+        target: Path | None,
+        result: AgentResult,
+    ) -> None:
         k = max(1, request.k or self.config.k)
         default_path = self.workspace.rel(target) if target else None
         reprompts = 0
@@ -152,12 +185,19 @@ class AgentLoop:
         if self.should_stop():
             raise AgentCancelled("the agent run was cancelled")
 
-    def _sample(self, conversation: Conversation, k: int, temperature: float, step: int,
-                result: AgentResult) -> list[Sample]:
+    def _sample(
+        self, conversation: Conversation, k: int, temperature: float, step: int, result: AgentResult
+    ) -> list[Sample]:
         remaining = self.config.token_budget - result.tokens
         max_tokens = max(1, min(self.config.max_step_tokens, remaining // max(k, 1)))
-        samples = self.backend.sample(conversation, k, temperature=temperature, max_tokens=max_tokens,
-                                      seed=1000 * step, should_stop=self.should_stop)
+        samples = self.backend.sample(
+            conversation,
+            k,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=1000 * step,
+            should_stop=self.should_stop,
+        )
         if not samples:
             raise BackendError("the backend returned no answer")
         result.tokens += sum(s.tokens for s in samples)
@@ -174,9 +214,15 @@ class AgentLoop:
 
     def _reprompt(self, conversation: Conversation, sample: Sample, failure: ParseFailure) -> None:
         conversation.messages.append({"role": "assistant", "content": trim_middle(sample.text, 800)})
-        conversation.messages.append({"role": "user", "content": (
-            f"That answer could not be used: {failure.message}. Answer with one ```edit, ```tool or "
-            "```done block as described.")})
+        conversation.messages.append(
+            {
+                "role": "user",
+                "content": (
+                    f"That answer could not be used: {failure.message}. Answer with one ```edit, ```tool or "
+                    "```done block as described."
+                ),
+            }
+        )
 
     def _observe(self, conversation: Conversation, call: ToolCall, output: str, ok: bool) -> None:
         output = trim_middle(output, OBSERVATION_CHARS)
@@ -189,16 +235,27 @@ class AgentLoop:
         status = "" if ok else " (failed)"
         conversation.messages.append({"role": "user", "content": f"Result of {call.name}{status}:\n{output}"})
 
-    def _tool_step(self, ctx: ToolContext, conversation: Conversation, call: ToolCall,
-                   result: AgentResult) -> None:
+    def _tool_step(
+        self, ctx: ToolContext, conversation: Conversation, call: ToolCall, result: AgentResult
+    ) -> None:
         began = time.monotonic()
         outcome = self.registry.call(ctx, call.name, call.args)
-        self._record(result, StepRecord(str(call.name), dict(call.args), outcome.ok, outcome.output,
-                                        time.monotonic() - began))
+        self._record(
+            result,
+            StepRecord(str(call.name), dict(call.args), outcome.ok, outcome.output, time.monotonic() - began),
+        )
         self._observe(conversation, call, outcome.output, outcome.ok)
 
-    def _candidate_round(self, ctx: ToolContext, conversation: Conversation, first: Sample, action: ToolCall,
-                         k: int, step: int, result: AgentResult) -> bool:
+    def _candidate_round(
+        self,
+        ctx: ToolContext,
+        conversation: Conversation,
+        first: Sample,
+        action: ToolCall,
+        k: int,
+        step: int,
+        result: AgentResult,
+    ) -> bool:
         """Sample and verify K candidates; True when one is chosen (the episode ends)."""
         began = time.monotonic()
         samples = [first]
@@ -214,8 +271,16 @@ class AgentLoop:
         fresh = result.candidates[round_start:]
         self._rank(conversation, samples, fresh)
         first_candidate = fresh[0]
-        self._record(result, StepRecord("edit", dict(action.args), first_candidate.verified,
-                                        first_candidate.detail or "verified", time.monotonic() - began))
+        self._record(
+            result,
+            StepRecord(
+                "edit",
+                dict(action.args),
+                first_candidate.verified,
+                first_candidate.detail or "verified",
+                time.monotonic() - began,
+            ),
+        )
         if isinstance(self.backend, LocalBackend):
             result.prompt = self.backend.prompt(conversation)
         chosen = choose(result.candidates)

@@ -80,8 +80,9 @@ class MemoryStore:
         self._lock = threading.Lock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None,
-                                         timeout=10)
+            self._conn = sqlite3.connect(
+                str(self.path), check_same_thread=False, isolation_level=None, timeout=10
+            )
             self._conn.executescript(_SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise MemoryStoreError(f"cannot open the agent memory {self.path}: {exc}") from exc
@@ -102,15 +103,22 @@ class MemoryStore:
         """Write a note; an older note on the same subject is superseded (replaced)."""
         now = self.now()
         self._run("DELETE FROM notes WHERE workspace = ? AND subject = ?", (self.workspace, subject))
-        self._run("INSERT INTO notes(workspace, subject, body, kind, avoid, created, last_used) "
-                  "VALUES (?, ?, ?, ?, ?, ?, ?)", (self.workspace, subject, body, kind, avoid, now, now))
-        return self._run("SELECT id FROM notes WHERE workspace = ? AND subject = ?",
-                         (self.workspace, subject))[0][0]
+        self._run(
+            "INSERT INTO notes(workspace, subject, body, kind, avoid, created, last_used) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (self.workspace, subject, body, kind, avoid, now, now),
+        )
+        return self._run(
+            "SELECT id FROM notes WHERE workspace = ? AND subject = ?", (self.workspace, subject)
+        )[0][0]
 
     def notes(self, all_workspaces: bool = False) -> list[Note]:
         where, params = ("", ()) if all_workspaces else ("WHERE workspace = ?", (self.workspace,))
-        rows = self._run("SELECT id, workspace, subject, body, kind, created, last_used, uses FROM notes "
-                         f"{where} ORDER BY id", params)
+        rows = self._run(
+            "SELECT id, workspace, subject, body, kind, created, last_used, uses FROM notes "
+            f"{where} ORDER BY id",
+            params,
+        )
         return [Note(*row) for row in rows]
 
     def recall(self, query: str = "", limit: int = 8) -> list[Note]:
@@ -132,7 +140,9 @@ class MemoryStore:
 
     def forget_stale(self, days: float) -> int:
         cutoff = self.now() - days * 86400
-        stale = self._run("SELECT id FROM notes WHERE workspace = ? AND last_used < ?", (self.workspace, cutoff))
+        stale = self._run(
+            "SELECT id FROM notes WHERE workspace = ? AND last_used < ?", (self.workspace, cutoff)
+        )
         self._run("DELETE FROM notes WHERE workspace = ? AND last_used < ?", (self.workspace, cutoff))
         return len(stale)
 
@@ -141,11 +151,15 @@ class MemoryStore:
     def observe_reverted_edit(self, rel: str, removed: str, agent_text: str, user_text: str | None) -> int:
         """The user reverted (`user_text` None or equal to `removed`) or rewrote an agent edit."""
         if user_text is None or user_text.strip() == removed.strip():
-            body = f"In {rel} the user reverted an agent edit that replaced `{_short(removed)}` with " \
-                   f"`{_short(agent_text)}`; do not propose it again."
+            body = (
+                f"In {rel} the user reverted an agent edit that replaced `{_short(removed)}` with "
+                f"`{_short(agent_text)}`; do not propose it again."
+            )
         else:
-            body = f"In {rel} the user rewrote the agent's `{_short(agent_text)}` as `{_short(user_text)}`; " \
-                   "prefer the user's form."
+            body = (
+                f"In {rel} the user rewrote the agent's `{_short(agent_text)}` as `{_short(user_text)}`; "
+                "prefer the user's form."
+            )
         subject = f"edit:{rel}:{hashlib.sha1(agent_text.strip().encode()).hexdigest()[:10]}"
         return self.remember(subject, body, "revert", avoid=agent_text.strip())
 
@@ -155,22 +169,29 @@ class MemoryStore:
         if not before or before == after:
             return None
         key = hashlib.sha1(f"{before}\0{after}".encode()).hexdigest()
-        self._run("INSERT INTO corrections(workspace, key, count, last_seen) VALUES (?, ?, 1, ?) "
-                  "ON CONFLICT(workspace, key) DO UPDATE SET count = count + 1, last_seen = excluded.last_seen",
-                  (self.workspace, key, self.now()))
-        count = self._run("SELECT count FROM corrections WHERE workspace = ? AND key = ?",
-                          (self.workspace, key))[0][0]
+        self._run(
+            "INSERT INTO corrections(workspace, key, count, last_seen) VALUES (?, ?, 1, ?) "
+            "ON CONFLICT(workspace, key) DO UPDATE SET count = count + 1, last_seen = excluded.last_seen",
+            (self.workspace, key, self.now()),
+        )
+        count = self._run(
+            "SELECT count FROM corrections WHERE workspace = ? AND key = ?", (self.workspace, key)
+        )[0][0]
         if count < CORRECTION_THRESHOLD:
             return None
-        return self.remember(f"correction:{_short(before)}",
-                             f"Write `{_short(after)}` instead of `{_short(before)}` (corrected {count} times).",
-                             "correction", avoid=before)
+        return self.remember(
+            f"correction:{_short(before)}",
+            f"Write `{_short(after)}` instead of `{_short(before)}` (corrected {count} times).",
+            "correction",
+            avoid=before,
+        )
 
     def observe_kept_edit(self, added_text: str) -> int:
         """An edit the user kept: notes telling to avoid text it contains are contradicted; forget them."""
         gone = 0
-        for note_id, avoid in self._run("SELECT id, avoid FROM notes WHERE workspace = ? AND avoid != ''",
-                                        (self.workspace,)):
+        for note_id, avoid in self._run(
+            "SELECT id, avoid FROM notes WHERE workspace = ? AND avoid != ''", (self.workspace,)
+        ):
             if avoid in added_text:
                 gone += self.forget(note_id)
         return gone
@@ -203,7 +224,9 @@ def _conventions(root: Path) -> dict[str, str]:
         try:
             parser.read(setup_cfg, encoding="utf-8")
             if parser.has_option("flake8", "max-line-length"):
-                found["line-length"] = f"Lines are at most {parser.get('flake8', 'max-line-length')} characters (flake8)."
+                found["line-length"] = (
+                    f"Lines are at most {parser.get('flake8', 'max-line-length')} characters (flake8)."
+                )
         except (configparser.Error, UnicodeDecodeError):
             pass
     editorconfig = root / ".editorconfig"

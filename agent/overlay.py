@@ -91,8 +91,10 @@ class Overlay:
 
 def unified_diff(rel: str, before: str, after: str) -> str:
     lines = difflib.unified_diff(
-        before.splitlines(keepends=True), after.splitlines(keepends=True),
-        fromfile=f"a/{rel}", tofile=f"b/{rel}",
+        before.splitlines(keepends=True),
+        after.splitlines(keepends=True),
+        fromfile=f"a/{rel}",
+        tofile=f"b/{rel}",
     )
     text = ""
     for line in lines:

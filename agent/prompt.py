@@ -53,11 +53,18 @@ def _window(text: str, line_range: tuple[int, int] | None) -> tuple[str, int]:
         return "\n".join(lines[: 4 * TARGET_WINDOW]), 1
     start = max(1, line_range[0] - TARGET_WINDOW)
     end = min(len(lines), line_range[1] + TARGET_WINDOW)
-    return "\n".join(lines[start - 1:end]), start
+    return "\n".join(lines[start - 1 : end]), start
 
 
-def select_documents(overlay, workspace, store, instruction: str, target: Path | None,
-                     line_range: tuple[int, int] | None, token_budget: int) -> list[Document]:
+def select_documents(
+    overlay,
+    workspace,
+    store,
+    instruction: str,
+    target: Path | None,
+    line_range: tuple[int, int] | None,
+    token_budget: int,
+) -> list[Document]:
     """The target file's window, then retrieved chunks of other files, within `token_budget`."""
     budget = int(token_budget * _CHARS_PER_TOKEN)
     docs: list[Document] = []
@@ -83,8 +90,9 @@ def repo_map_for(store, target: Path | None, token_budget: int) -> str:
     return render_repo_map(store, focus=str(target) if target else None, token_budget=token_budget)
 
 
-def first_message(instruction: str, rel: str | None, line_range: tuple[int, int] | None,
-                  pretest: str | None) -> str:
+def first_message(
+    instruction: str, rel: str | None, line_range: tuple[int, int] | None, pretest: str | None
+) -> str:
     parts = [f"Task: {instruction.strip()}"]
     if rel:
         where = f" (lines {line_range[0]}-{line_range[1]})" if line_range else ""
@@ -95,5 +103,10 @@ def first_message(instruction: str, rel: str | None, line_range: tuple[int, int]
 
 
 def tool_call_message(call_id: str, name: str, args: dict) -> dict:
-    return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+        ],
+    }

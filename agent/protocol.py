@@ -30,8 +30,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ToolCall", "Done", "ParseFailure", "Action", "parse_action", "parse_edit_blocks",
-           "TEXT_PROTOCOL", "render_tool_call"]
+__all__ = [
+    "ToolCall",
+    "Done",
+    "ParseFailure",
+    "Action",
+    "parse_action",
+    "parse_edit_blocks",
+    "TEXT_PROTOCOL",
+    "render_tool_call",
+]
 
 _FENCE = re.compile(r"```[ \t]*([\w-]*)[ \t]*([^\n`]*)\n(.*?)(?:```|\Z)", re.S)
 _BLOCK = re.compile(
@@ -82,7 +90,9 @@ When the task is finished, answer:
 
 
 def parse_edit_blocks(body: str) -> list[dict[str, str]]:
-    return [{"search": _strip_one_newline(s), "replace": _strip_one_newline(r)} for s, r in _BLOCK.findall(body)]
+    return [
+        {"search": _strip_one_newline(s), "replace": _strip_one_newline(r)} for s, r in _BLOCK.findall(body)
+    ]
 
 
 def _strip_one_newline(text: str) -> str:
@@ -93,8 +103,11 @@ def _tool_from_json(body: str) -> Action:
     try:
         value = json.loads(body)
     except json.JSONDecodeError as exc:
-        return ParseFailure(f"the tool block is not valid JSON ({exc.msg} at line {exc.lineno}); "
-                            'write {"tool": "NAME", "args": {...}}', body)
+        return ParseFailure(
+            f"the tool block is not valid JSON ({exc.msg} at line {exc.lineno}); "
+            'write {"tool": "NAME", "args": {...}}',
+            body,
+        )
     if not isinstance(value, dict) or not isinstance(value.get("tool") or value.get("name"), str):
         return ParseFailure('a tool block must hold {"tool": "NAME", "args": {...}}', body)
     args = value.get("args", value.get("arguments", {}))
@@ -142,8 +155,13 @@ def render_tool_call(call: ToolCall) -> str:
     if call.name == "edit" and isinstance(call.args.get("blocks"), list):
         parts = [f"```edit {call.args.get('path', '')}"]
         for block in call.args["blocks"]:
-            parts += ["<<<<<<< SEARCH", block.get("search", ""), "=======", block.get("replace", ""),
-                      ">>>>>>> REPLACE"]
+            parts += [
+                "<<<<<<< SEARCH",
+                block.get("search", ""),
+                "=======",
+                block.get("replace", ""),
+                ">>>>>>> REPLACE",
+            ]
         return "\n".join(parts + ["```"])
     if call.name == "edit" and isinstance(call.args.get("code"), str):
         return f"```edit {call.args.get('path', '')}\n{call.args['code'].rstrip()}\n```"

@@ -83,7 +83,9 @@ def _program(argv: Sequence[str]) -> list[str]:
         raise SandboxError("no command given")
     name = argv[0]
     if name not in ALLOWED_COMMANDS:
-        raise SandboxError(f"the command {name!r} is not allowed (allowed: {', '.join(sorted(ALLOWED_COMMANDS))})")
+        raise SandboxError(
+            f"the command {name!r} is not allowed (allowed: {', '.join(sorted(ALLOWED_COMMANDS))})"
+        )
     if name == "python":
         return [sys.executable, *argv[1:]]
     found = shutil.which(name) or (shutil.which(name, path=str(Path(sys.executable).parent)))
@@ -119,8 +121,13 @@ def run_command(
     started = time.monotonic()
     try:
         process = subprocess.Popen(
-            full, cwd=str(cwd), stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT if stderr else subprocess.DEVNULL, env=env, start_new_session=True,
+            full,
+            cwd=str(cwd),
+            stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if stderr else subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
         )
     except OSError as exc:
         raise SandboxError(f"cannot start {argv[0]}: {exc.strerror or exc}") from exc
@@ -155,8 +162,9 @@ def run_command(
     text = kept.decode("utf-8", errors="replace")
     if state["killed_for_size"]:
         text += f"\n[killed: printed more than {max_output_bytes * hard_cap_factor} bytes]"
-    return CommandResult(tuple(argv), code, text, timed_out, state["seen"] > len(kept),
-                         time.monotonic() - started)
+    return CommandResult(
+        tuple(argv), code, text, timed_out, state["seen"] > len(kept), time.monotonic() - started
+    )
 
 
 def _feed(process: subprocess.Popen, text: str) -> None:

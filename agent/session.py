@@ -19,8 +19,9 @@ __all__ = ["make_backend", "open_memory", "with_overrides"]
 log = logging.getLogger(__name__)
 
 
-def with_overrides(config: AgentConfig, backend: str | None = None, model: str | None = None,
-                   k: int | None = None) -> AgentConfig:
+def with_overrides(
+    config: AgentConfig, backend: str | None = None, model: str | None = None, k: int | None = None
+) -> AgentConfig:
     """`config` with the command line's (or the request's) choices applied."""
     changes = {}
     if backend:

@@ -63,15 +63,32 @@ def check_suite() -> int:
             root = copy_repo(name, Path(tmp))
             workspace = Workspace([root])
             ctx = ToolContext(workspace, Overlay(workspace), AgentConfig())
-            broken = verify_candidate(ctx, ToolCall("edit", {"path": spec["path"], "blocks": [
-                {"search": spec["reference_fix"]["search"], "replace": spec["reference_fix"]["search"] + "\n"}]}),
-                "", 0.0)
-            fixed = verify_candidate(ctx, ToolCall("edit", {"path": spec["path"], "blocks": [
-                spec["reference_fix"]]}), "", 0.0)
+            broken = verify_candidate(
+                ctx,
+                ToolCall(
+                    "edit",
+                    {
+                        "path": spec["path"],
+                        "blocks": [
+                            {
+                                "search": spec["reference_fix"]["search"],
+                                "replace": spec["reference_fix"]["search"] + "\n",
+                            }
+                        ],
+                    },
+                ),
+                "",
+                0.0,
+            )
+            fixed = verify_candidate(
+                ctx, ToolCall("edit", {"path": spec["path"], "blocks": [spec["reference_fix"]]}), "", 0.0
+            )
         ok = broken.checks["tests"] is False and fixed.verified
         bad += not ok
-        print(f"{name:32} unfixed tests fail: {broken.checks['tests'] is False}  reference fix verified: "
-              f"{fixed.verified}")
+        print(
+            f"{name:32} unfixed tests fail: {broken.checks['tests'] is False}  reference fix verified: "
+            f"{fixed.verified}"
+        )
     return 1 if bad else 0
 
 
@@ -84,16 +101,25 @@ def run_task(backend, name: str, spec: dict, config: AgentConfig, k: int) -> dic
         root = copy_repo(name, Path(tmp))
         started = time.monotonic()
         result = AgentLoop(backend, Workspace([root]), config).run(
-            AgentRequest(spec["instruction"], root / spec["path"], k=k))
+            AgentRequest(spec["instruction"], root / spec["path"], k=k)
+        )
         seconds = time.monotonic() - started
     round_one = first_round(result, k)
     verified = [c.verified and c.checks["tests"] is True for c in round_one]
     return {
-        "task": name, "seconds": round(seconds, 1), "stop_reason": result.stop_reason, "tokens": result.tokens,
-        "steps": [s.to_json() for s in result.steps], "chosen": result.chosen,
-        "candidates": [{"checks": c.checks, "verified": c.verified, "logprob": c.logprob,
-                        "answer": c.text[:400]} for c in result.candidates],
-        "pass@1": bool(verified[:1] and verified[0]), "pass@4": any(verified[:4]), "pass@8": any(verified[:8]),
+        "task": name,
+        "seconds": round(seconds, 1),
+        "stop_reason": result.stop_reason,
+        "tokens": result.tokens,
+        "steps": [s.to_json() for s in result.steps],
+        "chosen": result.chosen,
+        "candidates": [
+            {"checks": c.checks, "verified": c.verified, "logprob": c.logprob, "answer": c.text[:400]}
+            for c in result.candidates
+        ],
+        "pass@1": bool(verified[:1] and verified[0]),
+        "pass@4": any(verified[:4]),
+        "pass@8": any(verified[:8]),
         "solved_by_episode": result.chosen is not None,
     }
 
@@ -101,17 +127,26 @@ def run_task(backend, name: str, spec: dict, config: AgentConfig, k: int) -> dic
 def summarise(rows: list[dict]) -> dict:
     n = len(rows)
     cands = [c for r in rows for c in r["candidates"]]
-    share = {check: round(sum(bool(c["checks"].get(check)) for c in cands) / max(len(cands), 1), 3)
-             for check in ("format", "applies", "parse", "lint", "tests")}
-    return {"tasks": n, "pass@1": sum(r["pass@1"] for r in rows) / max(n, 1),
-            "pass@4": sum(r["pass@4"] for r in rows) / max(n, 1), "pass@8": sum(r["pass@8"] for r in rows) / max(n, 1),
-            "episode_solved": sum(r["solved_by_episode"] for r in rows) / max(n, 1),
-            "candidates": len(cands), "candidate_checks_passed": share,
-            "seconds_per_task": round(sum(r["seconds"] for r in rows) / max(n, 1), 1)}
+    share = {
+        check: round(sum(bool(c["checks"].get(check)) for c in cands) / max(len(cands), 1), 3)
+        for check in ("format", "applies", "parse", "lint", "tests")
+    }
+    return {
+        "tasks": n,
+        "pass@1": sum(r["pass@1"] for r in rows) / max(n, 1),
+        "pass@4": sum(r["pass@4"] for r in rows) / max(n, 1),
+        "pass@8": sum(r["pass@8"] for r in rows) / max(n, 1),
+        "episode_solved": sum(r["solved_by_episode"] for r in rows) / max(n, 1),
+        "candidates": len(cands),
+        "candidate_checks_passed": share,
+        "seconds_per_task": round(sum(r["seconds"] for r in rows) / max(n, 1), 1),
+    }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--tasks", help="comma-separated task names (default: all)")
     parser.add_argument("--threads", type=int, default=2)
@@ -128,15 +163,25 @@ def main() -> int:
     from context.runtime import get_runtime
 
     runtime = get_runtime(ModelConfig(threads=args.threads))
-    config = replace(AgentConfig(), max_steps=args.max_steps, max_step_tokens=args.max_step_tokens,
-                     temperature=args.temperature, k=args.k, context_tokens=600, memory=False,
-                     token_budget=args.max_step_tokens * (args.k + args.max_steps + 2))
+    config = replace(
+        AgentConfig(),
+        max_steps=args.max_steps,
+        max_step_tokens=args.max_step_tokens,
+        temperature=args.temperature,
+        k=args.k,
+        context_tokens=600,
+        memory=False,
+        token_budget=args.max_step_tokens * (args.k + args.max_steps + 2),
+    )
     rows = []
     for name, spec in load_tasks(args.tasks.split(",") if args.tasks else None):
         row = run_task(LocalBackend(runtime), name, spec, config, args.k)
         rows.append(row)
-        print(f"{name:32} pass@1 {row['pass@1']!s:5} pass@4 {row['pass@4']!s:5} pass@8 {row['pass@8']!s:5} "
-              f"{row['stop_reason']:12} {row['seconds']:7.1f}s", flush=True)
+        print(
+            f"{name:32} pass@1 {row['pass@1']!s:5} pass@4 {row['pass@4']!s:5} pass@8 {row['pass@8']!s:5} "
+            f"{row['stop_reason']:12} {row['seconds']:7.1f}s",
+            flush=True,
+        )
         if args.json:
             args.json.write_text(json.dumps({"summary": summarise(rows), "tasks": rows}, indent=1))
     summary = summarise(rows)

@@ -23,7 +23,9 @@ def add_parsers(sub) -> None:
     agent = sub.add_parser("agent", help="ask the agent for an edit of the code under PATH")
     agent.add_argument("path", type=Path, metavar="PATH", help="a file (the one to change) or a folder")
     agent.add_argument("instruction")
-    agent.add_argument("--k", type=int, default=None, help="candidates to sample and verify (default: agent.k)")
+    agent.add_argument(
+        "--k", type=int, default=None, help="candidates to sample and verify (default: agent.k)"
+    )
     agent.add_argument("--apply", action="store_true", help="write the chosen edit to the files")
     agent.add_argument("--json", action="store_true", help="print one JSON object")
     agent.add_argument("--backend", choices=["local", "openai"], help="the model backend for this run")
@@ -39,7 +41,9 @@ def add_parsers(sub) -> None:
     forget = memory_sub.add_parser("forget", help="forget notes by id, or the stale ones")
     forget.add_argument("ids", type=int, nargs="*", metavar="ID")
     forget.add_argument("--path", type=Path, default=Path("."), help="the workspace (default: .)")
-    forget.add_argument("--stale", action="store_true", help="forget notes unused for agent.memory_stale_days")
+    forget.add_argument(
+        "--stale", action="store_true", help="forget notes unused for agent.memory_stale_days"
+    )
 
 
 def _workspace_root(path: Path) -> Path:
@@ -80,8 +84,14 @@ def run_agent_command(args) -> int:
         line_range = _parse_lines(args.lines)
         backend = make_backend(agent_config, lambda: get_runtime(config.model, config.resolved_cache_dir()))
         store = _index_store(root)
-        loop = AgentLoop(backend, Workspace([root]), agent_config, store=store,
-                         memory=open_memory(config, root), on_step=None if args.json else _print_step)
+        loop = AgentLoop(
+            backend,
+            Workspace([root]),
+            agent_config,
+            store=store,
+            memory=open_memory(config, root),
+            on_step=None if args.json else _print_step,
+        )
         result = loop.run(AgentRequest(args.instruction, path if path.is_file() else None, line_range))
     except AgentCancelled:
         print("squidcode: cancelled", file=sys.stderr)
@@ -116,8 +126,11 @@ def _report(result: AgentResult, as_json: bool, applied: bool) -> None:
         print(json.dumps(result.to_json()))
         return
     verified = sum(c.verified for c in result.candidates)
-    print(f"{len(result.steps)} steps, {len(result.candidates)} candidates ({verified} verified), "
-          f"stopped: {result.stop_reason}, {result.seconds:.1f}s", file=sys.stderr)
+    print(
+        f"{len(result.steps)} steps, {len(result.candidates)} candidates ({verified} verified), "
+        f"stopped: {result.stop_reason}, {result.seconds:.1f}s",
+        file=sys.stderr,
+    )
     if result.error:
         print(f"squidcode: {result.error}", file=sys.stderr)
     if result.chosen is None:
@@ -140,11 +153,26 @@ def run_memory_command(args) -> int:
     if args.memory_command == "list":
         notes = memory.notes(all_workspaces=with_all)
         if args.json:
-            print(json.dumps([{"id": n.id, "workspace": n.workspace, "subject": n.subject, "body": n.body,
-                               "kind": n.kind, "uses": n.uses} for n in notes]))
+            print(
+                json.dumps(
+                    [
+                        {
+                            "id": n.id,
+                            "workspace": n.workspace,
+                            "subject": n.subject,
+                            "body": n.body,
+                            "kind": n.kind,
+                            "uses": n.uses,
+                        }
+                        for n in notes
+                    ]
+                )
+            )
         else:
             for note in notes:
-                print(f"{note.id:>5} [{note.kind}] {note.body}" + (f"  ({note.workspace})" if with_all else ""))
+                print(
+                    f"{note.id:>5} [{note.kind}] {note.body}" + (f"  ({note.workspace})" if with_all else "")
+                )
             if not notes:
                 print(f"no notes for {root}", file=sys.stderr)
         return 0

@@ -8,8 +8,15 @@ from .memory_tool import MEMORY
 from .registry import Tool, ToolContext, ToolRegistry, ToolResult, validate_args
 from .tests import RUN_TESTS
 
-__all__ = ["Tool", "ToolContext", "ToolRegistry", "ToolResult", "validate_args", "default_registry",
-           "ALL_TOOLS"]
+__all__ = [
+    "Tool",
+    "ToolContext",
+    "ToolRegistry",
+    "ToolResult",
+    "validate_args",
+    "default_registry",
+    "ALL_TOOLS",
+]
 
 ALL_TOOLS = (READ_FILE, SEARCH, GREP, SYMBOLS, LINT, EDIT, RUN_TESTS, PR_HISTORY, MEMORY)
 

@@ -16,8 +16,21 @@ __all__ = ["READ_FILE", "GREP", "SEARCH", "SYMBOLS", "walk_text_files"]
 WINDOW = 100
 GREP_MAX_HITS = 40
 GREP_MAX_FILES = 5000
-_SKIP_DIRS = {".git", ".hg", ".svn", "node_modules", ".venv", "venv", "__pycache__", ".mypy_cache",
-              ".pytest_cache", ".ruff_cache", "dist", "build", ".tox"}
+_SKIP_DIRS = {
+    ".git",
+    ".hg",
+    ".svn",
+    "node_modules",
+    ".venv",
+    "venv",
+    "__pycache__",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    "dist",
+    "build",
+    ".tox",
+}
 _MAX_LINE = 300
 
 
@@ -35,8 +48,10 @@ def read_file(ctx: ToolContext, args: dict) -> ToolResult:
     start = _int(args, "start", 1, 1, max(total, 1))
     end = min(total, start + size - 1)
     numbered = "\n".join(f"{n:>5} {lines[n - 1][:_MAX_LINE]}" for n in range(start, end + 1))
-    header = (f"{ctx.workspace.rel(path)}: {total} lines, showing {start}-{end}"
-              f" ({start - 1} above, {total - end} below)")
+    header = (
+        f"{ctx.workspace.rel(path)}: {total} lines, showing {start}-{end}"
+        f" ({start - 1} above, {total - end} below)"
+    )
     return ToolResult(True, f"{header}\n{numbered}", {"path": str(path), "start": start, "end": end})
 
 
@@ -86,8 +101,12 @@ def grep(ctx: ToolContext, args: dict) -> ToolResult:
     if total > GREP_MAX_HITS:
         top = sorted(per_file.items(), key=lambda kv: -kv[1])[:15]
         summary = "\n".join(f"{rel}: {n} hits" for rel, n in top)
-        return ToolResult(True, f"{total} matches in {len(per_file)} files: too many to list; narrow the "
-                                f"pattern or give a path. Most hits:\n{summary}", {"hits": total})
+        return ToolResult(
+            True,
+            f"{total} matches in {len(per_file)} files: too many to list; narrow the "
+            f"pattern or give a path. Most hits:\n{summary}",
+            {"hits": total},
+        )
     return ToolResult(True, f"{total} matches in {len(per_file)} files:\n" + "\n".join(hits), {"hits": total})
 
 
@@ -123,26 +142,55 @@ def symbols(ctx: ToolContext, args: dict) -> ToolResult:
                 break
     if not defs and not refs:
         return ToolResult(True, f"no definition or reference of {name!r} in the index")
-    lines = [f"definitions of {name}:"] + [
-        f"  {d.rel}:{d.start_line}-{d.end_line} {d.kind} {d.signature}" for d in defs
-    ] + [f"references ({len(refs)}{'+' if len(refs) >= 30 else ''}):"] + [
-        f"  {ctx.workspace.rel(Path(p))}:{line}" for p, line in refs
-    ]
+    lines = (
+        [f"definitions of {name}:"]
+        + [f"  {d.rel}:{d.start_line}-{d.end_line} {d.kind} {d.signature}" for d in defs]
+        + [f"references ({len(refs)}{'+' if len(refs) >= 30 else ''}):"]
+        + [f"  {ctx.workspace.rel(Path(p))}:{line}" for p, line in refs]
+    )
     return ToolResult(True, "\n".join(lines), {"definitions": len(defs), "references": len(refs)})
 
 
-READ_FILE = Tool("read_file", "Show about 100 numbered lines of a file, with how many lines are above and below.",
-                 {"type": "object", "properties": {
-                     "path": {"type": "string", "description": "path relative to the workspace"},
-                     "start": {"type": "integer", "description": "first line (1-based)"},
-                     "lines": {"type": "integer", "description": "how many lines (default 100)"}},
-                  "required": ["path"]}, read_file)
-GREP = Tool("grep", "Search file contents with a regular expression; all hits in one answer.",
-            {"type": "object", "properties": {
-                "pattern": {"type": "string"}, "path": {"type": "string", "description": "file or folder"}},
-             "required": ["pattern"]}, grep)
-SEARCH = Tool("search", "Find the code most related to a question (the workspace index: BM25 and symbols).",
-              {"type": "object", "properties": {"query": {"type": "string"}, "k": {"type": "integer"}},
-               "required": ["query"]}, search)
-SYMBOLS = Tool("symbols", "Where a name is defined and referenced.",
-               {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}, symbols)
+READ_FILE = Tool(
+    "read_file",
+    "Show about 100 numbered lines of a file, with how many lines are above and below.",
+    {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "path relative to the workspace"},
+            "start": {"type": "integer", "description": "first line (1-based)"},
+            "lines": {"type": "integer", "description": "how many lines (default 100)"},
+        },
+        "required": ["path"],
+    },
+    read_file,
+)
+GREP = Tool(
+    "grep",
+    "Search file contents with a regular expression; all hits in one answer.",
+    {
+        "type": "object",
+        "properties": {
+            "pattern": {"type": "string"},
+            "path": {"type": "string", "description": "file or folder"},
+        },
+        "required": ["pattern"],
+    },
+    grep,
+)
+SEARCH = Tool(
+    "search",
+    "Find the code most related to a question (the workspace index: BM25 and symbols).",
+    {
+        "type": "object",
+        "properties": {"query": {"type": "string"}, "k": {"type": "integer"}},
+        "required": ["query"],
+    },
+    search,
+)
+SYMBOLS = Tool(
+    "symbols",
+    "Where a name is defined and referenced.",
+    {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+    symbols,
+)

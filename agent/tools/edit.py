@@ -39,14 +39,14 @@ class EditCheck:
 def _find_lines(lines: list[str], wanted: list[str], key) -> list[int]:
     keyed = [key(x) for x in wanted]
     n = len(wanted)
-    return [i for i in range(len(lines) - n + 1) if [key(x) for x in lines[i:i + n]] == keyed]
+    return [i for i in range(len(lines) - n + 1) if [key(x) for x in lines[i : i + n]] == keyed]
 
 
 def _reindent(replace: list[str], found_indent: str, search_indent: str) -> list[str]:
     out = []
     for line in replace:
         if line.startswith(search_indent):
-            out.append(found_indent + line[len(search_indent):])
+            out.append(found_indent + line[len(search_indent) :])
         else:
             out.append(line)
     return out
@@ -79,9 +79,11 @@ def apply_block(text: str, block: Block) -> str:
             if reindent:
                 first = next((x for x in wanted if x.strip()), "")
                 replace = _reindent(replace, _indent(lines[start + wanted.index(first)]), _indent(first))
-            return "\n".join(lines[:start] + replace + lines[start + len(wanted):])
-    raise ToolError("the SEARCH text was not found; copy the lines exactly as read_file shows them "
-                    "(without the line numbers)")
+            return "\n".join(lines[:start] + replace + lines[start + len(wanted) :])
+    raise ToolError(
+        "the SEARCH text was not found; copy the lines exactly as read_file shows them "
+        "(without the line numbers)"
+    )
 
 
 def apply_blocks(text: str, blocks: list[Block]) -> str:
@@ -132,19 +134,23 @@ def replace_definitions(before: str, code: str) -> str:
     lines = before.split("\n")
     replacements = []
     for node in new_tree.body:
-        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) or node.name not in old_defs:
+        if (
+            not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            or node.name not in old_defs
+        ):
             continue
         start, end = _span(node)
         old_start, old_end = _span(old_defs[node.name])
-        new_text = code_lines[start - 1:end]
+        new_text = code_lines[start - 1 : end]
         indent = _indent(lines[old_start - 1])
         new_text = _reindent(new_text, indent, _indent(new_text[0]))
         replacements.append((old_start, old_end, new_text))
     if not replacements:
-        raise ToolError("the code defines nothing this file defines; quote the lines to change with "
-                        "SEARCH/REPLACE blocks")
+        raise ToolError(
+            "the code defines nothing this file defines; quote the lines to change with SEARCH/REPLACE blocks"
+        )
     for old_start, old_end, new_text in sorted(replacements, reverse=True):
-        lines[old_start - 1:old_end] = new_text
+        lines[old_start - 1 : old_end] = new_text
     return "\n".join(lines)
 
 
@@ -166,8 +172,9 @@ def _excerpt(text: str, around: set[int], context: int = 3) -> str:
     lines = text.splitlines()
     if not lines:
         return "(empty)"
-    keep = sorted({n for line in around for n in range(line - context, line + context + 1)
-                   if 1 <= n <= len(lines)}) or list(range(1, min(len(lines), 2 * context) + 1))
+    keep = sorted(
+        {n for line in around for n in range(line - context, line + context + 1) if 1 <= n <= len(lines)}
+    ) or list(range(1, min(len(lines), 2 * context) + 1))
     return "\n".join(f"{n:>5} {lines[n - 1]}" for n in keep)
 
 
@@ -186,9 +193,11 @@ def _changed_lines(before: str, after: str) -> tuple[set[int], set[int]]:
 def rejection_message(rel: str, check: EditCheck) -> str:
     old, new = _changed_lines(check.before, check.after)
     errors = "\n".join(check.syntax + check.lint)
-    return (f"edit of {rel} rejected, the file is unchanged. It would introduce:\n{errors}\n"
-            f"--- your proposed code:\n{_excerpt(check.after, new)}\n"
-            f"--- the original:\n{_excerpt(check.before, old)}\nFix the edit and try again.")
+    return (
+        f"edit of {rel} rejected, the file is unchanged. It would introduce:\n{errors}\n"
+        f"--- your proposed code:\n{_excerpt(check.after, new)}\n"
+        f"--- the original:\n{_excerpt(check.before, old)}\nFix the edit and try again."
+    )
 
 
 def parse_blocks(raw) -> list[Block]:
@@ -196,8 +205,11 @@ def parse_blocks(raw) -> list[Block]:
         raise ToolError("blocks must be a non-empty list of {search, replace} objects")
     blocks = []
     for item in raw:
-        if not isinstance(item, dict) or not isinstance(item.get("search"), str) \
-                or not isinstance(item.get("replace"), str):
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("search"), str)
+            or not isinstance(item.get("replace"), str)
+        ):
             raise ToolError("each block needs a string 'search' and a string 'replace'")
         blocks.append(Block(item["search"], item["replace"]))
     return blocks
@@ -210,7 +222,12 @@ def edit(ctx: ToolContext, args: dict) -> ToolResult:
         before = ctx.overlay.read(path)
     except ToolError:
         blocks = args.get("blocks")
-        if not (isinstance(blocks, list) and blocks and isinstance(blocks[0], dict) and blocks[0].get("search") == ""):
+        if not (
+            isinstance(blocks, list)
+            and blocks
+            and isinstance(blocks[0], dict)
+            and blocks[0].get("search") == ""
+        ):
             raise
         before = ""
     after = new_text_for(before, args)
@@ -218,8 +235,11 @@ def edit(ctx: ToolContext, args: dict) -> ToolResult:
         return ToolResult(False, f"edit of {rel} changes nothing")
     check = check_edit(ctx, path, before, after)
     if not check.ok:
-        return ToolResult(False, rejection_message(rel, check),
-                          {"rejected": True, "syntax": check.syntax, "lint": check.lint})
+        return ToolResult(
+            False,
+            rejection_message(rel, check),
+            {"rejected": True, "syntax": check.syntax, "lint": check.lint},
+        )
     ctx.overlay.write(path, after)
     return ToolResult(True, f"edited {rel}:\n{unified_diff(rel, before, after)}", {"path": str(path)})
 
@@ -228,12 +248,21 @@ EDIT = Tool(
     "edit",
     "Change a file with search/replace blocks (each search text must match one place). Rejected, "
     "with the errors shown, when it introduces a syntax error or new lint errors.",
-    {"type": "object", "properties": {
-        "path": {"type": "string"},
-        "blocks": {"type": "array", "items": {"type": "object", "properties": {
-            "search": {"type": "string"}, "replace": {"type": "string"}},
-            "required": ["search", "replace"]}},
-        "code": {"type": "string", "description": "whole definitions replacing those of the same name"}},
-     "required": ["path"]},
+    {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string"},
+            "blocks": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"search": {"type": "string"}, "replace": {"type": "string"}},
+                    "required": ["search", "replace"],
+                },
+            },
+            "code": {"type": "string", "description": "whole definitions replacing those of the same name"},
+        },
+        "required": ["path"],
+    },
     edit,
 )

@@ -24,8 +24,11 @@ __all__ = ["PR_HISTORY", "Commit", "line_history", "pull_request_numbers", "Forg
 
 MAX_COMMITS = 5
 DIFF_LINES = 30
-_PR_PATTERNS = (re.compile(r"Merge pull request #(\d+)"), re.compile(r"\(#(\d+)\)\s*$", re.M),
-                re.compile(r"See merge request [\w./-]*!(\d+)"))
+_PR_PATTERNS = (
+    re.compile(r"Merge pull request #(\d+)"),
+    re.compile(r"\(#(\d+)\)\s*$", re.M),
+    re.compile(r"See merge request [\w./-]*!(\d+)"),
+)
 
 
 @dataclass
@@ -40,8 +43,12 @@ class Commit:
 
 
 def _git(ctx: ToolContext, *args: str) -> str:
-    result = run_command(["git", *args], ctx.workspace.root, timeout_s=ctx.config.tool_timeout_s,
-                         max_output_bytes=ctx.config.max_output_bytes)
+    result = run_command(
+        ["git", *args],
+        ctx.workspace.root,
+        timeout_s=ctx.config.tool_timeout_s,
+        max_output_bytes=ctx.config.max_output_bytes,
+    )
     if result.timed_out:
         raise ToolError(f"git {args[0]} did not finish within {ctx.config.tool_timeout_s:.0f} s")
     if result.returncode != 0:
@@ -105,8 +112,10 @@ def _blame(ctx: ToolContext, rel: str, start: int, end: int) -> str:
             summaries[current] = line[8:]
         elif current and line.startswith("author "):
             authors[current] = line[7:]
-    return "\n".join(f"  {sha[:10]} {authors.get(sha, '?')}: {summaries.get(sha, '')} ({n} lines)"
-                     for sha, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return "\n".join(
+        f"  {sha[:10]} {authors.get(sha, '?')}: {summaries.get(sha, '')} ({n} lines)"
+        for sha, n in sorted(counts.items(), key=lambda kv: -kv[1])
+    )
 
 
 class ForgeClient:
@@ -142,9 +151,13 @@ class ForgeClient:
             base = f"/projects/{quote(self.project, safe='')}/merge_requests/{number}"
             pr, comments = self._get(base), self._get(f"{base}/notes")
             title, body = pr.get("title", ""), pr.get("description") or ""
-        notes = [f"    - {c.get('path', '') + ': ' if c.get('path') else ''}{(c.get('body') or '')[:300]}"
-                 for c in (comments if isinstance(comments, list) else [])[:8]]
-        return f"  PR #{number}: {title}\n    {trim_middle(body, 600)}" + ("\n" + "\n".join(notes) if notes else "")
+        notes = [
+            f"    - {c.get('path', '') + ': ' if c.get('path') else ''}{(c.get('body') or '')[:300]}"
+            for c in (comments if isinstance(comments, list) else [])[:8]
+        ]
+        return f"  PR #{number}: {title}\n    {trim_middle(body, 600)}" + (
+            "\n" + "\n".join(notes) if notes else ""
+        )
 
     def close(self) -> None:
         self._client.close()
@@ -162,8 +175,11 @@ def forge_for_remote(ctx: ToolContext) -> ForgeClient | None:
         return None
     # git@host:owner/repo.git and https://host/owner/repo.git
     match = re.match(r"^(?:[\w.-]+@)?([\w.-]+):(?!//)(.+?)(?:\.git)?$", url)
-    host, project = (match.group(1), match.group(2)) if match else (
-        urlsplit(url).hostname or "", urlsplit(url).path.strip("/").removesuffix(".git"))
+    host, project = (
+        (match.group(1), match.group(2))
+        if match
+        else (urlsplit(url).hostname or "", urlsplit(url).path.strip("/").removesuffix(".git"))
+    )
     api = ctx.config.forge_api_url
     kind = "gitlab" if "gitlab" in host or api.rstrip("/").endswith("/api/v4") else "github"
     if not api:
@@ -180,9 +196,13 @@ def pr_history(ctx: ToolContext, args: dict) -> ToolResult:
     commits = line_history(ctx, rel, start, end)
     if not commits:
         return ToolResult(True, f"no history for {rel} (not committed yet?)", {"commits": 0})
-    parts = [f"{c.sha[:10]} {c.date} {c.author}: {c.subject}"
-             + (f" (PR {', '.join('#' + str(n) for n in c.pull_requests)})" if c.pull_requests else "")
-             + (f"\n  {trim_middle(c.body, 400)}" if c.body else "") + f"\n{c.diff}" for c in commits]
+    parts = [
+        f"{c.sha[:10]} {c.date} {c.author}: {c.subject}"
+        + (f" (PR {', '.join('#' + str(n) for n in c.pull_requests)})" if c.pull_requests else "")
+        + (f"\n  {trim_middle(c.body, 400)}" if c.body else "")
+        + f"\n{c.diff}"
+        for c in commits
+    ]
     if start is not None:
         parts.append("last written by:\n" + _blame(ctx, rel, start, end or start))
     forge = forge_for_remote(ctx)
@@ -198,9 +218,12 @@ def pr_history(ctx: ToolContext, args: dict) -> ToolResult:
 
 
 PR_HISTORY = Tool(
-    "pr_history", "The commits and pull requests that shaped a file or a range of its lines: why the code is so.",
-    {"type": "object", "properties": {
-        "path": {"type": "string"}, "start": {"type": "integer"}, "end": {"type": "integer"}},
-     "required": ["path"]},
+    "pr_history",
+    "The commits and pull requests that shaped a file or a range of its lines: why the code is so.",
+    {
+        "type": "object",
+        "properties": {"path": {"type": "string"}, "start": {"type": "integer"}, "end": {"type": "integer"}},
+        "required": ["path"],
+    },
     pr_history,
 )

@@ -50,16 +50,31 @@ def lint_text(ctx: ToolContext, path: Path, text: str) -> list[Diagnostic]:
     if key in ctx.lint_cache:
         return ctx.lint_cache[key]
     result = run_command(
-        ["ruff", "check", "--output-format", "json", "--no-cache", "--exit-zero", "--stdin-filename", rel, "-"],
-        ctx.workspace.root, timeout_s=ctx.config.tool_timeout_s, max_output_bytes=2_000_000,
-        stdin_text=text, stderr=False,
+        [
+            "ruff",
+            "check",
+            "--output-format",
+            "json",
+            "--no-cache",
+            "--exit-zero",
+            "--stdin-filename",
+            rel,
+            "-",
+        ],
+        ctx.workspace.root,
+        timeout_s=ctx.config.tool_timeout_s,
+        max_output_bytes=2_000_000,
+        stdin_text=text,
+        stderr=False,
     )
     if result.timed_out:
         raise ToolError(f"ruff did not finish within {ctx.config.tool_timeout_s:.0f} s")
     try:
         raw = json.loads(result.output or "[]")
     except json.JSONDecodeError as exc:
-        raise ToolError(f"ruff printed something that is not its JSON report: {result.output[:200]!r}") from exc
+        raise ToolError(
+            f"ruff printed something that is not its JSON report: {result.output[:200]!r}"
+        ) from exc
     lines = text.splitlines()
     out = []
     for item in raw:
@@ -142,11 +157,21 @@ def lint(ctx: ToolContext, args: dict) -> ToolResult:
         return ToolResult(True, "syntax errors:\n" + "\n".join(syntax), {"new": len(syntax)})
     all_now = lint_text(ctx, path, current)
     if not new:
-        return ToolResult(True, f"{ctx.workspace.rel(path)}: no new lint errors "
-                                f"({len(all_now)} were already there)", {"new": 0, "total": len(all_now)})
-    return ToolResult(True, f"{ctx.workspace.rel(path)}: {len(new)} new lint error(s):\n"
-                      + "\n".join(d.render() for d in new), {"new": len(new), "total": len(all_now)})
+        return ToolResult(
+            True,
+            f"{ctx.workspace.rel(path)}: no new lint errors ({len(all_now)} were already there)",
+            {"new": 0, "total": len(all_now)},
+        )
+    return ToolResult(
+        True,
+        f"{ctx.workspace.rel(path)}: {len(new)} new lint error(s):\n" + "\n".join(d.render() for d in new),
+        {"new": len(new), "total": len(all_now)},
+    )
 
 
-LINT = Tool("lint", "Lint a file (ruff) and report only the problems your edits introduced.",
-            {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}, lint)
+LINT = Tool(
+    "lint",
+    "Lint a file (ruff) and report only the problems your edits introduced.",
+    {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    lint,
+)

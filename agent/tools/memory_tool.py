@@ -27,10 +27,17 @@ def memory(ctx: ToolContext, args: dict) -> ToolResult:
 
 
 MEMORY = Tool(
-    "memory", "Recall notes about this project (conventions, past corrections) or store one.",
-    {"type": "object", "properties": {
-        "action": {"type": "string", "enum": ["recall", "store"]},
-        "query": {"type": "string"}, "subject": {"type": "string"}, "body": {"type": "string"}},
-     "required": ["action"]},
+    "memory",
+    "Recall notes about this project (conventions, past corrections) or store one.",
+    {
+        "type": "object",
+        "properties": {
+            "action": {"type": "string", "enum": ["recall", "store"]},
+            "query": {"type": "string"},
+            "subject": {"type": "string"},
+            "body": {"type": "string"},
+        },
+        "required": ["action"],
+    },
     memory,
 )

@@ -19,8 +19,12 @@ __all__ = ["Tool", "ToolResult", "ToolRegistry", "ToolContext", "validate_args"]
 log = logging.getLogger(__name__)
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-    "array": (list,), "object": (dict,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
 }
 
 
@@ -57,8 +61,14 @@ class Tool:
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI-style function description of this tool."""
-        return {"type": "function", "function": {
-            "name": self.name, "description": self.description, "parameters": dict(self.parameters)}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": dict(self.parameters),
+            },
+        }
 
 
 def validate_args(schema: Mapping[str, Any], args: Any) -> str | None:

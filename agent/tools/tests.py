@@ -40,8 +40,13 @@ class TestRun:
 
 def _listed_files(ctx: ToolContext, root: Path) -> list[Path]:
     if (root / ".git").exists():
-        result = run_command(["git", "ls-files", "-co", "--exclude-standard", "-z"], root,
-                             timeout_s=ctx.config.tool_timeout_s, max_output_bytes=20_000_000, stderr=False)
+        result = run_command(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+            root,
+            timeout_s=ctx.config.tool_timeout_s,
+            max_output_bytes=20_000_000,
+            stderr=False,
+        )
         if result.ok:
             return [root / name for name in result.output.split("\0") if name]
     files = []
@@ -76,7 +81,7 @@ def copy_workspace(ctx: ToolContext, target: Path) -> None:
 
 def _failure_report(output: str) -> str:
     match = _SECTION.search(output)
-    return trim_middle(output[match.start():] if match else output, REPORT_CHARS)
+    return trim_middle(output[match.start() :] if match else output, REPORT_CHARS)
 
 
 def run_project_tests(ctx: ToolContext, target: str | None = None, timeout_s: float | None = None) -> TestRun:
@@ -89,8 +94,9 @@ def run_project_tests(ctx: ToolContext, target: str | None = None, timeout_s: fl
     with tempfile.TemporaryDirectory(prefix="squid-tests-") as tmp:
         copy_workspace(ctx, Path(tmp))
         env = {**os.environ, "PYTHONPATH": tmp, "PYTHONDONTWRITEBYTECODE": "1"}
-        result = run_command(argv, Path(tmp), timeout_s=timeout, max_output_bytes=ctx.config.max_output_bytes,
-                             env=env)
+        result = run_command(
+            argv, Path(tmp), timeout_s=timeout, max_output_bytes=ctx.config.max_output_bytes, env=env
+        )
     output = result.output.replace(tmp, ".")
     if result.timed_out:
         return TestRun(False, f"timed out after {timeout:.0f} s", trim_middle(output, REPORT_CHARS), True)
@@ -114,9 +120,14 @@ def run_tests(ctx: ToolContext, args: dict) -> ToolResult:
 
 
 RUN_TESTS = Tool(
-    "run_tests", "Run the project's tests (pytest) on the edited code; shows what failed.",
-    {"type": "object", "properties": {
-        "target": {"type": "string", "description": "a test file or node id (default: all tests)"},
-        "timeout": {"type": "number", "description": "seconds"}}},
+    "run_tests",
+    "Run the project's tests (pytest) on the edited code; shows what failed.",
+    {
+        "type": "object",
+        "properties": {
+            "target": {"type": "string", "description": "a test file or node id (default: all tests)"},
+            "timeout": {"type": "number", "description": "seconds"},
+        },
+    },
     run_tests,
 )

@@ -1,7 +1,15 @@
 """One module per LSP feature; each exposes `register(server)`."""
 
-from . import completion, configuration, index_events, inline_completion, lifecycle, workspace_symbol
-from . import agent_command, code_actions
+from . import (
+    agent_command,
+    code_actions,
+    completion,
+    configuration,
+    index_events,
+    inline_completion,
+    lifecycle,
+    workspace_symbol,
+)
 
 __all__ = ["register_all"]
 

@@ -59,8 +59,14 @@ def parse_arguments(args: tuple) -> dict[str, Any]:
     token = raw.get("workDoneToken")
     if token is not None and not isinstance(token, str | int):
         raise JsonRpcInvalidParams(f"{AGENT_RUN}: 'workDoneToken' must be a string or an integer")
-    return {"instruction": instruction, "uri": uri, "range": _line_range(raw.get("range")), "k": k,
-            "apply": raw.get("apply", False), "token": token}
+    return {
+        "instruction": instruction,
+        "uri": uri,
+        "range": _line_range(raw.get("range")),
+        "k": k,
+        "apply": raw.get("apply", False),
+        "token": token,
+    }
 
 
 def _line_range(value: Any) -> tuple[int, int] | None:
@@ -85,23 +91,31 @@ def _line_edit(before: str, after: str) -> types.TextEdit:
     while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
         tail += 1
     return types.TextEdit(
-        range=types.Range(start=types.Position(line=head, character=0),
-                          end=types.Position(line=len(old) - tail, character=0)),
-        new_text="".join(new[head:len(new) - tail]),
+        range=types.Range(
+            start=types.Position(line=head, character=0),
+            end=types.Position(line=len(old) - tail, character=0),
+        ),
+        new_text="".join(new[head : len(new) - tail]),
     )
 
 
 def to_lsp_workspace_edit(changes: list[FileChange], uri_of: dict[Path, str]) -> types.WorkspaceEdit | None:
     if not changes:
         return None
-    return types.WorkspaceEdit(changes={
-        uri_of.get(change.path, change.path.as_uri()): [_line_edit(change.before, change.after)]
-        for change in changes})
+    return types.WorkspaceEdit(
+        changes={
+            uri_of.get(change.path, change.path.as_uri()): [_line_edit(change.before, change.after)]
+            for change in changes
+        }
+    )
 
 
 def to_lsp_result(result: AgentResult, edit: types.WorkspaceEdit | None, converter) -> dict[str, Any]:
-    return {"episodeId": result.episode_id, **result.to_json(),
-            "edit": converter.unstructure(edit) if edit is not None else None}
+    return {
+        "episodeId": result.episode_id,
+        **result.to_json(),
+        "edit": converter.unstructure(edit) if edit is not None else None,
+    }
 
 
 class _Progress:
@@ -115,8 +129,12 @@ class _Progress:
         if token is None:
             token = await ls.begin_progress("Agent", instruction[:80])
         elif token is not None:
-            ls.work_done_progress.begin(token, types.WorkDoneProgressBegin(
-                title="squidcode: Agent", message=instruction[:80], cancellable=True))
+            ls.work_done_progress.begin(
+                token,
+                types.WorkDoneProgressBegin(
+                    title="squidcode: Agent", message=instruction[:80], cancellable=True
+                ),
+            )
         return cls(ls, token)
 
     def cancelled(self) -> bool:
@@ -128,8 +146,10 @@ class _Progress:
             return
         message = f"{number}. {step.tool}: {'ok' if step.ok else 'failed'}"
         self.loop.call_soon_threadsafe(
-            self.ls.work_done_progress.report, self.token, types.WorkDoneProgressReport(message=message,
-                                                                                         cancellable=True))
+            self.ls.work_done_progress.report,
+            self.token,
+            types.WorkDoneProgressReport(message=message, cancellable=True),
+        )
 
     def end(self, message: str) -> None:
         if self.token is not None:
@@ -155,8 +175,9 @@ async def _backend(ls: SquidServer, agent_config):
     if agent_config.backend == "local":
         runtime = await ls.model_ready()
         if runtime is None:
-            raise JsonRpcInternalError(f"squidcode: the model is not loaded ({ls.model_error}); "
-                                       "run `squidcode doctor`")
+            raise JsonRpcInternalError(
+                f"squidcode: the model is not loaded ({ls.model_error}); run `squidcode doctor`"
+            )
         return make_backend(agent_config, lambda: runtime)
     return make_backend(agent_config, lambda: None)
 
@@ -179,9 +200,16 @@ async def run_agent_command(ls: SquidServer, args: tuple) -> dict[str, Any]:
     stop = threading.Event()
     progress = await _Progress.start(ls, request["token"], request["instruction"])
     store = ls.index_service.store if ls.index_service is not None else None
-    loop = AgentLoop(backend, workspace, agent_config, store=store, memory=open_memory(ls.config, workspace.root),
-                     buffers=buffers, on_step=progress.step,
-                     should_stop=lambda: stop.is_set() or progress.cancelled())
+    loop = AgentLoop(
+        backend,
+        workspace,
+        agent_config,
+        store=store,
+        memory=open_memory(ls.config, workspace.root),
+        buffers=buffers,
+        on_step=progress.step,
+        should_stop=lambda: stop.is_set() or progress.cancelled(),
+    )
     agent_request = AgentRequest(request["instruction"], path, request["range"], request["k"])
     try:
         result = await asyncio.get_running_loop().run_in_executor(_EXECUTOR, loop.run, agent_request)
@@ -195,10 +223,13 @@ async def run_agent_command(ls: SquidServer, args: tuple) -> dict[str, Any]:
     except SquidcodeError as exc:
         progress.end("failed")
         raise JsonRpcInternalError(f"squidcode: {exc}") from exc
-    progress.end(f"{len(result.candidates)} candidates, {'chosen ' + str(result.chosen) if result.diff else 'none verified'}")
+    outcome = f"candidate {result.chosen} chosen" if result.chosen is not None else "none verified"
+    progress.end(f"{len(result.candidates)} candidates, {outcome}")
     edit = to_lsp_workspace_edit(result.changes, uris | {path: request["uri"]})
     if request["apply"] and edit is not None:
-        await ls.workspace_apply_edit_async(types.ApplyWorkspaceEditParams(edit=edit, label="squidcode agent"))
+        await ls.workspace_apply_edit_async(
+            types.ApplyWorkspaceEditParams(edit=edit, label="squidcode agent")
+        )
     return to_lsp_result(result, edit, get_converter())
 
 

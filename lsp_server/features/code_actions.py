@@ -33,24 +33,39 @@ def code_actions_for(params: types.CodeActionParams, converter) -> list[types.Co
             instruction = f"Fix this problem at line {line}: {diagnostic.message}"
             if diagnostic.source:
                 instruction += f" (reported by {diagnostic.source})"
-            actions.append(types.CodeAction(
-                title=FIX_TITLE, kind=types.CodeActionKind.QuickFix, diagnostics=[diagnostic],
-                command=types.Command(title=FIX_TITLE, command=AGENT_RUN, arguments=_arguments(instruction, uri, diagnostic.range,
-                                                                       converter))))
+            actions.append(
+                types.CodeAction(
+                    title=FIX_TITLE,
+                    kind=types.CodeActionKind.QuickFix,
+                    diagnostics=[diagnostic],
+                    command=types.Command(
+                        title=FIX_TITLE,
+                        command=AGENT_RUN,
+                        arguments=_arguments(instruction, uri, diagnostic.range, converter),
+                    ),
+                )
+            )
     selection = params.range
     has_selection = selection.start != selection.end
     if has_selection and (not only or any(k.startswith("refactor") for k in only)):
-        actions.append(types.CodeAction(
-            title=ASK_TITLE, kind=types.CodeActionKind.RefactorRewrite,
-            command=types.Command(title=ASK_TITLE, command=AGENT_RUN, arguments=_arguments("", uri, selection, converter))))
+        actions.append(
+            types.CodeAction(
+                title=ASK_TITLE,
+                kind=types.CodeActionKind.RefactorRewrite,
+                command=types.Command(
+                    title=ASK_TITLE, command=AGENT_RUN, arguments=_arguments("", uri, selection, converter)
+                ),
+            )
+        )
     return actions
 
 
 def register(server: SquidServer) -> None:
     @server.feature(
         types.TEXT_DOCUMENT_CODE_ACTION,
-        types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix,
-                                                   types.CodeActionKind.RefactorRewrite]),
+        types.CodeActionOptions(
+            code_action_kinds=[types.CodeActionKind.QuickFix, types.CodeActionKind.RefactorRewrite]
+        ),
     )
     def code_action(ls: SquidServer, params: types.CodeActionParams) -> list[types.CodeAction] | None:
         if not ls.config.agent.enabled:

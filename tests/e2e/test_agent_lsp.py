@@ -25,9 +25,21 @@ from tests.unit.agent.doubles import FakeOpenAIServer, chat_completion
 pytestmark = pytest.mark.e2e
 
 AGENT_RUN = "squidcode.agent.run"
-EDIT = [{"id": "c1", "type": "function", "function": {"name": "edit", "arguments": json.dumps(
-    {"path": "calc.py", "blocks": [{"search": "    return a - b", "replace": "    return a + b"}]})}}]
-READ = [{"id": "c0", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "calc.py"}'}}]
+EDIT = [
+    {
+        "id": "c1",
+        "type": "function",
+        "function": {
+            "name": "edit",
+            "arguments": json.dumps(
+                {"path": "calc.py", "blocks": [{"search": "    return a - b", "replace": "    return a + b"}]}
+            ),
+        },
+    }
+]
+READ = [
+    {"id": "c0", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "calc.py"}'}}
+]
 
 
 @pytest.fixture
@@ -41,7 +53,9 @@ def project(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def fake_openai():
-    with FakeOpenAIServer([chat_completion("", tool_calls=READ), chat_completion("", tool_calls=EDIT)]) as server:
+    with FakeOpenAIServer(
+        [chat_completion("", tool_calls=READ), chat_completion("", tool_calls=EDIT)]
+    ) as server:
         yield server
 
 
@@ -66,18 +80,30 @@ async def start(client: LanguageClient, project: Path, agent: dict) -> None:
         client.applied_edits.append(params)
         return types.ApplyWorkspaceEditResult(applied=True)
 
-    client.initialize_result = await client.initialize_session(types.InitializeParams(
-        capabilities=client_capabilities("visual-studio-code"), root_uri=project.as_uri(),
-        workspace_folders=[types.WorkspaceFolder(uri=project.as_uri(), name="proj")],
-        initialization_options={"agent": agent, "index": {"enabled": False}},
-    ))
+    client.initialize_result = await client.initialize_session(
+        types.InitializeParams(
+            capabilities=client_capabilities("visual-studio-code"),
+            root_uri=project.as_uri(),
+            workspace_folders=[types.WorkspaceFolder(uri=project.as_uri(), name="proj")],
+            initialization_options={"agent": agent, "index": {"enabled": False}},
+        )
+    )
 
 
 @pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER_CMD))
 async def scripted(lsp_client: LanguageClient, project: Path, fake_openai, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    await start(lsp_client, project, {"backend": "openai", "model": "m", "base_url": fake_openai.base_url,
-                                      "api_key_env": "", "retries": 0})
+    await start(
+        lsp_client,
+        project,
+        {
+            "backend": "openai",
+            "model": "m",
+            "base_url": fake_openai.base_url,
+            "api_key_env": "",
+            "retries": 0,
+        },
+    )
     lsp_client.fake = fake_openai
     yield
     await lsp_client.shutdown_session()
@@ -85,16 +111,23 @@ async def scripted(lsp_client: LanguageClient, project: Path, fake_openai, tmp_p
 
 @pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER_CMD))
 async def local(lsp_client: LanguageClient, project: Path, model_cache_dir):
-    await start(lsp_client, project, {"max_steps": 2, "max_step_tokens": 24, "pretest": False, "k": 2,
-                                      "context_tokens": 200})
+    # Small budgets: one step of 16 tokens keeps this test short on a loaded two-core machine.
+    await start(
+        lsp_client,
+        project,
+        {"max_steps": 1, "max_step_tokens": 16, "pretest": False, "k": 1, "context_tokens": 100},
+    )
     yield
     await lsp_client.shutdown_session()
 
 
 def open_calc(client: LanguageClient, project: Path) -> str:
     uri = (project / "calc.py").as_uri()
-    client.text_document_did_open(types.DidOpenTextDocumentParams(
-        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=CALC)))
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(
+            text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=CALC)
+        )
+    )
     return uri
 
 
@@ -107,13 +140,23 @@ async def test_capabilities_and_code_actions(scripted: LanguageClient, project: 
     assert AGENT_RUN in caps.execute_command_provider.commands
     assert caps.code_action_provider is not None
     uri = open_calc(scripted, project)
-    diagnostic = types.Diagnostic(range=types.Range(start=types.Position(line=4, character=4),
-                                                    end=types.Position(line=4, character=16)),
-                                  message="add() subtracts", source="pytest")
-    selection = types.Range(start=types.Position(line=3, character=0), end=types.Position(line=5, character=0))
-    actions = await scripted.text_document_code_action_async(types.CodeActionParams(
-        text_document=types.TextDocumentIdentifier(uri=uri), range=selection,
-        context=types.CodeActionContext(diagnostics=[diagnostic])))
+    diagnostic = types.Diagnostic(
+        range=types.Range(
+            start=types.Position(line=4, character=4), end=types.Position(line=4, character=16)
+        ),
+        message="add() subtracts",
+        source="pytest",
+    )
+    selection = types.Range(
+        start=types.Position(line=3, character=0), end=types.Position(line=5, character=0)
+    )
+    actions = await scripted.text_document_code_action_async(
+        types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            range=selection,
+            context=types.CodeActionContext(diagnostics=[diagnostic]),
+        )
+    )
     assert [a.title for a in actions] == ["squidcode: fix this", "squidcode: ask…"]
     fix, ask = actions
     assert fix.kind == types.CodeActionKind.QuickFix and fix.command.command == AGENT_RUN
@@ -121,10 +164,13 @@ async def test_capabilities_and_code_actions(scripted: LanguageClient, project: 
     assert arguments["uri"] == uri and "add() subtracts" in arguments["instruction"]
     assert arguments["range"]["start"] == {"line": 4, "character": 4}
     assert ask.command.arguments[0]["range"]["end"] == {"line": 5, "character": 0}
-    empty = await scripted.text_document_code_action_async(types.CodeActionParams(
-        text_document=types.TextDocumentIdentifier(uri=uri), range=types.Range(start=selection.start,
-                                                                              end=selection.start),
-        context=types.CodeActionContext(diagnostics=[])))
+    empty = await scripted.text_document_code_action_async(
+        types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            range=types.Range(start=selection.start, end=selection.start),
+            context=types.CodeActionContext(diagnostics=[]),
+        )
+    )
     assert not empty
 
 
@@ -132,21 +178,29 @@ async def test_run_with_progress_and_apply(scripted: LanguageClient, project: Pa
     uri = open_calc(scripted, project)
     token = "agent-progress-1"
     scripted.progress_reports[token] = []  # a client-initiated token: the client knows it already
-    result = await scripted.workspace_execute_command_async(run_params(
-        {"instruction": "add() subtracts; fix it", "uri": uri, "apply": True, "workDoneToken": token}))
+    result = await scripted.workspace_execute_command_async(
+        run_params(
+            {"instruction": "add() subtracts; fix it", "uri": uri, "apply": True, "workDoneToken": token}
+        )
+    )
     assert set(result) == {"episodeId", "diff", "edit", "steps", "candidates", "chosen"}
     assert [s["tool"] for s in result["steps"]] == ["run_tests", "read_file", "edit"]
     assert result["chosen"] == 0 and result["candidates"][0]["verified"] is True
     assert result["candidates"][0]["checks"]["tests"] is True
     [text_edit] = result["edit"]["changes"][uri]
-    assert text_edit == {"range": {"start": {"line": 4, "character": 0}, "end": {"line": 5, "character": 0}},
-                         "newText": "    return a + b\n"}
+    assert text_edit == {
+        "range": {"start": {"line": 4, "character": 0}, "end": {"line": 5, "character": 0}},
+        "newText": "    return a + b\n",
+    }
     [applied] = scripted.applied_edits
     assert applied.edit.changes[uri][0].new_text == "    return a + b\n"
     reports = [r for r in scripted.progress_reports[token]]
     assert reports[0].kind == "begin" and reports[-1].kind == "end"
-    assert [r.message for r in reports if r.kind == "report"] == ["1. run_tests: ok", "2. read_file: ok",
-                                                                  "3. edit: ok"]
+    assert [r.message for r in reports if r.kind == "report"] == [
+        "1. run_tests: ok",
+        "2. read_file: ok",
+        "3. edit: ok",
+    ]
     assert "return a - b" in (project / "calc.py").read_text()  # the server never writes files itself
     # The model was shown the open buffer and the tool list as native tools.
     first = scripted.fake.requests[0]
@@ -155,25 +209,41 @@ async def test_run_with_progress_and_apply(scripted: LanguageClient, project: Pa
 
 async def test_bad_arguments_get_errors_and_the_server_keeps_serving(scripted: LanguageClient, project: Path):
     uri = open_calc(scripted, project)
-    bad = [{"uri": uri}, {"instruction": "x", "uri": "http://example.com/a.py"},
-           {"instruction": "x", "uri": uri, "k": 99}, {"instruction": "x", "uri": uri, "range": {"start": 1}},
-           {"instruction": "x", "uri": (project / "missing.py").as_uri()}]
+    bad = [
+        {"uri": uri},
+        {"instruction": "x", "uri": "http://example.com/a.py"},
+        {"instruction": "x", "uri": uri, "k": 99},
+        {"instruction": "x", "uri": uri, "range": {"start": 1}},
+        {"instruction": "x", "uri": (project / "missing.py").as_uri()},
+    ]
     for arguments in bad:
         with pytest.raises(Exception) as raised:
             await scripted.workspace_execute_command_async(run_params(arguments))
         assert "squidcode" in str(raised.value) or AGENT_RUN in str(raised.value)
     with pytest.raises(Exception, match="takes one object"):
-        await scripted.workspace_execute_command_async(types.ExecuteCommandParams(command=AGENT_RUN,
-                                                                                  arguments=[1, 2]))
-    result = await scripted.workspace_execute_command_async(run_params({"instruction": "fix add", "uri": uri}))
+        await scripted.workspace_execute_command_async(
+            types.ExecuteCommandParams(command=AGENT_RUN, arguments=[1, 2])
+        )
+    result = await scripted.workspace_execute_command_async(
+        run_params({"instruction": "fix add", "uri": uri})
+    )
     assert result["chosen"] == 0
 
 
 async def test_the_real_model_runs_the_whole_path(local: LanguageClient, project: Path):
     uri = open_calc(local, project)
-    result = await asyncio.wait_for(local.workspace_execute_command_async(run_params(
-        {"instruction": "add() subtracts instead of adding; fix it", "uri": uri,
-         "range": {"start": {"line": 3, "character": 0}, "end": {"line": 5, "character": 0}}})), timeout=280)
+    result = await asyncio.wait_for(
+        local.workspace_execute_command_async(
+            run_params(
+                {
+                    "instruction": "add() subtracts instead of adding; fix it",
+                    "uri": uri,
+                    "range": {"start": {"line": 3, "character": 0}, "end": {"line": 5, "character": 0}},
+                }
+            )
+        ),
+        timeout=250,
+    )
     assert set(result) == {"episodeId", "diff", "edit", "steps", "candidates", "chosen"}
     assert result["episodeId"].startswith("agent-") and result["steps"]
     for candidate in result["candidates"]:
@@ -187,19 +257,29 @@ async def test_the_real_model_runs_the_whole_path(local: LanguageClient, project
 
 async def test_cancel_stops_an_episode_and_the_server_answers_after(local: LanguageClient, project: Path):
     uri = open_calc(local, project)
-    local.workspace_did_change_configuration(types.DidChangeConfigurationParams(
-        settings={"squidcode": {"agent": {"max_steps": 20, "max_step_tokens": 400, "pretest": False}}}))
+    local.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(
+            settings={"squidcode": {"agent": {"max_steps": 20, "max_step_tokens": 400, "pretest": False}}}
+        )
+    )
     msg_id = str(uuid.uuid4())
-    future = local.protocol.send_request(types.WORKSPACE_EXECUTE_COMMAND,
-                                         run_params({"instruction": "rewrite everything", "uri": uri}),
-                                         msg_id=msg_id)
+    future = local.protocol.send_request(
+        types.WORKSPACE_EXECUTE_COMMAND,
+        run_params({"instruction": "rewrite everything", "uri": uri}),
+        msg_id=msg_id,
+    )
     await asyncio.sleep(3.0)
     local.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
     with pytest.raises(Exception) as raised:
         await asyncio.wait_for(asyncio.wrap_future(future), timeout=60)
     assert "cancel" in str(raised.value).lower()
-    actions = await local.text_document_code_action_async(types.CodeActionParams(
-        text_document=types.TextDocumentIdentifier(uri=uri),
-        range=types.Range(start=types.Position(line=0, character=0), end=types.Position(line=1, character=0)),
-        context=types.CodeActionContext(diagnostics=[])))
+    actions = await local.text_document_code_action_async(
+        types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            range=types.Range(
+                start=types.Position(line=0, character=0), end=types.Position(line=1, character=0)
+            ),
+            context=types.CodeActionContext(diagnostics=[]),
+        )
+    )
     assert [a.title for a in actions] == ["squidcode: ask…"]

@@ -22,7 +22,7 @@ def add(a, b):
 def mean(values):
     return sum(values) / len(values)
 '''
-TEST_CALC = '''from calc import add, mean
+TEST_CALC = """from calc import add, mean
 
 
 def test_add():
@@ -31,7 +31,7 @@ def test_add():
 
 def test_mean():
     assert mean([1, 2, 3]) == 2
-'''
+"""
 
 
 def git(root: Path, *args: str) -> str:
@@ -44,7 +44,9 @@ def project(tmp_path: Path) -> Path:
     root.mkdir()
     (root / "calc.py").write_text(CALC)
     (root / "test_calc.py").write_text(TEST_CALC)
-    (root / "pyproject.toml").write_text('[tool.ruff]\nline-length = 100\n[tool.ruff.lint]\nselect = ["E", "F"]\n')
+    (root / "pyproject.toml").write_text(
+        '[tool.ruff]\nline-length = 100\n[tool.ruff.lint]\nselect = ["E", "F"]\n'
+    )
     return root
 
 

@@ -22,8 +22,13 @@ class ScriptedBackend:
 
     name = "scripted"
 
-    def __init__(self, answers: list, native_tools: bool = False, logprobs: dict[str, float] | None = None,
-                 delay_s: float = 0.0):
+    def __init__(
+        self,
+        answers: list,
+        native_tools: bool = False,
+        logprobs: dict[str, float] | None = None,
+        delay_s: float = 0.0,
+    ):
         self.answers = list(answers)
         self.native_tools = native_tools
         self.logprobs = logprobs or {}
@@ -32,8 +37,15 @@ class ScriptedBackend:
         self.calls: list[tuple[int, float, int]] = []
 
     def sample(self, conversation, k, *, temperature, max_tokens, seed=0, should_stop=lambda: False):
-        self.seen.append(Conversation(conversation.system, conversation.repo_map, list(conversation.documents),
-                                      [dict(m) for m in conversation.messages], conversation.tools))
+        self.seen.append(
+            Conversation(
+                conversation.system,
+                conversation.repo_map,
+                list(conversation.documents),
+                [dict(m) for m in conversation.messages],
+                conversation.tools,
+            )
+        )
         self.calls.append((k, temperature, max_tokens))
         if self.delay_s:
             deadline = time.monotonic() + self.delay_s
@@ -119,7 +131,9 @@ class FakeOpenAIServer:
         handler.wfile.write(body)
 
 
-def chat_completion(*contents: str, tool_calls: list | None = None, logprobs: list[float] | None = None) -> dict:
+def chat_completion(
+    *contents: str, tool_calls: list | None = None, logprobs: list[float] | None = None
+) -> dict:
     """A non-streamed chat completion body with one choice per content."""
     choices = []
     for i, content in enumerate(contents):
@@ -130,5 +144,9 @@ def chat_completion(*contents: str, tool_calls: list | None = None, logprobs: li
         if logprobs:
             choice["logprobs"] = {"content": [{"token": "x", "logprob": logprobs[i]}]}
         choices.append(choice)
-    return {"id": "cmpl-1", "object": "chat.completion", "choices": choices,
-            "usage": {"completion_tokens": 10 * len(contents)}}
+    return {
+        "id": "cmpl-1",
+        "object": "chat.completion",
+        "choices": choices,
+        "usage": {"completion_tokens": 10 * len(contents)},
+    }

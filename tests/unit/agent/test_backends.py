@@ -11,8 +11,12 @@ from agent.backends import Conversation, Document, LocalBackend, OpenAIBackend, 
 from agent.errors import BackendAuthError, BackendConnectionError, BackendError, BackendTimeoutError
 from tests.unit.agent.doubles import FakeOpenAIServer, chat_completion
 
-CONV = Conversation("system text", "calc.py:\n  def add(a, b)", [Document("calc.py", "def add(a, b):\n    return a - b")],
-                    [{"role": "user", "content": "fix add"}])
+CONV = Conversation(
+    "system text",
+    "calc.py:\n  def add(a, b)",
+    [Document("calc.py", "def add(a, b):\n    return a - b")],
+    [{"role": "user", "content": "fix add"}],
+)
 
 
 def backend(server, **kw):
@@ -20,13 +24,22 @@ def backend(server, **kw):
 
 
 def test_non_streamed_choices_tool_calls_and_logprobs():
-    tool_calls = [{"id": "c1", "type": "function", "function": {"name": "read_file",
-                                                                  "arguments": '{"path": "calc.py"}'}}]
-    with FakeOpenAIServer([chat_completion("", "second", tool_calls=tool_calls, logprobs=[-0.5, -1.5])]) as server:
+    tool_calls = [
+        {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "read_file", "arguments": '{"path": "calc.py"}'},
+        }
+    ]
+    with FakeOpenAIServer(
+        [chat_completion("", "second", tool_calls=tool_calls, logprobs=[-0.5, -1.5])]
+    ) as server:
         samples = backend(server, stream=False).sample(CONV, 2, temperature=0.7, max_tokens=64)
         request, headers = server.requests[0], server.headers[0]
     assert [s.text for s in samples] == ["", "second"]
-    assert samples[0].tool_calls[0].name == "read_file" and samples[0].tool_calls[0].args == {"path": "calc.py"}
+    assert samples[0].tool_calls[0].name == "read_file" and samples[0].tool_calls[0].args == {
+        "path": "calc.py"
+    }
     assert [s.logprob for s in samples] == [-0.5, -1.5]
     assert request["n"] == 2 and request["temperature"] == 0.7 and request["model"] == "test-model"
     assert request["messages"][0]["role"] == "system" and "calc.py" in request["messages"][0]["content"]
@@ -35,10 +48,28 @@ def test_non_streamed_choices_tool_calls_and_logprobs():
 
 def test_streamed_chunks_are_assembled_per_choice_with_tool_call_deltas():
     chunks = [
-        {"choices": [{"index": 0, "delta": {"content": "Hel"}}, {"index": 1, "delta": {"tool_calls": [
-            {"index": 0, "id": "c9", "function": {"name": "grep", "arguments": '{"pat'}}]}}]},
-        {"choices": [{"index": 0, "delta": {"content": "lo"}, "logprobs": {"content": [{"logprob": -0.25}]}},
-                     {"index": 1, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": 'tern": "x"}'}}]}}]},
+        {
+            "choices": [
+                {"index": 0, "delta": {"content": "Hel"}},
+                {
+                    "index": 1,
+                    "delta": {
+                        "tool_calls": [
+                            {"index": 0, "id": "c9", "function": {"name": "grep", "arguments": '{"pat'}}
+                        ]
+                    },
+                },
+            ]
+        },
+        {
+            "choices": [
+                {"index": 0, "delta": {"content": "lo"}, "logprobs": {"content": [{"logprob": -0.25}]}},
+                {
+                    "index": 1,
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": 'tern": "x"}'}}]},
+                },
+            ]
+        },
         {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
     ]
     with FakeOpenAIServer([{"stream": chunks}]) as server:
@@ -63,8 +94,9 @@ def test_server_errors_are_retried_with_backoff_then_succeed():
 def test_retries_are_bounded():
     with FakeOpenAIServer([{"status": 500}] * 5) as server:
         with pytest.raises(BackendError, match="HTTP 500"):
-            OpenAIBackend(server.base_url, "m", retries=1, backoff_s=0.01).sample(CONV, 1, temperature=0,
-                                                                                   max_tokens=8)
+            OpenAIBackend(server.base_url, "m", retries=1, backoff_s=0.01).sample(
+                CONV, 1, temperature=0, max_tokens=8
+            )
         assert len(server.requests) == 2
 
 
@@ -79,20 +111,27 @@ def test_a_server_that_hangs_times_out():
     with FakeOpenAIServer([("sleep", 3, chat_completion("late"))]) as server:
         started = time.monotonic()
         with pytest.raises(BackendTimeoutError, match="did not answer in time"):
-            OpenAIBackend(server.base_url, "m", timeout_s=0.5, retries=0).sample(CONV, 1, temperature=0,
-                                                                                 max_tokens=8)
+            OpenAIBackend(server.base_url, "m", timeout_s=0.5, retries=0).sample(
+                CONV, 1, temperature=0, max_tokens=8
+            )
         assert time.monotonic() - started < 3
 
 
 def test_nothing_listening_is_a_connection_error():
     with pytest.raises(BackendConnectionError, match="cannot connect"):
-        OpenAIBackend("http://127.0.0.1:9/v1", "m", retries=0, timeout_s=2).sample(CONV, 1, temperature=0,
-                                                                                    max_tokens=8)
+        OpenAIBackend("http://127.0.0.1:9/v1", "m", retries=0, timeout_s=2).sample(
+            CONV, 1, temperature=0, max_tokens=8
+        )
 
 
 def test_local_prompt_holds_documents_and_ends_with_the_started_block(runtime):
-    prompt = build_local_prompt(runtime.tokenizer, "SYS", "MAP", [Document("calc.py", "def add(): ...")],
-                                [{"role": "user", "content": "fix add"}])
+    prompt = build_local_prompt(
+        runtime.tokenizer,
+        "SYS",
+        "MAP",
+        [Document("calc.py", "def add(): ...")],
+        [{"role": "user", "content": "fix add"}],
+    )
     assert prompt.index("SYS") < prompt.index("MAP") < prompt.index("File calc.py") < prompt.index("fix add")
     assert prompt.endswith("<|im_start|>assistant\n```")
 

@@ -11,8 +11,8 @@ from agent.backends import Sample
 from agent.episode import register_episode_sink, unregister_episode_sink
 from agent.errors import AgentCancelled
 from agent.loop import AgentLoop, AgentRequest
-from agent.sandbox import Workspace
 from agent.protocol import ToolCall
+from agent.sandbox import Workspace
 from context.config import AgentConfig
 from tests.unit.agent.doubles import ScriptedBackend
 
@@ -23,9 +23,15 @@ READ = '```tool\n{"tool": "read_file", "args": {"path": "calc.py"}}\n```'
 
 
 def run(project, answers, config=None, k=None, **kwargs):
-    backend = ScriptedBackend(answers, **{k_: v for k_, v in kwargs.items() if k_ in ("native_tools", "logprobs")})
-    loop = AgentLoop(backend, Workspace([project]), config or AgentConfig(test_timeout_s=30, pretest=False),
-                     **{k_: v for k_, v in kwargs.items() if k_ in ("on_step", "should_stop")})
+    backend = ScriptedBackend(
+        answers, **{k_: v for k_, v in kwargs.items() if k_ in ("native_tools", "logprobs")}
+    )
+    loop = AgentLoop(
+        backend,
+        Workspace([project]),
+        config or AgentConfig(test_timeout_s=30, pretest=False),
+        **{k_: v for k_, v in kwargs.items() if k_ in ("on_step", "should_stop")},
+    )
     result = loop.run(AgentRequest("add() subtracts; fix it", project / "calc.py", k=k))
     return result, backend
 
@@ -35,8 +41,13 @@ def test_read_then_edit_is_verified_and_chosen(project):
     assert [s.tool for s in result.steps] == ["run_tests", "read_file", "edit"]
     assert all(s.ok for s in result.steps)
     assert result.stop_reason == "verified" and result.chosen == 0
-    assert result.candidates[0].checks == {"format": True, "applies": True, "parse": True, "lint": True,
-                                           "tests": True}
+    assert result.candidates[0].checks == {
+        "format": True,
+        "applies": True,
+        "parse": True,
+        "lint": True,
+        "tests": True,
+    }
     assert "+    return a + b" in result.diff
     assert "return a - b" in (project / "calc.py").read_text()  # never written
     # The model saw the pretest failure, the target file, and then the tool output.
@@ -70,8 +81,11 @@ def test_unparsable_answers_are_reprompted_a_bounded_number_of_times(project):
 
 
 def test_unknown_tools_and_bad_paths_are_reported_and_the_loop_goes_on(project):
-    answers = ['```tool\n{"tool": "shell", "args": {"cmd": "rm -rf /"}}\n```',
-               '```tool\n{"tool": "read_file", "args": {"path": "../../etc/passwd"}}\n```', GOOD]
+    answers = [
+        '```tool\n{"tool": "shell", "args": {"cmd": "rm -rf /"}}\n```',
+        '```tool\n{"tool": "read_file", "args": {"path": "../../etc/passwd"}}\n```',
+        GOOD,
+    ]
     result, backend = run(project, answers)
     assert [(s.tool, s.ok) for s in result.steps[:2]] == [("shell", False), ("read_file", False)]
     assert "unknown tool 'shell'" in backend.seen[1].messages[-1]["content"]
@@ -86,7 +100,9 @@ def test_the_step_budget_ends_the_episode(project):
 
 def test_the_token_budget_ends_the_episode(project):
     big = Sample(READ, [], 400)
-    result, backend = run(project, [big] * 10, AgentConfig(token_budget=1000, max_step_tokens=500, pretest=False))
+    result, backend = run(
+        project, [big] * 10, AgentConfig(token_budget=1000, max_step_tokens=500, pretest=False)
+    )
     assert result.stop_reason == "token_budget" and len(backend.seen) == 3
     assert backend.calls[-1][2] == 200  # the last step may only use what is left
 
@@ -99,15 +115,23 @@ def test_best_of_k_samples_k_verifies_all_and_ranks_by_logprob(project):
     assert [c.verified for c in result.candidates] == [True, False, True, False]
     assert [c.logprob for c in result.candidates][::2] == [-0.9, -0.2]
     assert result.chosen == 2 and "return b + a" in result.diff
-    assert result.to_json()["candidates"][1] == {"diff": result.candidates[1].diff, "verified": False,
-                                                 "checks": result.candidates[1].checks}
+    assert result.to_json()["candidates"][1] == {
+        "diff": result.candidates[1].diff,
+        "verified": False,
+        "checks": result.candidates[1].checks,
+    }
 
 
 def test_cancellation_stops_the_episode(project):
     stop = threading.Event()
     backend = ScriptedBackend([READ] * 50, delay_s=0.05)
-    loop = AgentLoop(backend, Workspace([project]), AgentConfig(pretest=False, max_steps=50),
-                     on_step=lambda step, n: stop.set() if n == 2 else None, should_stop=stop.is_set)
+    loop = AgentLoop(
+        backend,
+        Workspace([project]),
+        AgentConfig(pretest=False, max_steps=50),
+        on_step=lambda step, n: stop.set() if n == 2 else None,
+        should_stop=stop.is_set,
+    )
     with pytest.raises(AgentCancelled):
         loop.run(AgentRequest("x", project / "calc.py"))
     assert len(backend.seen) == 2
@@ -115,8 +139,20 @@ def test_cancellation_stops_the_episode(project):
 
 def test_native_tool_calls_round_trip(project):
     read = Sample("", [ToolCall("read_file", {"path": "calc.py"}, "call_1")], 5)
-    edit = Sample("", [ToolCall("edit", {"path": "calc.py", "blocks": [
-        {"search": "    return a - b", "replace": "    return a + b"}]}, "call_2")], 5)
+    edit = Sample(
+        "",
+        [
+            ToolCall(
+                "edit",
+                {
+                    "path": "calc.py",
+                    "blocks": [{"search": "    return a - b", "replace": "    return a + b"}],
+                },
+                "call_2",
+            )
+        ],
+        5,
+    )
     result, backend = run(project, [read, edit], native_tools=True)
     assert result.chosen == 0
     messages = backend.seen[1].messages
@@ -148,6 +184,9 @@ def test_episodes_go_to_registered_sinks_and_a_broken_sink_is_skipped(project):
 
 
 def test_garbage_from_the_backend_is_an_unparsable_answer_not_a_crash(project):
-    result, _ = run(project, ["\x00\x01\xff" * 100, "}}}{{{", "```tool\nnull\n```"],
-                    AgentConfig(reprompts=2, pretest=False))
+    result, _ = run(
+        project,
+        ["\x00\x01\xff" * 100, "}}}{{{", "```tool\nnull\n```"],
+        AgentConfig(reprompts=2, pretest=False),
+    )
     assert result.stop_reason == "unparsable" and result.chosen is None

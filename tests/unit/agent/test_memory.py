@@ -45,17 +45,21 @@ def test_a_correction_is_noted_only_the_second_time(tmp_path):
 def test_conventions_from_config_files_and_rescan_supersedes(tmp_path):
     root = tmp_path / "proj"
     root.mkdir()
-    (root / "pyproject.toml").write_text('[tool.ruff]\nline-length = 100\n[tool.pytest.ini_options]\n')
+    (root / "pyproject.toml").write_text("[tool.ruff]\nline-length = 100\n[tool.pytest.ini_options]\n")
     (root / ".editorconfig").write_text("[*]\nindent_style = space\nindent_size = 4\n")
     mem = store(tmp_path)
     mem.scan_conventions(root)
     bodies = sorted(n.body for n in mem.notes())
-    assert bodies == ["Indent with space, 4 wide.", "Lines are at most 100 characters (ruff).",
-                      "Tests run with pytest."]
-    (root / "pyproject.toml").write_text('[tool.ruff]\nline-length = 120\n')
+    assert bodies == [
+        "Indent with space, 4 wide.",
+        "Lines are at most 100 characters (ruff).",
+        "Tests run with pytest.",
+    ]
+    (root / "pyproject.toml").write_text("[tool.ruff]\nline-length = 120\n")
     mem.scan_conventions(root)
     assert [n.body for n in mem.notes() if n.subject == "convention:line-length"] == [
-        "Lines are at most 120 characters (ruff)."]
+        "Lines are at most 120 characters (ruff)."
+    ]
 
 
 def test_unused_notes_are_forgotten_and_recall_counts_as_use(tmp_path):

@@ -16,16 +16,20 @@ def test_json_block_with_a_tool_and_string_arguments():
 
 
 def test_edit_block_with_search_replace():
-    text = "```edit calc.py\n<<<<<<< SEARCH\n    return a - b\n=======\n    return a + b\n>>>>>>> REPLACE\n```"
+    text = (
+        "```edit calc.py\n<<<<<<< SEARCH\n    return a - b\n=======\n    return a + b\n>>>>>>> REPLACE\n```"
+    )
     action = parse_action(text)
-    assert action == ToolCall("edit", {"path": "calc.py", "blocks": [
-        {"search": "    return a - b", "replace": "    return a + b"}]})
+    assert action == ToolCall(
+        "edit", {"path": "calc.py", "blocks": [{"search": "    return a - b", "replace": "    return a + b"}]}
+    )
 
 
 def test_markers_without_a_fence_use_the_default_path():
     text = "<<<<<<< SEARCH\nx = 1\n=======\nx = 2\n>>>>>>> REPLACE"
-    assert parse_action(text, "m.py") == ToolCall("edit", {"path": "m.py", "blocks": [{"search": "x = 1",
-                                                                                          "replace": "x = 2"}]})
+    assert parse_action(text, "m.py") == ToolCall(
+        "edit", {"path": "m.py", "blocks": [{"search": "x = 1", "replace": "x = 2"}]}
+    )
 
 
 def test_a_python_block_with_a_definition_is_a_whole_definition_edit():

@@ -15,7 +15,9 @@ def test_lint_reports_only_what_the_edit_introduced(ctx, project):
     path = ctx.workspace.resolve("calc.py")
     assert [d.code for d in lint_text(ctx, path, (project / "calc.py").read_text())] == ["F401"]
     registry = default_registry()
-    assert "no new lint errors (1 were already there)" in registry.call(ctx, "lint", {"path": "calc.py"}).output
+    assert (
+        "no new lint errors (1 were already there)" in registry.call(ctx, "lint", {"path": "calc.py"}).output
+    )
     ctx.overlay.write(path, "import os\n\n\ndef f():\n    return undefined_name\n")
     result = registry.call(ctx, "lint", {"path": "calc.py"})
     assert "1 new lint error(s)" in result.output and "F821" in result.output and "F401" not in result.output
@@ -60,7 +62,9 @@ def test_search_text_must_match_once_with_whitespace_tolerance(ctx):
 
 
 def test_edit_outside_the_workspace_is_refused(ctx):
-    result = default_registry().call(ctx, "edit", {"path": "../x.py", "blocks": [{"search": "", "replace": "x"}]})
+    result = default_registry().call(
+        ctx, "edit", {"path": "../x.py", "blocks": [{"search": "", "replace": "x"}]}
+    )
     assert not result.ok and "outside the workspace" in result.output
 
 
@@ -94,12 +98,15 @@ def test_run_tests_with_a_hanging_test_times_out(ctx, project):
     (project / "test_hang.py").write_text("import time\n\n\ndef test_hang():\n    time.sleep(120)\n")
     ctx.config = type(ctx.config)(test_timeout_s=3)
     result = default_registry().call(ctx, "run_tests", {"target": "test_hang.py"})
-    assert result.data["timed_out"] and result.data["passed"] is False and "timed out after 3 s" in result.output
+    assert (
+        result.data["timed_out"] and result.data["passed"] is False and "timed out after 3 s" in result.output
+    )
 
 
 def test_run_tests_with_a_test_printing_gigabytes_is_bounded(ctx, project):
     (project / "test_loud.py").write_text(
-        "import sys\n\n\ndef test_loud():\n    while True:\n        sys.stdout.write('y' * 65536)\n")
+        "import sys\n\n\ndef test_loud():\n    while True:\n        sys.stdout.write('y' * 65536)\n"
+    )
     ctx.config = type(ctx.config)(test_timeout_s=20, max_output_bytes=20_000)
     result = default_registry().call(ctx, "run_tests", {"target": "test_loud.py"})
     assert result.data["passed"] is False and len(result.output) < 5000

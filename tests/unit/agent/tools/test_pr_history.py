@@ -100,7 +100,10 @@ def test_with_a_token_pull_request_details_come_from_the_forge(ctx, repo, monkey
         ctx.config = type(ctx.config)(forge_api_url=forge.url, forge_token_env="SQUID_TEST_FORGE_TOKEN")
         result = default_registry().call(ctx, "pr_history", {"path": "calc.py", "start": 5, "end": 5})
         assert "PR #42: Make add add" in result.output
-        assert "found by the cart totals" in result.output and "Please add a test for negatives." in result.output
+        assert (
+            "found by the cart totals" in result.output
+            and "Please add a test for negatives." in result.output
+        )
         assert forge.paths == ["/repos/acme/calc/pulls/42", "/repos/acme/calc/pulls/42/comments"]
         assert forge.auth == ["Bearer t0ken", "Bearer t0ken"]
     finally:

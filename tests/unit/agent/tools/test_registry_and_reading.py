@@ -10,8 +10,17 @@ from agent.tools import ALL_TOOLS, Tool, ToolRegistry, ToolResult, default_regis
 def test_every_tool_has_an_object_schema_and_is_registered():
     registry = default_registry()
     assert registry.names() == [t.name for t in ALL_TOOLS]
-    assert {"read_file", "search", "grep", "symbols", "lint", "edit", "run_tests", "pr_history", "memory"} \
-        <= set(registry.names())
+    assert {
+        "read_file",
+        "search",
+        "grep",
+        "symbols",
+        "lint",
+        "edit",
+        "run_tests",
+        "pr_history",
+        "memory",
+    } <= set(registry.names())
     for schema in registry.schemas():
         assert schema["type"] == "function"
         assert schema["function"]["parameters"]["type"] == "object"
@@ -23,7 +32,9 @@ def test_unknown_tools_and_bad_arguments_are_reported_not_raised(ctx):
     assert not unknown.ok and "unknown tool 'rm_rf'" in unknown.output and "read_file" in unknown.output
     assert "missing required argument(s): path" in registry.call(ctx, "read_file", {}).output
     assert "must be integer" in registry.call(ctx, "read_file", {"path": "calc.py", "start": "x"}).output
-    assert "unknown argument(s): paht" in registry.call(ctx, "read_file", {"path": "calc.py", "paht": 1}).output
+    assert (
+        "unknown argument(s): paht" in registry.call(ctx, "read_file", {"path": "calc.py", "paht": 1}).output
+    )
     assert "must be a JSON object" in registry.call(ctx, "read_file", ["calc.py"]).output
     assert not registry.call(ctx, None, {}).ok
 
