@@ -69,7 +69,7 @@ class Overlay:
 
     def copy(self) -> Overlay:
         clone = Overlay(self.workspace)
-        clone._base = self._base  # read-only once loaded; sharing saves re-reading files
+        clone._base = dict(self._base)  # the texts are shared, not re-read; new files stay per copy
         clone._edits = dict(self._edits)
         return clone
 

@@ -8,6 +8,7 @@ import hashlib
 import json
 import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from .registry import Tool, ToolContext, ToolResult
 __all__ = ["LINT", "Diagnostic", "lint_text", "introduced", "syntax_errors", "lint_change"]
 
 _per_thread = threading.local()
+# Lints the text before an edit while the caller lints the text after it.
+_LINT_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="squid-lint")
 
 
 @dataclass(frozen=True)
@@ -139,13 +142,18 @@ def syntax_errors(path: Path, text: str) -> list[str]:
 
 
 def lint_change(ctx: ToolContext, path: Path, before: str, after: str) -> tuple[list[str], list[Diagnostic]]:
-    """(syntax errors introduced, lint diagnostics introduced) by changing `before` into `after`."""
+    """(syntax errors introduced, lint diagnostics introduced) by changing `before` into `after`.
+
+    The two ruff runs (before and after) go side by side: a round trip costs one run's wall time.
+    """
     new_syntax = syntax_errors(path, after)
     if new_syntax and syntax_errors(path, before):
         new_syntax = []  # the file did not parse before either: not this change's doing
     if new_syntax:
         return new_syntax, []
-    return [], introduced(lint_text(ctx, path, before), lint_text(ctx, path, after))
+    earlier = _LINT_POOL.submit(lint_text, ctx, path, before)
+    later = lint_text(ctx, path, after)
+    return [], introduced(earlier.result(), later)
 
 
 def lint(ctx: ToolContext, args: dict) -> ToolResult:
