@@ -71,7 +71,7 @@ def _code_action_or_command(converter):
     converter.register_structure_hook(Union[types.Command, types.CodeAction], hook)  # noqa: UP007
 
 
-async def start(client: LanguageClient, project: Path, agent: dict) -> None:
+async def start(client: LanguageClient, project: Path, agent: dict, model: dict | None = None) -> None:
     client.applied_edits = []
     _code_action_or_command(client.protocol._converter)
 
@@ -85,7 +85,7 @@ async def start(client: LanguageClient, project: Path, agent: dict) -> None:
             capabilities=client_capabilities("visual-studio-code"),
             root_uri=project.as_uri(),
             workspace_folders=[types.WorkspaceFolder(uri=project.as_uri(), name="proj")],
-            initialization_options={"agent": agent, "index": {"enabled": False}},
+            initialization_options={"agent": agent, "index": {"enabled": False}, "model": model or {}},
         )
     )
 
@@ -116,6 +116,8 @@ async def local(lsp_client: LanguageClient, project: Path, model_cache_dir):
         lsp_client,
         project,
         {"max_steps": 1, "max_step_tokens": 16, "pretest": False, "k": 1, "context_tokens": 100},
+        # One torch thread: on a busy two-core machine two threads spin against each other (8x slower).
+        model={"threads": 1},
     )
     yield
     await lsp_client.shutdown_session()

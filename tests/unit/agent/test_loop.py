@@ -190,3 +190,16 @@ def test_garbage_from_the_backend_is_an_unparsable_answer_not_a_crash(project):
         AgentConfig(reprompts=2, pretest=False),
     )
     assert result.stop_reason == "unparsable" and result.chosen is None
+
+
+def test_a_backend_that_fails_ends_the_episode_with_its_error(project):
+    from agent.errors import BackendTimeoutError
+
+    class TimingOut(ScriptedBackend):
+        def sample(self, *args, **kwargs):
+            raise BackendTimeoutError("the model server at http://x did not answer in time")
+
+    loop = AgentLoop(TimingOut([]), Workspace([project]), AgentConfig(pretest=False))
+    result = loop.run(AgentRequest("x", project / "calc.py"))
+    assert result.stop_reason == "backend_error" and "did not answer in time" in result.error
+    assert result.chosen is None and result.to_json()["diff"] == ""
