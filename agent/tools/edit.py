@@ -133,12 +133,15 @@ def replace_definitions(before: str, code: str) -> str:
     code_lines = code.split("\n")
     lines = before.split("\n")
     replacements = []
+    seen: set[str] = set()
     for node in new_tree.body:
         if (
             not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
             or node.name not in old_defs
+            or node.name in seen  # a name defined twice: the first one is the answer
         ):
             continue
+        seen.add(node.name)
         start, end = _span(node)
         old_start, old_end = _span(old_defs[node.name])
         new_text = code_lines[start - 1 : end]

@@ -72,6 +72,10 @@ def test_whole_definition_edits_replace_their_namesakes():
     before = "def add(a, b):\n    return a - b\n\n\ndef keep():\n    return 1\n"
     after = replace_definitions(before, "def add(a, b):\n    return a + b\n\ndef unrelated():\n    pass\n")
     assert after == "def add(a, b):\n    return a + b\n\n\ndef keep():\n    return 1\n"
+    twice = replace_definitions(
+        before, "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return add(a, b)\n"
+    )
+    assert twice == "def add(a, b):\n    return a + b\n\n\ndef keep():\n    return 1\n"
     # Cut off mid-way (a token limit): the complete prefix is used.
     cut = replace_definitions(before, "def add(a, b):\n    return a + b\n\ndef other(x):\n    return (")
     assert "return a + b" in cut
