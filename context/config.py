@@ -27,6 +27,7 @@ __all__ = [
     "IndexConfig",
     "FeedbackConfig",
     "TrainConfig",
+    "AgentConfig",
     "SquidConfig",
     "ConfigLayer",
     "merge_layers",
@@ -191,6 +192,37 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    """The tool-using agent: its backend, budgets, sandbox limits and optional services."""
+
+    enabled: bool = True
+    # "local" = the model runtime above; "openai" = an OpenAI-compatible chat server at base_url.
+    backend: str = field(default="local", metadata=_choice("local", "openai"))
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = ""  # the model name sent to an OpenAI-compatible server
+    api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding its key
+    request_timeout_s: float = field(default=120.0, metadata=_range(1.0, 3600.0))
+    retries: int = field(default=2, metadata=_range(0, 10))
+    max_steps: int = field(default=6, metadata=_range(1, 100))
+    max_step_tokens: int = field(default=320, metadata=_range(16, 8192))
+    # All tokens the model may generate in one episode, candidates included.
+    token_budget: int = field(default=6000, metadata=_range(64, 1_000_000))
+    reprompts: int = field(default=2, metadata=_range(0, 10))  # unparsable outputs retried
+    k: int = field(default=1, metadata=_range(1, 16))
+    temperature: float = field(default=0.7, metadata=_range(0.0, 2.0))  # for candidates 2..K
+    context_tokens: int = field(default=1500, metadata=_range(0, 100_000))  # repo map + documents
+    pretest: bool = True  # run the tests once before the first step and show what fails
+    test_timeout_s: float = field(default=60.0, metadata=_range(1.0, 3600.0))
+    tool_timeout_s: float = field(default=20.0, metadata=_range(1.0, 600.0))
+    max_output_bytes: int = field(default=200_000, metadata=_range(1_000, 100_000_000))
+    memory: bool = True
+    memory_stale_days: int = field(default=90, metadata=_range(1, 10_000))
+    # Pull request titles, descriptions and reviews: only when a token variable is named and set.
+    forge_api_url: str = ""  # "" = https://api.github.com or the GitLab host of the origin remote
+    forge_token_env: str = ""  # e.g. "GITHUB_TOKEN" or "GITLAB_TOKEN"; "" = never call the API
+
+
+@dataclass(frozen=True)
 class SquidConfig:
     """Everything squidcode can be configured with."""
 
@@ -199,6 +231,7 @@ class SquidConfig:
     index: IndexConfig = IndexConfig()
     feedback: FeedbackConfig = FeedbackConfig()
     train: TrainConfig = TrainConfig()
+    agent: AgentConfig = AgentConfig()
     log_level: str = field(default="info", metadata=_choice("debug", "info", "warning", "error"))
 
     def resolved_cache_dir(self) -> Path:
@@ -294,6 +327,7 @@ _SECTIONS = {
     "index": IndexConfig,
     "feedback": FeedbackConfig,
     "train": TrainConfig,
+    "agent": AgentConfig,
 }
 
 

@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_feedback import add_parsers as add_feedback_parsers
 
     add_feedback_parsers(sub)
+    from . import cli_agent
+
+    cli_agent.add_parsers(sub)
     return parser
 
 
@@ -109,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         from .cli_train import run_train
 
         return run_train(args)
+    if args.command in ("agent", "memory"):
+        from . import cli_agent
+
+        if args.command == "agent":
+            return cli_agent.run_agent_command(args)
+        return cli_agent.run_memory_command(args)
     if args.command == "demo":
         from .demo import run_demo
 

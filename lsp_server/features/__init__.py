@@ -2,6 +2,8 @@
 
 from . import (
     adapters,
+    agent_command,
+    code_actions,
     completion,
     configuration,
     edit_tracking,
@@ -26,6 +28,8 @@ FEATURE_MODULES = (
     edit_tracking,
     status,
     adapters,
+    agent_command,
+    code_actions,
 )
 
 

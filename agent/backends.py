@@ -1,0 +1,470 @@
+"""Model backends for the agent: the local runtime, and an OpenAI-compatible chat server over httpx.
+
+Both answer `sample(conversation, k, ...)` with K samples. The local backend renders the conversation
+into one prompt through `build_local_prompt` (the documents are passed separately, so that Squid
+composition of per-document caches can replace plain concatenation there), decodes K times (one
+function to switch to batched decoding), and ranks by a log-probability computed with one forward
+pass over prompt + sample. The HTTP backend asks the server for K choices (`n`), streams, and speaks
+native tool calls; it retries connection errors, 429 and 5xx with backoff, and says clearly when the
+server refuses the key or cannot be reached.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from context.errors import GenerationCancelled
+
+from .errors import (
+    AgentCancelled,
+    BackendAuthError,
+    BackendConnectionError,
+    BackendError,
+    BackendTimeoutError,
+)
+from .protocol import ToolCall
+
+__all__ = [
+    "Document",
+    "Conversation",
+    "Sample",
+    "Backend",
+    "LocalBackend",
+    "OpenAIBackend",
+    "build_local_prompt",
+    "LOCAL_PREFILL",
+]
+
+log = logging.getLogger(__name__)
+
+ShouldStop = Callable[[], bool]
+# The local model's answer is started for it: small models then write a block far more often.
+LOCAL_PREFILL = "```"
+_LOCAL_STOP = ("\n```\n", "\n```<", "<|im_end|>")
+
+
+@dataclass(frozen=True)
+class Document:
+    """A piece of the workspace shown to the model before the conversation."""
+
+    rel: str
+    text: str
+    start_line: int = 1
+
+
+@dataclass
+class Conversation:
+    """What the model sees: instructions, a repo map, documents, then the turns so far."""
+
+    system: str
+    repo_map: str = ""
+    documents: list[Document] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style turns
+    tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style tool schemas
+
+
+@dataclass
+class Sample:
+    """One sampled answer: text and/or native tool calls, its token count and log-probability."""
+
+    text: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tokens: int = 0
+    logprob: float | None = None  # mean log-probability per token, when the backend knows it
+    finish_reason: str = ""
+
+
+class Backend(Protocol):
+    name: str
+    native_tools: bool
+
+    def sample(
+        self,
+        conversation: Conversation,
+        k: int,
+        *,
+        temperature: float,
+        max_tokens: int,
+        seed: int,
+        should_stop: ShouldStop,
+    ) -> list[Sample]: ...
+
+    def logprob(self, conversation: Conversation, sample: Sample) -> float | None: ...
+
+
+def _context_block(conversation: Conversation) -> str:
+    parts = []
+    if conversation.repo_map:
+        parts.append(f"Repository map:\n{conversation.repo_map.strip()}")
+    for doc in conversation.documents:
+        parts.append(f"File {doc.rel} (from line {doc.start_line}):\n```\n{doc.text.rstrip()}\n```")
+    return "\n\n".join(parts)
+
+
+def build_local_prompt(
+    tokenizer, system: str, repo_map: str, documents: list[Document], messages: list[dict[str, Any]]
+) -> str:
+    """The local model's prompt: the chat template over system + documents + turns, answer started.
+
+    The one place documents enter the local prompt, so Squid composition can take it over.
+    """
+    context = _context_block(Conversation(system, repo_map, documents))
+    turns = [{"role": "system", "content": system}]
+    for i, message in enumerate(messages):
+        content = message.get("content") or ""
+        if i == 0 and context:
+            content = f"{context}\n\n{content}"
+        role = "assistant" if message["role"] == "assistant" else "user"
+        turns.append({"role": role, "content": content})
+    try:
+        prompt = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    except (ValueError, AttributeError, TypeError):
+        prompt = "".join(f"{t['role']}: {t['content']}\n" for t in turns) + "assistant: "
+    return prompt + LOCAL_PREFILL
+
+
+class LocalBackend:
+    """The in-process model runtime (`context.runtime.ModelRuntime`)."""
+
+    name = "local"
+    native_tools = False
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+
+    def prompt(self, conversation: Conversation) -> str:
+        return build_local_prompt(
+            self.runtime.tokenizer,
+            conversation.system,
+            conversation.repo_map,
+            conversation.documents,
+            conversation.messages,
+        )
+
+    def sample(
+        self,
+        conversation: Conversation,
+        k: int,
+        *,
+        temperature: float,
+        max_tokens: int,
+        seed: int = 0,
+        should_stop: ShouldStop = lambda: False,
+    ) -> list[Sample]:
+        """K answers to the conversation: the prompt is prefilled once, then decoded K times from a copy
+        of its cache (one after another for now: the seam for batched decoding)."""
+        prompt_ids = self.runtime.encode(self.prompt(conversation))
+        shared = self._prefill(prompt_ids[:-1], should_stop) if k > 1 else None
+        samples = []
+        for i in range(k):
+            if should_stop():
+                raise AgentCancelled("cancelled while sampling")
+            try:
+                if shared is None:
+                    result = self.runtime.generate(
+                        prompt_ids,
+                        max_new_tokens=max_tokens,
+                        stop=_LOCAL_STOP,
+                        temperature=temperature,
+                        seed=seed + i,
+                        should_stop=should_stop,
+                    )
+                else:
+                    result = self.runtime.generate(
+                        prompt_ids[-1:],
+                        max_new_tokens=max_tokens,
+                        stop=_LOCAL_STOP,
+                        temperature=temperature,
+                        seed=seed + i,
+                        should_stop=should_stop,
+                        past=copy.deepcopy(shared),
+                    )
+            except GenerationCancelled as exc:
+                raise AgentCancelled(str(exc)) from exc
+            text = LOCAL_PREFILL + result.text
+            if result.stop_reason == "stop":
+                text += "\n```"
+            samples.append(Sample(text, [], result.new_tokens, None, result.stop_reason))
+        return samples
+
+    def _prefill(self, ids: list[int], should_stop: ShouldStop):
+        """A cache holding `ids` (the prompt but its last token), shared by the K samples."""
+        import torch
+
+        cache = None
+        with torch.inference_mode():
+            for start in range(0, len(ids), 256):
+                if should_stop():
+                    raise AgentCancelled("cancelled during prefill")
+                chunk = torch.tensor([ids[start : start + 256]], device=self.runtime.device)  # [1, chunk]
+                cache = self.runtime.model(input_ids=chunk, cache=cache, use_cache=True).cache
+        return cache
+
+    def logprob(self, conversation: Conversation, sample: Sample) -> float | None:
+        """Mean log-probability per token of the sample after the prompt, in one forward pass."""
+        import torch
+
+        prompt_ids = self.runtime.encode(self.prompt(conversation))
+        answer = sample.text[len(LOCAL_PREFILL) :] if sample.text.startswith(LOCAL_PREFILL) else sample.text
+        answer_ids = self.runtime.encode(answer)
+        if not answer_ids:
+            return None
+        ids = torch.tensor([prompt_ids + answer_ids], device=self.runtime.device)  # [1, seq]
+        with torch.inference_mode():
+            logits = (
+                self.runtime.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
+            )  # [n, vocab]
+            logp = torch.log_softmax(logits, dim=-1)
+            picked = logp.gather(1, torch.tensor(answer_ids, device=logp.device)[:, None])  # [n, 1]
+        return float(picked.mean())
+
+
+class OpenAIBackend:
+    """An OpenAI-compatible chat completions server (vLLM, llama.cpp, Ollama, or a hosted API)."""
+
+    name = "openai"
+    native_tools = True
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 120.0,
+        retries: int = 2,
+        backoff_s: float = 0.5,
+        stream: bool = True,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.stream = stream
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(
+            headers=headers, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10)), transport=transport
+        )
+
+    @classmethod
+    def from_config(cls, config) -> OpenAIBackend:
+        key = os.environ.get(config.api_key_env) if config.api_key_env else None
+        return cls(
+            config.base_url, config.model, key, timeout_s=config.request_timeout_s, retries=config.retries
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _messages(self, conversation: Conversation) -> list[dict[str, Any]]:
+        system = conversation.system
+        context = _context_block(conversation)
+        if context:
+            system = f"{system}\n\n{context}"
+        return [{"role": "system", "content": system}, *conversation.messages]
+
+    def sample(
+        self,
+        conversation: Conversation,
+        k: int,
+        *,
+        temperature: float,
+        max_tokens: int,
+        seed: int = 0,
+        should_stop: ShouldStop = lambda: False,
+    ) -> list[Sample]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": self._messages(conversation),
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+            "n": k,
+            "seed": seed,
+            "logprobs": True,
+            "stream": self.stream,
+        }
+        if conversation.tools:
+            body["tools"] = conversation.tools
+        for attempt in range(self.retries + 1):
+            try:
+                return self._request(body, k, should_stop)
+            except (BackendConnectionError, BackendTimeoutError, _Retryable) as exc:
+                if attempt == self.retries:
+                    if isinstance(exc, _Retryable):
+                        raise BackendError(str(exc)) from exc
+                    raise
+                delay = self.backoff_s * (2**attempt)
+                log.warning("model server: %s; retrying in %.1fs", exc, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def logprob(self, conversation: Conversation, sample: Sample) -> float | None:
+        return sample.logprob
+
+    def _request(self, body: dict[str, Any], k: int, should_stop: ShouldStop) -> list[Sample]:
+        url = f"{self.base_url}/chat/completions"
+        try:
+            with self._client.stream("POST", url, json=body) as response:
+                self._check_status(response)
+                if body["stream"] and response.headers.get("content-type", "").startswith(
+                    "text/event-stream"
+                ):
+                    return _read_stream(response, k, should_stop)
+                response.read()
+                return _read_whole(response)
+        except httpx.TimeoutException as exc:
+            raise BackendTimeoutError(f"the model server at {self.base_url} did not answer in time") from exc
+        except httpx.ConnectError as exc:
+            raise BackendConnectionError(
+                f"cannot connect to the model server at {self.base_url}: {exc}"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise BackendConnectionError(f"the connection to {self.base_url} failed: {exc}") from exc
+
+    def _check_status(self, response: httpx.Response) -> None:
+        if response.status_code < 400:
+            return
+        response.read()
+        detail = response.text[:300]
+        if response.status_code in (401, 403):
+            raise BackendAuthError(
+                f"the model server at {self.base_url} refused the API key "
+                f"(HTTP {response.status_code}): set agent.api_key_env to the variable "
+                "holding a valid key"
+            )
+        if response.status_code == 429 or response.status_code >= 500:
+            raise _Retryable(f"HTTP {response.status_code} from {self.base_url}: {detail}")
+        raise BackendError(
+            f"the model server at {self.base_url} answered HTTP {response.status_code}: {detail}"
+        )
+
+
+class _Retryable(BackendError):
+    """A server answer worth retrying (429, 5xx)."""
+
+
+def _tool_calls(raw: Any) -> list[ToolCall]:
+    calls = []
+    for item in raw or []:
+        function = (item or {}).get("function") or {}
+        name = function.get("name")
+        arguments = function.get("arguments") or "{}"
+        try:
+            args = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError:
+            args = {"__unparsable__": arguments}
+        calls.append(
+            ToolCall(
+                name if isinstance(name, str) else "",
+                args if isinstance(args, dict) else {"__unparsable__": arguments},
+                item.get("id"),
+            )
+        )
+    return calls
+
+
+def _mean_logprob(choice: dict[str, Any]) -> float | None:
+    content = ((choice.get("logprobs") or {}).get("content")) or []
+    values = [
+        t.get("logprob") for t in content if isinstance(t, dict) and isinstance(t.get("logprob"), int | float)
+    ]
+    return sum(values) / len(values) if values else None
+
+
+def _read_whole(response: httpx.Response) -> list[Sample]:
+    try:
+        data = response.json()
+        choices = data["choices"]
+        samples = []
+        for choice in choices:
+            message = choice["message"]
+            samples.append(
+                Sample(
+                    message.get("content") or "",
+                    _tool_calls(message.get("tool_calls")),
+                    int((data.get("usage") or {}).get("completion_tokens") or 0) // max(len(choices), 1),
+                    _mean_logprob(choice),
+                    choice.get("finish_reason") or "",
+                )
+            )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise BackendError(
+            f"the model server's answer is not a chat completion: {response.text[:200]!r}"
+        ) from exc
+    if not samples:
+        raise BackendError("the model server answered no choices")
+    return samples
+
+
+def _read_stream(response: httpx.Response, k: int, should_stop: ShouldStop) -> list[Sample]:
+    """Accumulate server-sent chat completion chunks per choice index."""
+    texts: dict[int, list[str]] = {}
+    calls: dict[int, dict[int, dict[str, Any]]] = {}
+    logps: dict[int, list[float]] = {}
+    finish: dict[int, str] = {}
+    for line in response.iter_lines():
+        if should_stop():
+            raise AgentCancelled("cancelled while the model server was answering")
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            break
+        try:
+            chunk = json.loads(payload)
+            for choice in chunk["choices"]:
+                _add_delta(choice, texts, calls, logps, finish)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise BackendError(
+                f"the model server streamed something that is not a chat chunk: {payload[:200]!r}"
+            ) from exc
+    indexes = sorted(set(texts) | set(calls))
+    if not indexes:
+        raise BackendError("the model server streamed no answer")
+    samples = []
+    for i in indexes:
+        raw_calls = [
+            {"id": c.get("id"), "function": {"name": c.get("name"), "arguments": c.get("arguments", "")}}
+            for _, c in sorted(calls.get(i, {}).items())
+        ]
+        values = logps.get(i, [])
+        samples.append(
+            Sample(
+                "".join(texts.get(i, [])),
+                _tool_calls(raw_calls),
+                len(values) or len(texts.get(i, [])),
+                sum(values) / len(values) if values else None,
+                finish.get(i, ""),
+            )
+        )
+    return samples
+
+
+def _add_delta(choice, texts, calls, logps, finish) -> None:
+    index = int(choice.get("index", 0))
+    delta = choice.get("delta") or {}
+    if delta.get("content"):
+        texts.setdefault(index, []).append(delta["content"])
+    for call in delta.get("tool_calls") or []:
+        slot = calls.setdefault(index, {}).setdefault(int(call.get("index", 0)), {})
+        if call.get("id"):
+            slot["id"] = call["id"]
+        function = call.get("function") or {}
+        if function.get("name"):
+            slot["name"] = function["name"]
+        slot["arguments"] = slot.get("arguments", "") + (function.get("arguments") or "")
+    for token in ((choice.get("logprobs") or {}).get("content")) or []:
+        if isinstance(token.get("logprob"), int | float):
+            logps.setdefault(index, []).append(float(token["logprob"]))
+    if choice.get("finish_reason"):
+        finish[index] = choice["finish_reason"]

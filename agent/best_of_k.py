@@ -1,0 +1,82 @@
+"""Best-of-K: verify each sampled edit (format, applies, parses, lint, tests) and rank the verified.
+
+Every candidate is applied to its own copy of the overlay, so candidates never see each other. The
+verified ones (format followed, applied, no new syntax or lint error, tests not failing) are ranked
+by the model's mean log-probability per token; all are kept with their checks for the feedback store.
+"""
+
+from __future__ import annotations
+
+from .episode import Candidate
+from .errors import ToolError
+from .protocol import ParseFailure, ToolCall
+from .tools.edit import check_edit, new_text_for, rejection_message
+from .tools.registry import ToolContext
+from .tools.tests import run_project_tests
+
+__all__ = ["verify_candidate", "choose", "CHECKS"]
+
+CHECKS = ("format", "applies", "parse", "lint", "tests")
+
+
+def _failed(checks: dict, name: str, detail: str, text: str, temperature: float) -> Candidate:
+    checks[name] = False
+    return Candidate("", False, checks, text, None, temperature, detail)
+
+
+def verify_candidate(
+    ctx: ToolContext, action, text: str, temperature: float, run_tests: bool = True
+) -> Candidate:
+    """Apply an edit action to a copy of the overlay and check it; never raises for the model's mistakes."""
+    checks: dict[str, bool | None] = dict.fromkeys(CHECKS)
+    if isinstance(action, ParseFailure) or not (isinstance(action, ToolCall) and action.name == "edit"):
+        why = action.message if isinstance(action, ParseFailure) else "the answer is not an edit"
+        return _failed(checks, "format", why, text, temperature)
+    checks["format"] = True
+    overlay = ctx.overlay.copy()
+    try:
+        path = ctx.workspace.resolve(action.args.get("path", ""))
+        before = overlay.read(path)
+        after = new_text_for(before, action.args)
+    except ToolError as exc:  # SandboxError is one too: a path outside the workspace fails here
+        return _failed(checks, "applies", str(exc), text, temperature)
+    if after == before:
+        return _failed(checks, "applies", "the edit changes nothing", text, temperature)
+    checks["applies"] = True
+    trial = ToolContext(ctx.workspace, overlay, ctx.config, ctx.store, ctx.memory, ctx.lint_cache)
+    try:
+        check = check_edit(trial, path, before, after)
+    except ToolError as exc:
+        checks["parse"] = True
+        return _failed(checks, "lint", f"lint could not run: {exc}", text, temperature)
+    checks["parse"] = not check.syntax
+    checks["lint"] = not check.syntax and not check.lint
+    overlay.write(path, after)
+    candidate = Candidate(overlay.diff(), False, checks, text, None, temperature, changes=overlay.changes())
+    if not check.ok:
+        candidate.detail = rejection_message(ctx.workspace.rel(path), check)
+        return candidate
+    if run_tests:
+        try:
+            run = run_project_tests(trial)
+        except ToolError as exc:
+            run = None
+            candidate.detail = f"tests could not run: {exc}"
+        if run is not None:
+            checks["tests"] = run.passed
+            if run.passed is False:
+                candidate.detail = f"the edit applies, but the tests fail: {run.summary}\n{run.report}"
+    candidate.verified = checks["tests"] is not False and bool(checks["lint"])
+    return candidate
+
+
+def choose(candidates: list[Candidate]) -> int | None:
+    """The index of the verified candidate with the highest log-probability (earliest on ties)."""
+    best, best_score = None, None
+    for index, candidate in enumerate(candidates):
+        if not candidate.verified:
+            continue
+        score = candidate.logprob if candidate.logprob is not None else float("-inf")
+        if best is None or score > best_score:
+            best, best_score = index, score
+    return best

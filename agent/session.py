@@ -1,0 +1,61 @@
+"""Wiring one agent run from configuration: the backend, the memory, the index; used by the CLI,
+the language server and the benchmark alike."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from context.config import AgentConfig, SquidConfig
+
+from .backends import Backend, LocalBackend, OpenAIBackend
+from .errors import AgentError, MemoryStoreError
+from .memory import MemoryStore, default_memory_path
+
+__all__ = ["make_backend", "open_memory", "with_overrides"]
+
+log = logging.getLogger(__name__)
+
+
+def with_overrides(
+    config: AgentConfig, backend: str | None = None, model: str | None = None, k: int | None = None
+) -> AgentConfig:
+    """`config` with the command line's (or the request's) choices applied."""
+    changes = {}
+    if backend:
+        if backend not in ("local", "openai"):
+            raise AgentError(f"unknown backend {backend!r}: use local or openai")
+        changes["backend"] = backend
+    if model:
+        changes["model"] = model
+    if k is not None:
+        if not 1 <= k <= 16:
+            raise AgentError(f"k must be between 1 and 16, got {k}")
+        changes["k"] = k
+    return replace(config, **changes)
+
+
+def make_backend(agent: AgentConfig, load_runtime: Callable[[], object]) -> Backend:
+    """The configured backend; `load_runtime` is only called for the local one."""
+    if agent.backend == "openai":
+        if not agent.model:
+            raise AgentError("agent.backend is 'openai' but agent.model names no model")
+        return OpenAIBackend.from_config(agent)
+    return LocalBackend(load_runtime())
+
+
+def open_memory(config: SquidConfig, root: Path) -> MemoryStore | None:
+    """The workspace's note store (conventions rescanned, stale notes forgotten); None when turned off
+    or unavailable (the agent works without it)."""
+    if not config.agent.memory:
+        return None
+    try:
+        memory = MemoryStore(default_memory_path(config.resolved_cache_dir()), str(root))
+        memory.forget_stale(config.agent.memory_stale_days)
+        memory.scan_conventions(root)
+        return memory
+    except MemoryStoreError as exc:
+        log.warning("agent memory unavailable: %s", exc)
+        return None

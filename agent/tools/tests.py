@@ -1,0 +1,133 @@
+"""`run_tests`: the project's tests (pytest) on the overlay, in a temporary copy of the workspace.
+
+The workspace itself is never touched: its files (git's list in a repository, else a walk) are copied
+into a temporary folder, the overlay's edits are written over them, and pytest runs there with a
+timeout and a cap on its output. What comes back is the part of the output about what failed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ToolError
+from ..sandbox import run_command, trim_middle
+from .code import _SKIP_DIRS
+from .registry import Tool, ToolContext, ToolResult
+
+__all__ = ["RUN_TESTS", "TestRun", "run_project_tests", "copy_workspace"]
+
+MAX_COPY_FILES = 20_000
+MAX_COPY_BYTES = 200_000_000
+REPORT_CHARS = 3000
+_SECTION = re.compile(r"^=+ (FAILURES|ERRORS|short test summary info) =+$", re.M)
+_SUMMARY = re.compile(r"^=*\s*(\d+ (passed|failed|error|errors|skipped|deselected)\b.*?)\s*=*$", re.M)
+
+
+@dataclass(frozen=True)
+class TestRun:
+    """One pytest run: `passed` is None when there was nothing to run."""
+
+    passed: bool | None
+    summary: str
+    report: str
+    timed_out: bool
+
+
+def _listed_files(ctx: ToolContext, root: Path) -> list[Path]:
+    if (root / ".git").exists():
+        result = run_command(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+            root,
+            timeout_s=ctx.config.tool_timeout_s,
+            max_output_bytes=20_000_000,
+            stderr=False,
+        )
+        if result.ok:
+            return [root / name for name in result.output.split("\0") if name]
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS and not d.startswith(".")]
+        files.extend(Path(dirpath) / name for name in filenames)
+    return files
+
+
+def copy_workspace(ctx: ToolContext, target: Path) -> None:
+    """The workspace's files plus the overlay's edits, under `target` (symlinks are not followed)."""
+    root = ctx.workspace.root
+    total = 0
+    files = _listed_files(ctx, root)
+    if len(files) > MAX_COPY_FILES:
+        raise ToolError(f"the workspace has {len(files)} files; run_tests copies at most {MAX_COPY_FILES}")
+    for path in files:
+        if path.is_symlink() or not path.is_file():
+            continue
+        total += path.stat().st_size
+        if total > MAX_COPY_BYTES:
+            raise ToolError(f"the workspace is larger than {MAX_COPY_BYTES // 1_000_000} MB; too big to copy")
+        dest = target / path.relative_to(root)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest)
+    for path, text in ctx.overlay.edited().items():
+        if path.is_relative_to(root):
+            dest = target / path.relative_to(root)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(text, encoding="utf-8")
+
+
+def _failure_report(output: str) -> str:
+    match = _SECTION.search(output)
+    return trim_middle(output[match.start() :] if match else output, REPORT_CHARS)
+
+
+def run_project_tests(ctx: ToolContext, target: str | None = None, timeout_s: float | None = None) -> TestRun:
+    timeout = min(timeout_s or ctx.config.test_timeout_s, ctx.config.test_timeout_s)
+    argv = ["python", "-m", "pytest", "-q", "-x", "--tb=short", "-p", "no:cacheprovider", "--color=no"]
+    if target:
+        node = target.split("::", 1)
+        ctx.workspace.resolve(node[0])  # inside the workspace, or refused
+        argv.append(target)
+    with tempfile.TemporaryDirectory(prefix="squid-tests-") as tmp:
+        copy_workspace(ctx, Path(tmp))
+        env = {**os.environ, "PYTHONPATH": tmp, "PYTHONDONTWRITEBYTECODE": "1"}
+        result = run_command(
+            argv, Path(tmp), timeout_s=timeout, max_output_bytes=ctx.config.max_output_bytes, env=env
+        )
+    output = result.output.replace(tmp, ".")
+    if result.timed_out:
+        return TestRun(False, f"timed out after {timeout:.0f} s", trim_middle(output, REPORT_CHARS), True)
+    if result.returncode == 5:
+        return TestRun(None, "no tests collected", "", False)
+    found = _SUMMARY.findall(output)
+    summary = found[-1][0] if found else f"pytest exited with {result.returncode}"
+    if result.returncode == 0:
+        return TestRun(True, summary, "", False)
+    return TestRun(False, summary, _failure_report(output), False)
+
+
+def run_tests(ctx: ToolContext, args: dict) -> ToolResult:
+    run = run_project_tests(ctx, args.get("target"), args.get("timeout"))
+    data = {"passed": run.passed, "summary": run.summary, "timed_out": run.timed_out}
+    if run.passed is None:
+        return ToolResult(True, "no tests were found", data)
+    if run.passed:
+        return ToolResult(True, f"tests pass: {run.summary}", data)
+    return ToolResult(True, f"tests fail: {run.summary}\n{run.report}", data)
+
+
+RUN_TESTS = Tool(
+    "run_tests",
+    "Run the project's tests (pytest) on the edited code; shows what failed.",
+    {
+        "type": "object",
+        "properties": {
+            "target": {"type": "string", "description": "a test file or node id (default: all tests)"},
+            "timeout": {"type": "number", "description": "seconds"},
+        },
+    },
+    run_tests,
+)

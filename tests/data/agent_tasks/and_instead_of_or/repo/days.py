@@ -1,0 +1,2 @@
+def is_weekend(day):
+    return day == "sat" and day == "sun"

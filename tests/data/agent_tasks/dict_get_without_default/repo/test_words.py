@@ -1,0 +1,5 @@
+from words import count_words
+
+
+def test_counts():
+    assert count_words("a b a") == {"a": 2, "b": 1}

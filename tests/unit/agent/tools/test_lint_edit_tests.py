@@ -1,0 +1,121 @@
+"""lint (before vs after, real ruff), edit (search/replace on the overlay, gated) and run_tests (pytest
+on a temporary copy)."""
+
+from __future__ import annotations
+
+from agent.tools import default_registry
+from agent.tools.edit import replace_definitions
+from agent.tools.lint import lint_text, syntax_errors
+
+FIX = {"path": "calc.py", "blocks": [{"search": "    return a - b", "replace": "    return a + b"}]}
+
+
+def test_lint_reports_only_what_the_edit_introduced(ctx, project):
+    (project / "calc.py").write_text("import os\n\n\ndef f():\n    return 1\n")  # F401 already there
+    path = ctx.workspace.resolve("calc.py")
+    assert [d.code for d in lint_text(ctx, path, (project / "calc.py").read_text())] == ["F401"]
+    registry = default_registry()
+    assert (
+        "no new lint errors (1 were already there)" in registry.call(ctx, "lint", {"path": "calc.py"}).output
+    )
+    ctx.overlay.write(path, "import os\n\n\ndef f():\n    return undefined_name\n")
+    result = registry.call(ctx, "lint", {"path": "calc.py"})
+    assert "1 new lint error(s)" in result.output and "F821" in result.output and "F401" not in result.output
+
+
+def test_edit_applies_to_the_overlay_only(ctx, project):
+    result = default_registry().call(ctx, "edit", FIX)
+    assert result.ok, result.output
+    assert "-    return a - b" in result.output and "+    return a + b" in result.output
+    assert "return a - b" in (project / "calc.py").read_text()  # the workspace is untouched
+    assert "return a + b" in ctx.overlay.read(ctx.workspace.resolve("calc.py"))
+    assert "+    return a + b" in ctx.overlay.diff()
+
+
+def test_an_edit_with_a_syntax_error_is_rejected_with_errors_proposed_and_original(ctx):
+    bad = {"path": "calc.py", "blocks": [{"search": "    return a - b", "replace": "    return (a + b"}]}
+    result = default_registry().call(ctx, "edit", bad)
+    assert not result.ok and result.data["rejected"]
+    assert "SyntaxError" in result.output
+    assert "--- your proposed code:" in result.output and "return (a + b" in result.output
+    assert "--- the original:" in result.output and "return a - b" in result.output
+    assert ctx.overlay.diff() == ""
+
+
+def test_an_edit_with_a_new_lint_error_is_rejected(ctx):
+    bad = {"path": "calc.py", "blocks": [{"search": "    return a - b", "replace": "    return a + c"}]}
+    result = default_registry().call(ctx, "edit", bad)
+    assert not result.ok and "F821" in result.output and "Undefined name `c`" in result.output
+    assert ctx.overlay.diff() == ""
+
+
+def test_search_text_must_match_once_with_whitespace_tolerance(ctx):
+    registry = default_registry()
+    missing = registry.call(ctx, "edit", {"path": "calc.py", "blocks": [{"search": "nope", "replace": "x"}]})
+    assert not missing.ok and "not found" in missing.output
+    twice = registry.call(ctx, "edit", {"path": "calc.py", "blocks": [{"search": "return", "replace": "x"}]})
+    assert not twice.ok and "matches 2 places" in twice.output
+    # Indented differently from the file: still matches, replacement re-indented.
+    loose = {"path": "calc.py", "blocks": [{"search": "return a - b  ", "replace": "return a + b"}]}
+    assert registry.call(ctx, "edit", loose).ok
+    assert "    return a + b\n" in ctx.overlay.read(ctx.workspace.resolve("calc.py"))
+
+
+def test_edit_outside_the_workspace_is_refused(ctx):
+    result = default_registry().call(
+        ctx, "edit", {"path": "../x.py", "blocks": [{"search": "", "replace": "x"}]}
+    )
+    assert not result.ok and "outside the workspace" in result.output
+
+
+def test_whole_definition_edits_replace_their_namesakes():
+    before = "def add(a, b):\n    return a - b\n\n\ndef keep():\n    return 1\n"
+    after = replace_definitions(before, "def add(a, b):\n    return a + b\n\ndef unrelated():\n    pass\n")
+    assert after == "def add(a, b):\n    return a + b\n\n\ndef keep():\n    return 1\n"
+    twice = replace_definitions(
+        before, "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return add(a, b)\n"
+    )
+    assert twice == "def add(a, b):\n    return a + b\n\n\ndef keep():\n    return 1\n"
+    # Cut off mid-way (a token limit): the complete prefix is used.
+    cut = replace_definitions(before, "def add(a, b):\n    return a + b\n\ndef other(x):\n    return (")
+    assert "return a + b" in cut
+
+
+def test_syntax_errors_for_other_languages_use_tree_sitter(tmp_path):
+    assert syntax_errors(tmp_path / "a.js", "function f() { return 1; }") == []
+    assert syntax_errors(tmp_path / "a.js", "function f( { return 1; ")
+    assert syntax_errors(tmp_path / "a.txt", "anything (") == []
+
+
+def test_run_tests_reports_failures_and_sees_the_overlay(ctx, project):
+    registry = default_registry()
+    before = registry.call(ctx, "run_tests", {})
+    assert before.ok and before.data["passed"] is False
+    assert "test_add" in before.output and "assert -1 == 5" in before.output
+    assert registry.call(ctx, "edit", FIX).ok
+    after = registry.call(ctx, "run_tests", {})
+    assert after.data["passed"] is True and "2 passed" in after.output
+    assert "return a - b" in (project / "calc.py").read_text()  # ran on a copy
+
+
+def test_run_tests_with_a_hanging_test_times_out(ctx, project):
+    (project / "test_hang.py").write_text("import time\n\n\ndef test_hang():\n    time.sleep(120)\n")
+    ctx.config = type(ctx.config)(test_timeout_s=3)
+    result = default_registry().call(ctx, "run_tests", {"target": "test_hang.py"})
+    assert (
+        result.data["timed_out"] and result.data["passed"] is False and "timed out after 3 s" in result.output
+    )
+
+
+def test_run_tests_with_a_test_printing_gigabytes_is_bounded(ctx, project):
+    (project / "test_loud.py").write_text(
+        "import sys\n\n\ndef test_loud():\n    while True:\n        sys.stdout.write('y' * 65536)\n"
+    )
+    ctx.config = type(ctx.config)(test_timeout_s=20, max_output_bytes=20_000)
+    result = default_registry().call(ctx, "run_tests", {"target": "test_loud.py"})
+    assert result.data["passed"] is False and len(result.output) < 5000
+
+
+def test_run_tests_without_tests_says_so(ctx, project):
+    (project / "test_calc.py").unlink()
+    assert default_registry().call(ctx, "run_tests", {}).data["passed"] is None
