@@ -30,6 +30,7 @@ from agent.sandbox import Workspace
 from agent.session import make_backend, open_memory, with_overrides
 from context.errors import SquidcodeError
 
+from ..agent_feedback import record_agent_result, track_applied_agent_edit
 from ..server import SquidServer
 
 __all__ = ["AGENT_RUN", "register", "parse_arguments", "to_lsp_workspace_edit", "to_lsp_result"]
@@ -225,11 +226,18 @@ async def run_agent_command(ls: SquidServer, args: tuple) -> dict[str, Any]:
         raise JsonRpcInternalError(f"squidcode: {exc}") from exc
     outcome = f"candidate {result.chosen} chosen" if result.chosen is not None else "none verified"
     progress.end(f"{len(result.candidates)} candidates, {outcome}")
-    edit = to_lsp_workspace_edit(result.changes, uris | {path: request["uri"]})
+    uri_of = uris | {path: request["uri"]}
+    edit = to_lsp_workspace_edit(result.changes, uri_of)
+    feedback_id = record_agent_result(ls, result, request["uri"], path)
+    if feedback_id is not None:
+        result.episode_id = feedback_id  # the id the feedback store knows this episode by
     if request["apply"] and edit is not None:
-        await ls.workspace_apply_edit_async(
+        applied = await ls.workspace_apply_edit_async(
             types.ApplyWorkspaceEditParams(edit=edit, label="squidcode agent")
         )
+        if feedback_id is not None and applied.applied:
+            befores = {uri_of.get(c.path, c.path.as_uri()): c.before for c in result.changes}
+            track_applied_agent_edit(ls, feedback_id, edit, befores)
     return to_lsp_result(result, edit, get_converter())
 
 

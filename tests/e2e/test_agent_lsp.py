@@ -176,6 +176,24 @@ async def test_capabilities_and_code_actions(scripted: LanguageClient, project: 
     assert not empty
 
 
+async def _stored_episode(db: str, episode_id: str, timeout_s: float = 20.0):
+    """The episode as the feedback store holds it, once the recorder's writer has committed it."""
+    from feedback.store import FeedbackStore
+
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        if Path(db).exists():
+            store = FeedbackStore(db, readonly=True)
+            try:
+                found = [e for e in store.episodes_with_outcomes() if e.episode["id"] == episode_id]
+            finally:
+                store.close()
+            if found and found[0].events:
+                return found[0]
+        assert asyncio.get_running_loop().time() < deadline, f"episode {episode_id} never reached {db}"
+        await asyncio.sleep(0.2)
+
+
 async def test_run_with_progress_and_apply(scripted: LanguageClient, project: Path):
     uri = open_calc(scripted, project)
     token = "agent-progress-1"
@@ -204,6 +222,15 @@ async def test_run_with_progress_and_apply(scripted: LanguageClient, project: Pa
         "3. edit: ok",
     ]
     assert "return a - b" in (project / "calc.py").read_text()  # the server never writes files itself
+    # The episode, its candidates with their checks, and the applied edit reach the feedback store.
+    status = await scripted.workspace_execute_command_async(
+        types.ExecuteCommandParams(command="squidcode.feedback.status", arguments=[{}])
+    )
+    episode = await _stored_episode(status["db"], result["episodeId"])
+    assert episode.episode["kind"] == "agent" and episode.episode["chosen"] == 0
+    assert episode.episode["candidates"][0]["checks"]["tests"] is True
+    assert episode.episode["extra"]["original"] == CALC
+    assert [e["kind"] for e in episode.events if e["kind"] == "applied"] == ["applied"]
     # The model was shown the open buffer and the tool list as native tools.
     first = scripted.fake.requests[0]
     assert first["tools"] and "return a - b" in first["messages"][0]["content"]
