@@ -12,6 +12,7 @@ __all__ = [
     "GenerationCancelled",
     "IndexStoreError",
     "IndexCorruptError",
+    "CacheEntryCorrupt",
 ]
 
 
@@ -41,3 +42,7 @@ class IndexStoreError(SquidcodeError):
 
 class IndexCorruptError(IndexStoreError):
     """The repository index database is damaged; delete it (or reopen the store) to rebuild it."""
+
+
+class CacheEntryCorrupt(SquidcodeError):
+    """A stored Squid KV cache entry is damaged or stale; it is discarded and encoded again."""
