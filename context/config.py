@@ -25,6 +25,7 @@ __all__ = [
     "ModelConfig",
     "CompletionConfig",
     "IndexConfig",
+    "SquidCacheConfig",
     "SquidConfig",
     "ConfigLayer",
     "merge_layers",
@@ -94,12 +95,33 @@ class IndexConfig:
 
 
 @dataclass(frozen=True)
+class SquidCacheConfig:
+    """Squid attention: reference documents for completions from per-document KV caches."""
+
+    # false = completions read the text before the cursor only (for comparison).
+    enabled: bool = True
+    max_documents: int = field(default=4, metadata=_range(0, 64))
+    document_tokens: int = field(default=512, metadata=_range(16, 4096))
+    # Quality recovery: recompute the first tokens of each document, and/or CacheBlend's share of
+    # the most-deviating tokens (0 = off). Defaults from `squidcode bench squid` (docs/benchmarks.md).
+    recompute_first: int = field(default=32, metadata=_range(0, 4096))
+    blend_ratio: float = field(default=0.0, metadata=_range(0.0, 1.0))
+    # Byte budgets of the tiers, in MiB.
+    device_mb: int = field(default=256, metadata=_range(0, 1 << 20))
+    cpu_mb: int = field(default=1024, metadata=_range(0, 1 << 20))
+    disk_mb: int = field(default=4096, metadata=_range(0, 1 << 24))
+    # Encode likely documents (open files, top of the repo map) in the background.
+    preencode: bool = True
+
+
+@dataclass(frozen=True)
 class SquidConfig:
     """Everything squidcode can be configured with."""
 
     model: ModelConfig = ModelConfig()
     completion: CompletionConfig = CompletionConfig()
     index: IndexConfig = IndexConfig()
+    squid: SquidCacheConfig = SquidCacheConfig()
     log_level: str = field(default="info", metadata=_choice("debug", "info", "warning", "error"))
 
     def resolved_cache_dir(self) -> Path:
@@ -182,6 +204,7 @@ def _deep_update(target: dict[str, Any], update: Mapping[str, Any]) -> None:
 
 
 _SECTIONS = {"model": ModelConfig, "completion": CompletionConfig, "index": IndexConfig}
+_SECTIONS["squid"] = SquidCacheConfig
 
 
 def _validate_section(

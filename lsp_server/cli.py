@@ -1,4 +1,4 @@
-"""The `squidcode` command: serve, complete, doctor, demo."""
+"""The `squidcode` command: serve, complete, doctor, demo, index, search, map, bench."""
 
 from __future__ import annotations
 
@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="start `squidcode serve`, open the bundled example, print an inline completion"
     )
     demo.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    from .cli_squid import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
@@ -101,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import run_demo
 
         return run_demo(as_json=args.json)
+    if args.command == "bench":
+        from .cli_squid import run_bench_command
+
+        return run_bench_command(args)
     raise AssertionError(f"unhandled command {args.command}")
 
 

@@ -108,13 +108,14 @@ def build_cache(config, keys: torch.Tensor, values: torch.Tensor):
     return cache
 
 
-def _forward_chunks(runtime, ids: list[int], cache, start: int, should_pause: ShouldPause | None):
+def _forward_chunks(runtime, ids: list[int], cache, start: int, should_pause: ShouldPause | None,
+                    chunk_tokens: int = ENCODE_CHUNK):
     """Run `ids` at positions start.. through the model, extending `cache`; returns the last logits."""
     logits = None
-    for offset in range(0, len(ids), ENCODE_CHUNK):
+    for offset in range(0, len(ids), chunk_tokens):
         if should_pause is not None and should_pause():
             raise GenerationCancelled("encoding paused for a request")
-        chunk = ids[offset : offset + ENCODE_CHUNK]
+        chunk = ids[offset : offset + chunk_tokens]
         input_ids = torch.tensor([chunk], device=runtime.device)
         positions = torch.arange(start + offset, start + offset + len(chunk), device=runtime.device)
         out = runtime.model(input_ids=input_ids, position_ids=positions[None], cache=cache, use_cache=True)
@@ -146,6 +147,7 @@ def encode_document(
     *,
     source: str | None = None,
     should_pause: ShouldPause | None = None,
+    chunk_tokens: int = ENCODE_CHUNK,
 ) -> DocumentKV:
     """Encode `token_ids` after `prefix`, at positions P..P+L-1; only the document's part is kept.
 
@@ -158,7 +160,7 @@ def encode_document(
     started = time.perf_counter()
     with torch.inference_mode():
         cache = build_cache(runtime.model.config, prefix.keys, prefix.values)
-        cache, _ = _forward_chunks(runtime, list(token_ids), cache, prefix.length, should_pause)
+        cache, _ = _forward_chunks(runtime, list(token_ids), cache, prefix.length, should_pause, chunk_tokens)
         keys, values = cache_tensors(cache, prefix.length)
     return DocumentKV(
         key=key, token_ids=tuple(token_ids), start=prefix.length, keys=keys.contiguous(),
