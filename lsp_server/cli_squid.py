@@ -30,6 +30,7 @@ def add_bench_parser(sub) -> None:
     squid.add_argument("--runs", type=int, default=3, help="timing runs per figure, median (default 3)")
     squid.add_argument("--curve", type=_curve, default=(), metavar="N,N,...",
                        help="also measure time to first token for these document counts")
+    squid.add_argument("--curve-runs", type=int, default=1, help="timing runs per curve point (default 1)")
     squid.add_argument("--threads", type=int, default=1,
                        help="torch CPU threads (default 1: steadiest on a shared machine)")
     squid.add_argument("--json", action="store_true", help="print one JSON object")
@@ -75,7 +76,8 @@ def run_bench_command(args) -> int:
         print(f"squidcode: {exc}", file=sys.stderr)
         return 1
     settings = BenchSettings(docs=args.docs, doc_tokens=args.doc_tokens, queries=args.queries, runs=args.runs,
-                             curve=args.curve, default=recovery_from_config(config.squid))
+                             curve=args.curve, curve_runs=max(1, args.curve_runs),
+                             default=recovery_from_config(config.squid))
     load = os.getloadavg()[0]
     try:
         result = run_bench(runtime, settings)

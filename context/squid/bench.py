@@ -17,6 +17,7 @@ span of one of the set's documents (the model can copy from its context), half c
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 import statistics
@@ -53,6 +54,7 @@ class BenchSettings:
     runs: int = 3
     continuation: int = 32
     curve: tuple[int, ...] = ()
+    curve_runs: int = 1
     default: Recovery = Recovery(first_k=32)
     seed: int = 0
 
@@ -143,9 +145,9 @@ class _Bench:
 
     # -- swap ----------------------------------------------------------------------------------
 
-    def swap(self, n: int, query: list[int]) -> dict:
+    def swap(self, n: int, query: list[int], prefix_cache_s: float) -> dict:
         """Replace the middle document by a new one: Squid encodes it alone; a prefix cache
-        prefills from it on."""
+        prefills from it on (`prefix_cache_s`: exactly the prefix-cache time to first token)."""
         name, ids = self.pool[-1]
         key = document_key(self.rt, self.prefix, f"swap-{n}-{name}")
 
@@ -157,7 +159,7 @@ class _Bench:
 
         encode_one = _timed(lambda: encode_document(self.rt, self.prefix, ids, key), self.s.runs)
         squid_s = _timed(squid, self.s.runs)
-        return {"n": n, "squid_s": squid_s, "prefix_cache_s": self.ttft_prefix_cache(n, query),
+        return {"n": n, "squid_s": squid_s, "prefix_cache_s": prefix_cache_s,
                 "encode_one_s": encode_one, "squid_vs_encode": squid_s / encode_one}
 
     # -- quality -------------------------------------------------------------------------------
@@ -282,6 +284,7 @@ def run_bench(runtime, settings: BenchSettings, log=lambda msg: print(msg, file=
         for recovery in recoveries:
             ttft[recovery.name] = bench.ttft_squid(n, query, recovery)
         log(f"time to first token measured: {ttft}")
+        # The quality figures' documents and queries do not depend on the timings above.
         quality = bench.quality(named)
         log("quality measured")
         fractions = {r.name: compose(runtime, bench.prefix, bench.docs(n), recovery=r).recomputed_fraction
@@ -295,10 +298,15 @@ def run_bench(runtime, settings: BenchSettings, log=lambda msg: print(msg, file=
             "recomputed_fraction": round(fractions[name], 4),
         } for name, _ in named]
         result = {"docs": n, "doc_tokens": settings.doc_tokens, "queries": settings.queries,
-                  "variants": variants, "swap": {"default": settings.default.name, **bench.swap(n, query)},
+                  "variants": variants, "swap": {"default": settings.default.name,
+                                                   **bench.swap(n, query, ttft["prefix_cache"])},
                   "tiers": bench.tiers(workdir)}
         if settings.curve:
-            result["curve"] = [_curve_point(bench, m, query) for m in settings.curve]
+            bench.s = dataclasses.replace(settings, runs=settings.curve_runs)
+            result["curve"] = []
+            for m in settings.curve:
+                result["curve"].append(_curve_point(bench, m, query))
+                log(f"curve point: {result['curve'][-1]}")
         return result
 
 
@@ -306,5 +314,5 @@ def _curve_point(bench: _Bench, n: int, query: list[int]) -> dict:
     point = {"n": n, "full_s": bench.ttft_full(n, query), "prefix_cache_s": bench.ttft_prefix_cache(n, query),
              "squid_s": bench.ttft_squid(n, query, Recovery()),
              "squid_default_s": bench.ttft_squid(n, query, bench.s.default)}
-    point["swap"] = bench.swap(n, query)
+    point["swap"] = bench.swap(n, query, point["prefix_cache_s"])
     return point
