@@ -53,6 +53,7 @@ class IndexService:
         self.error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._path_listeners: list[Callable[[list[Path]], None]] = []
 
     def start(self, on_progress: ProgressCallback | None = None, on_done: DoneCallback | None = None,
               on_update: Callable[[], None] | None = None) -> None:
@@ -86,11 +87,16 @@ class IndexService:
             self.indexer, debounce_s=self.config.debounce_ms / 1000, observe=self.config.watch,
             on_batch=(lambda *_: on_update()) if on_update else None,
         )
+        self.watcher.path_listeners = self._path_listeners
         self.watcher.start()
         # Buffers opened during the first pass may have been read before their overlay was set.
         self.watcher.notify_changed(Path(p) for p in self.indexer.overlay_paths())
         if on_done:
             on_done(report, None)
+
+    def add_path_listener(self, listener: Callable[[list[Path]], None]) -> None:
+        """Call `listener(paths)` on the watcher's thread after each batch of changed files."""
+        self._path_listeners.append(listener)
 
     def wait_until_indexed(self, timeout: float | None = None) -> bool:
         if self._thread is not None:

@@ -156,6 +156,7 @@ class SquidService:
             self.store.invalidate_source(source, keep=key)
         self.store.put(entry)
         self.encoded += 1
+        log.info("squid: encoded %s (%d tokens) in %.2fs", source or "a document", len(ids), entry.encode_s)
         return entry
 
     def _enqueue(self, key: CacheKey, ids: list[int], source: str | None) -> int:
