@@ -112,6 +112,8 @@ class SquidCacheConfig:
     disk_mb: int = field(default=4096, metadata=_range(0, 1 << 24))
     # Encode likely documents (open files, top of the repo map) in the background.
     preencode: bool = True
+    # Where the disk tier lives; None means <model.cache_dir>/squid.
+    cache_dir: str | None = None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,10 @@ def _service(ls, runtime) -> SquidService:
     if service is not None and service.runtime is runtime and service.config == ls.config.squid:
         return service
     stop_squid(ls)
-    service = SquidService(runtime, ls.config.squid, ls.config.resolved_cache_dir())
+    config = ls.config.squid
+    disk = (Path(config.cache_dir).expanduser() if config.cache_dir
+            else ls.config.resolved_cache_dir() / "squid")
+    service = SquidService(runtime, config, disk)
     ls.squid_service = service
     ls.squid_index_seen = None
     return service

@@ -49,16 +49,16 @@ class ReferenceDocument:
 
 
 class SquidService:
-    """Per-document caches for one loaded model; thread-safe."""
+    """Per-document caches for one loaded model (`disk_dir`: the disk tier; None = memory only)."""
 
-    def __init__(self, runtime, config: SquidCacheConfig, cache_dir: Path | None, *,
+    def __init__(self, runtime, config: SquidCacheConfig, disk_dir: Path | None, *,
                  start_thread: bool = True):
         self.runtime = runtime
         self.config = config
         self.recovery = recovery_from_config(config)
-        disk_dir = Path(cache_dir) / "squid" if cache_dir is not None else None
         self.store = KVCacheStore(
-            disk_dir, device=runtime.device, device_bytes=config.device_mb * _MIB,
+            Path(disk_dir) if disk_dir is not None else None, device=runtime.device,
+            device_bytes=config.device_mb * _MIB,
             cpu_bytes=config.cpu_mb * _MIB, disk_bytes=config.disk_mb * _MIB,
         )
         self._prefix: PrefixKV | None = None
