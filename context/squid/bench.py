@@ -286,7 +286,7 @@ def run_bench(runtime, settings: BenchSettings, log=lambda msg: print(msg, file=
         log(f"time to first token measured: {ttft}")
         # The quality figures' documents and queries do not depend on the timings above.
         quality = bench.quality(named)
-        log("quality measured")
+        log(f"quality measured: {quality}")
         fractions = {r.name: compose(runtime, bench.prefix, bench.docs(n), recovery=r).recomputed_fraction
                      for r in recoveries}
         fractions.update({"full": 1.0, "prefix_cache": (n - n // 2) / n})
