@@ -46,6 +46,18 @@ def test_wait_encodes_in_the_request(service):
     assert ctx is not None and ctx.spans == ((service.prefix().length, ctx.offset),)
 
 
+def test_the_same_references_reuse_the_last_composition(service):
+    first = service.context_for([DOC_A, DOC_B], wait=True)
+    assert service.context_for([DOC_A, DOC_B]) is first
+    swapped = service.context_for([DOC_B, DOC_A])
+    assert swapped is not first and swapped.token_ids != first.token_ids
+    # Each request's cache is its own: extending one leaves the composition intact.
+    cache = first.new_cache()
+    cache.update(first.keys[0:1, :, :1].clone(), first.values[0:1, :, :1].clone(), 0)
+    assert cache.get_seq_length() == first.offset + 1
+    assert first.new_cache().get_seq_length() == first.offset
+
+
 def test_background_encoding_pauses_while_a_request_runs(service):
     with service.foreground():
         service.schedule([DOC_A])
