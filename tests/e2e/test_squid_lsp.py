@@ -13,6 +13,7 @@ import pytest_lsp
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
+from context.squid.disk import read_metadata
 from tests.conftest import SERVER_CMD
 
 pytestmark = pytest.mark.e2e
@@ -99,7 +100,9 @@ async def test_open_files_become_composed_references_and_changes_drop_them(clien
     # The file changes on disk: the watcher drops its cache.
     (project / "prices.py").write_text(PRICES + "\n\ndef add_tax(amount):\n    return amount * 1.2\n")
     await _wait_logged(client, "squid: dropped 1 cached documents")
-    assert not list((tmp_path / "squid").rglob("*.safetensors"))
+    # Other files' entries (cart.py, pre-encoded as a top repo-map file) stay; prices.py's is gone.
+    sources = [read_metadata(p)["source"] for p in (tmp_path / "squid").rglob("*.safetensors")]
+    assert str(project / "prices.py") not in sources
 
 
 async def test_squid_disabled_completes_from_the_prompt_alone(client_off, project, tmp_path):
