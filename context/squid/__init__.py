@@ -12,12 +12,22 @@ from .encode import (
     encode_prefix,
 )
 from .keys import FORMAT_VERSION, CacheKey, content_hash, model_identity
+from .references import CompletionReferences, select_references
+from .service import ReferenceDocument, SquidService, recovery_from_config
+from .store import KVCacheStore, TierStats
 
 __all__ = [
     "DEFAULT_PREFIX",
     "FORMAT_VERSION",
     "CacheKey",
     "ComposedContext",
+    "CompletionReferences",
+    "KVCacheStore",
+    "ReferenceDocument",
+    "SquidService",
+    "TierStats",
+    "recovery_from_config",
+    "select_references",
     "DocumentKV",
     "PrefixKV",
     "Recovery",
