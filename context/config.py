@@ -104,8 +104,8 @@ class SquidCacheConfig:
     document_tokens: int = field(default=512, metadata=_range(16, 4096))
     # Quality recovery: recompute the first tokens of each document, and/or CacheBlend's share of
     # the most-deviating tokens (0 = off). Defaults from `squidcode bench squid` (docs/benchmarks.md).
-    recompute_first: int = field(default=0, metadata=_range(0, 4096))
-    blend_ratio: float = field(default=0.10, metadata=_range(0.0, 1.0))
+    recompute_first: int = field(default=32, metadata=_range(0, 4096))
+    blend_ratio: float = field(default=0.0, metadata=_range(0.0, 1.0))
     # Byte budgets of the tiers, in MiB.
     device_mb: int = field(default=256, metadata=_range(0, 1 << 20))
     cpu_mb: int = field(default=1024, metadata=_range(0, 1 << 20))
