@@ -8,12 +8,14 @@ already follows the cursor.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from context.config import CompletionConfig
-from context.errors import GenerationCancelled
+from context.errors import GenerationCancelled, SquidcodeError
 from context.runtime import ModelRuntime
 
 __all__ = [
@@ -25,6 +27,8 @@ __all__ = [
     "cut_at_boundary",
     "complete",
 ]
+
+log = logging.getLogger(__name__)
 
 # Characters per token is ~3-4 for code; reading 8x the token budget in characters is always enough
 # and keeps a huge document from being tokenized whole.
@@ -42,6 +46,7 @@ class CompletionRequest:
     text: str
     offset: int
     language: str | None = None
+    path: str | None = None  # the file, so it is never its own reference document
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class Completion:
     prompt_tokens: int
     new_tokens: int
     stop_reason: str
+    reference_tokens: int = 0  # tokens of Squid-composed reference documents before the prompt
 
 
 @dataclass(frozen=True)
@@ -158,13 +164,41 @@ def cut_at_boundary(raw: str, ctx: CursorContext, max_lines: int, truncated: boo
     return "\n".join(kept).rstrip()
 
 
+def _reference_cache(references, prefix: str):
+    """A private cache of the Squid-composed reference documents, or (None, 0) without any."""
+    if references is None:
+        return None, 0
+    try:
+        composed = references.compose(prefix)
+    except (SquidcodeError, RuntimeError, ValueError, OSError) as exc:
+        # References only improve a completion; one that cannot have them still gets one.
+        log.warning("squid: reference documents unavailable (%s); completing without them", exc)
+        return None, 0
+    if composed is None:
+        return None, 0
+    log.info("squid: %d reference documents composed (%d tokens, recomputed %.0f%%)",
+             len(composed.spans), composed.offset, 100 * composed.recomputed_fraction)
+    return composed.new_cache(), composed.offset
+
+
 def complete(
     runtime: ModelRuntime,
     request: CompletionRequest,
     config: CompletionConfig,
     should_stop: Callable[[], bool] | None = None,
+    references=None,
 ) -> Completion | None:
-    """One inline completion at the cursor, or None when there is nothing worth offering."""
+    """One inline completion at the cursor, or None when there is nothing worth offering.
+
+    `references` (a `context.squid.references.CompletionReferences`, None = off) supplies reference
+    documents as a Squid-composed cache that the prompt continues from.
+    """
+    hold = references.foreground() if references is not None else contextlib.nullcontext()
+    with hold:
+        return _complete(runtime, request, config, should_stop, references)
+
+
+def _complete(runtime, request, config, should_stop, references) -> Completion | None:
     started = time.perf_counter()
     ctx = cursor_context(request.text, request.offset, config.suffix_lines)
     prompt_ids = build_prompt_ids(runtime, ctx.prefix, config.prefix_tokens)
@@ -178,6 +212,7 @@ def complete(
     stop = tuple(config.stop) + (("\n",) if _is_mid_line(ctx) else ("\n\n\n",))
     if request.language != "markdown":
         stop += _PROSE_STOPS
+    past, reference_tokens = _reference_cache(references, ctx.prefix)
     try:
         result = runtime.generate(
             prompt_ids,
@@ -186,6 +221,7 @@ def complete(
             temperature=config.temperature,
             should_stop=should_stop,
             heal=heal,
+            past=past,
         )
     except GenerationCancelled:
         return None
@@ -200,4 +236,5 @@ def complete(
         prompt_tokens=result.prompt_tokens,
         new_tokens=result.new_tokens,
         stop_reason=result.stop_reason,
+        reference_tokens=reference_tokens,
     )

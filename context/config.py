@@ -28,6 +28,7 @@ __all__ = [
     "FeedbackConfig",
     "TrainConfig",
     "AgentConfig",
+    "SquidCacheConfig",
     "SquidConfig",
     "ConfigLayer",
     "merge_layers",
@@ -223,6 +224,28 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class SquidCacheConfig:
+    """Squid attention: reference documents for completions from per-document KV caches."""
+
+    # false = completions read the text before the cursor only (for comparison).
+    enabled: bool = True
+    max_documents: int = field(default=4, metadata=_range(0, 64))
+    document_tokens: int = field(default=512, metadata=_range(16, 4096))
+    # Quality recovery: recompute the first tokens of each document, and/or CacheBlend's share of
+    # the most-deviating tokens (0 = off). Defaults from `squidcode bench squid` (docs/benchmarks.md).
+    recompute_first: int = field(default=32, metadata=_range(0, 4096))
+    blend_ratio: float = field(default=0.0, metadata=_range(0.0, 1.0))
+    # Byte budgets of the tiers, in MiB.
+    device_mb: int = field(default=256, metadata=_range(0, 1 << 20))
+    cpu_mb: int = field(default=1024, metadata=_range(0, 1 << 20))
+    disk_mb: int = field(default=4096, metadata=_range(0, 1 << 24))
+    # Encode likely documents (open files, top of the repo map) in the background.
+    preencode: bool = True
+    # Where the disk tier lives; None means <model.cache_dir>/squid.
+    cache_dir: str | None = None
+
+
+@dataclass(frozen=True)
 class SquidConfig:
     """Everything squidcode can be configured with."""
 
@@ -232,6 +255,7 @@ class SquidConfig:
     feedback: FeedbackConfig = FeedbackConfig()
     train: TrainConfig = TrainConfig()
     agent: AgentConfig = AgentConfig()
+    squid: SquidCacheConfig = SquidCacheConfig()
     log_level: str = field(default="info", metadata=_choice("debug", "info", "warning", "error"))
 
     def resolved_cache_dir(self) -> Path:
@@ -328,6 +352,7 @@ _SECTIONS = {
     "feedback": FeedbackConfig,
     "train": TrainConfig,
     "agent": AgentConfig,
+    "squid": SquidCacheConfig,
 }
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "FeedbackUploadError",
     "AdapterError",
     "TrainingError",
+    "CacheEntryCorrupt",
 ]
 
 
@@ -61,3 +62,7 @@ class AdapterError(SquidcodeError):
 
 class TrainingError(SquidcodeError):
     """The background trainer cannot run (no data, no model, a bad checkpoint)."""
+
+
+class CacheEntryCorrupt(SquidcodeError):
+    """A stored Squid KV cache entry is damaged or stale; it is discarded and encoded again."""

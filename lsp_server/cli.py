@@ -1,4 +1,4 @@
-"""The `squidcode` command: serve, complete, doctor, demo."""
+"""The `squidcode` command: serve, complete, doctor, demo, index, search, map, bench."""
 
 from __future__ import annotations
 
@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import cli_agent
 
     cli_agent.add_parsers(sub)
+    from .cli_squid import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
@@ -126,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import cli_feedback
 
         return cli_feedback.run(args)
+    if args.command == "bench":
+        from .cli_squid import run_bench_command
+
+        return run_bench_command(args)
     raise AssertionError(f"unhandled command {args.command}")
 
 

@@ -140,6 +140,7 @@ class SquidServer(LanguageServer):
         self.state_listeners: list[Callable[[], None]] = []
         # Sections of `squidcode.status` contributed by features (name -> provider), e.g. "feedback".
         self.status_sections: dict[str, Callable[[], dict]] = {}
+        self.squid_service = None  # context.squid.service.SquidService once a completion needs it
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -256,7 +257,7 @@ class SquidServer(LanguageServer):
             log.info("completion asked for %s, which the client never opened", uri)
             return None
         text, language = opened
-        request = CompletionRequest(text, offset_at(text, position), language)
+        request = CompletionRequest(text, offset_at(text, position), language, to_fs_path(uri))
         pending = self.supersede.begin(uri)
         try:
             await asyncio.sleep(self.config.completion.debounce_ms / 1000)
@@ -265,6 +266,9 @@ class SquidServer(LanguageServer):
             runtime = await self.model_ready()
             if runtime is None or not self.supersede.is_current(uri, pending):
                 return None
+            from .squid_context import completion_references
+
+            references = completion_references(self, uri, runtime)
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(
                 self.model_executor,
@@ -273,6 +277,7 @@ class SquidServer(LanguageServer):
                 request,
                 self.config.completion,
                 pending.cancelled.is_set,
+                references,
             )
         except asyncio.CancelledError:
             pending.cancelled.set()

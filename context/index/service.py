@@ -73,6 +73,7 @@ class IndexService:
         self.embedding: EmbeddingProcess | None = None
         self._ranker_ready = threading.Event()
         self._first_pass = threading.Event()  # set when the first pass ended (done, failed or stopped)
+        self._path_listeners: list[Callable[[list[Path]], None]] = []
 
     def start(self, on_progress: ProgressCallback | None = None, on_done: DoneCallback | None = None,
               on_update: Callable[[], None] | None = None) -> None:
@@ -108,6 +109,7 @@ class IndexService:
             self.indexer, debounce_s=self.config.debounce_ms / 1000, observe=self.config.watch,
             on_batch=lambda *_: self._after_batch(on_update),
         )
+        self.watcher.path_listeners = self._path_listeners
         self.watcher.start()
         # Buffers opened during the first pass may have been read before their overlay was set.
         self.watcher.notify_changed(Path(p) for p in self.indexer.overlay_paths())
@@ -141,6 +143,10 @@ class IndexService:
             if self._stop.is_set():
                 self.embedding.stop()  # stop() ran while this was starting
         self._ranker_ready.set()
+
+    def add_path_listener(self, listener: Callable[[list[Path]], None]) -> None:
+        """Call `listener(paths)` on the watcher's thread after each batch of changed files."""
+        self._path_listeners.append(listener)
 
     def wait_until_indexed(self, timeout: float | None = None) -> bool:
         """Block until the first pass has ended; True if the index is ready."""

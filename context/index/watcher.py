@@ -72,6 +72,9 @@ class IndexWatcher:
         self.debounce_s = debounce_s
         self.max_delay_s = max(max_delay_s, debounce_s)
         self.on_batch = on_batch
+        # Called on the watcher's thread with the changed paths of each applied batch (Squid drops
+        # the KV caches of changed files); a failing listener is logged and skipped.
+        self.path_listeners: list[Callable[[list[Path]], None]] = []
         self.batches = 0
         self._cond = threading.Condition()
         self._paths: dict[Path, None] = {}
@@ -238,6 +241,12 @@ class IndexWatcher:
             log.error("updating the index failed: %s", exc)
             return
         self.batches += 1
+        changed = list(paths) + [old for old, _ in moves]
+        for listener in list(self.path_listeners):
+            try:
+                listener(changed)
+            except Exception:  # noqa: BLE001 - a listener must never stop the index
+                log.exception("a changed-paths listener failed")
         if self.on_batch is not None:
             self.on_batch(report)
 

@@ -1,0 +1,174 @@
+"""Compose cached documents and a query into one context, without re-encoding the documents.
+
+Layout of a composed request (positions):
+
+    [ prefix 0..P-1 ][ doc 1 P..P+L1-1 ][ doc 2 P+L1.. ] ... [ query offset.. ]
+
+Every document was encoded at P..P+L-1, so document i moves by delta_i = its start - P: its keys
+are re-rotated by delta_i (`kernels.rope_shift`, with the model's own `inv_freq`), its values are
+copied as they are. The stored entries are never written: the composed tensors are new, and every
+cache handed out (`ComposedContext.new_cache`) is a fresh transformers cache over copies, so
+`generate()` extending it in place cannot reach them.
+
+`Recovery` chooses how much of the lost cross-document attention to recompute (see `recompute`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from kernels import rope_shift
+
+from .encode import DocumentKV, PrefixKV, build_cache
+from .recompute import cacheblend_select, recompute_tokens, supports_recompute
+
+__all__ = ["ComposedContext", "Recovery", "compose", "prefill"]
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """How much of the composed context to recompute.
+
+    `first_k`: the first k tokens of every document after the first; `blend_ratio`: CacheBlend's
+    share of the most-deviating document tokens (0 = off). Both may be combined.
+    """
+
+    first_k: int = 0
+    blend_ratio: float = 0.0
+
+    @property
+    def name(self) -> str:
+        parts = [f"first{self.first_k}"] if self.first_k else []
+        parts += [f"blend{round(self.blend_ratio * 100)}"] if self.blend_ratio else []
+        return "squid" + "".join(f"_{p}" for p in parts)
+
+
+@dataclass
+class ComposedContext:
+    """A composed context: its tensors, where each document sits, and what it cost.
+
+    `offset` is the position the next token (the query's first) takes. `new_cache()` gives a private
+    transformers cache of the context for `ModelRuntime.generate(prompt, past=...)`. When `compose`
+    was given a query, `cache` holds context + query and `logits` the next-token logits after it.
+    """
+
+    keys: torch.Tensor  # [layers, kv_heads, offset, head_dim]
+    values: torch.Tensor
+    token_ids: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]  # each document's [start, end) positions
+    config: object
+    recomputed_fraction: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    cache: object = None
+    logits: torch.Tensor | None = None
+
+    @property
+    def offset(self) -> int:
+        return len(self.token_ids)
+
+    def new_cache(self):
+        return build_cache(self.config, self.keys, self.values)
+
+
+def _rotary_layout(model) -> str:
+    # Every transformers decoder with `rotary_emb` (Llama, Mistral, Qwen) uses rotate-half.
+    return "rotate_half"
+
+
+def _check(prefix: PrefixKV, documents: list[DocumentKV]) -> None:
+    for doc in documents:
+        if doc.key.prefix != prefix.hash or doc.start != prefix.length:
+            raise ValueError(f"document {doc.source or doc.key.content} was encoded after another prefix")
+        if (doc.key.model, doc.key.adapter) != (prefix.model, prefix.adapter):
+            raise ValueError(f"document {doc.source or doc.key.content} was encoded by another model")
+
+
+def _concatenate(runtime, prefix: PrefixKV, documents: list[DocumentKV]):
+    """Prefix + re-rotated documents as [layers, kv_heads, S, head_dim] tensors, with the spans."""
+    device = runtime.device
+    spans, deltas, cursor = [], [], prefix.length
+    for doc in documents:
+        spans.append((cursor, cursor + doc.length))
+        deltas.append(torch.full((doc.length,), cursor - doc.start, dtype=torch.long))
+        cursor += doc.length
+    keys = [prefix.keys.to(device)]
+    values = [prefix.values.to(device)]
+    if documents:
+        doc_keys = torch.cat([d.keys.to(device) for d in documents], dim=2)  # [layers, kv, S_docs, hd]
+        inv_freq = runtime.model.model.rotary_emb.inv_freq
+        # Layers play the batch dimension: one call moves every document by its own delta.
+        keys.append(rope_shift(doc_keys, torch.cat(deltas).to(device), inv_freq,
+                               layout=_rotary_layout(runtime.model)))
+        values.append(torch.cat([d.values.to(device) for d in documents], dim=2))
+    token_ids = prefix.token_ids + tuple(t for d in documents for t in d.token_ids)
+    return torch.cat(keys, dim=2), torch.cat(values, dim=2), token_ids, tuple(spans)
+
+
+def _recover(runtime, keys, values, token_ids, spans, recovery: Recovery) -> float:
+    """Recompute per `recovery`, in place; returns the fraction of document token-layers recomputed."""
+    total = sum(end - start for start, end in spans)
+    if not total or not (recovery.first_k or recovery.blend_ratio) or len(spans) < 2:
+        return 0.0
+    if not supports_recompute(runtime.model):
+        return 0.0
+    model, device = runtime.model, runtime.device
+    ids = torch.tensor(token_ids, device=device)
+    n_layers = len(model.model.layers)
+    work = 0
+    if recovery.first_k:
+        chosen = [p for start, end in spans[1:] for p in range(start, min(end, start + recovery.first_k))]
+        selected = torch.tensor(chosen, device=device)
+        recompute_tokens(model, keys, values, ids, selected)
+        work += len(chosen) * n_layers
+    if recovery.blend_ratio:
+        candidates = torch.tensor([p for start, end in spans[1:] for p in range(start, end)], device=device)
+        selected, hidden = cacheblend_select(model, keys, values, ids, candidates, recovery.blend_ratio)
+        if len(selected):
+            recompute_tokens(model, keys, values, ids, selected, first_layer=1, hidden=hidden)
+        work += len(candidates) + len(selected) * (n_layers - 1)
+    return work / (total * n_layers)
+
+
+def prefill(runtime, cache, query_ids: list[int], start: int, chunk: int = 256):
+    """Run `query_ids` at positions start.. on `cache` (extended in place); returns the last logits."""
+    logits = None
+    for offset in range(0, len(query_ids), chunk):
+        part = query_ids[offset : offset + chunk]
+        positions = torch.arange(start + offset, start + offset + len(part), device=runtime.device)
+        out = runtime.model(input_ids=torch.tensor([part], device=runtime.device),
+                            position_ids=positions[None], cache=cache, use_cache=True)
+        cache, logits = out.cache, out.logits[:, -1, :]
+    return logits
+
+
+def compose(
+    runtime,
+    prefix: PrefixKV,
+    documents: list[DocumentKV],
+    query_ids: list[int] | None = None,
+    *,
+    recovery: Recovery = Recovery(),
+) -> ComposedContext:
+    """Compose `documents` (in this order) after `prefix`; prefill `query_ids` when given.
+
+    The result is the caller's own: nothing in it shares storage with the stored entries.
+    """
+    _check(prefix, documents)
+    timings: dict[str, float] = {}
+    with torch.inference_mode():
+        started = time.perf_counter()
+        keys, values, token_ids, spans = _concatenate(runtime, prefix, documents)
+        timings["shift_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        fraction = _recover(runtime, keys, values, token_ids, spans, recovery)
+        timings["recompute_s"] = time.perf_counter() - started
+        ctx = ComposedContext(keys, values, token_ids, spans, runtime.model.config, fraction, timings)
+        if query_ids:
+            started = time.perf_counter()
+            ctx.cache = ctx.new_cache()
+            ctx.logits = prefill(runtime, ctx.cache, list(query_ids), ctx.offset)
+            timings["query_s"] = time.perf_counter() - started
+    return ctx

@@ -1,0 +1,236 @@
+"""Squid for a running server: the store, the shared prefix, background pre-encoding, invalidation.
+
+`SquidService.context_for(documents)` is what a request calls: it composes the documents whose
+caches are ready (in the order given) and queues the missing ones for the background encoder, so
+a request never waits for an encode unless it asks to (`wait=True`, for agent prompts that will
+decode for a long time anyway). The background encoder runs on its own low-priority thread in small
+chunks and pauses while any request holds `foreground()`, so it gives the model back within one
+chunk. A document is keyed by the exact tokens encoded, so an edited file never reuses an old
+cache; `invalidate_paths` (called from the index watcher and editor saves) frees the old entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import SquidCacheConfig
+from ..errors import GenerationCancelled
+from .compose import ComposedContext, Recovery, compose
+from .encode import DocumentKV, PrefixKV, encode_document, encode_prefix
+from .keys import FORMAT_VERSION, CacheKey, model_identity, token_hash
+from .store import KVCacheStore
+
+__all__ = ["ReferenceDocument", "SquidService", "recovery_from_config"]
+
+log = logging.getLogger(__name__)
+
+# Background chunks are small: a request waits at most one of them (~0.1 s on two cores).
+BACKGROUND_CHUNK = 32
+_QUEUE_LIMIT = 64
+_MIB = 1 << 20
+
+
+def recovery_from_config(config: SquidCacheConfig) -> Recovery:
+    return Recovery(first_k=config.recompute_first, blend_ratio=config.blend_ratio)
+
+
+@dataclass(frozen=True)
+class ReferenceDocument:
+    """A piece of reference text (a file's start or a retrieved chunk) and the file it came from."""
+
+    text: str
+    source: str | None = None
+
+
+class SquidService:
+    """Per-document caches for one loaded model (`disk_dir`: the disk tier; None = memory only)."""
+
+    def __init__(self, runtime, config: SquidCacheConfig, disk_dir: Path | None, *,
+                 start_thread: bool = True):
+        self.runtime = runtime
+        self.config = config
+        self.recovery = recovery_from_config(config)
+        self.store = KVCacheStore(
+            Path(disk_dir) if disk_dir is not None else None, device=runtime.device,
+            device_bytes=config.device_mb * _MIB,
+            cpu_bytes=config.cpu_mb * _MIB, disk_bytes=config.disk_mb * _MIB,
+        )
+        self._prefix: PrefixKV | None = None
+        self._last: tuple[tuple, ComposedContext] | None = None
+        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._queue: OrderedDict[CacheKey, tuple[list[int], str | None]] = OrderedDict()
+        self._foreground = 0
+        self._stopping = False
+        self.encoded = 0
+        self._inflight = threading.Event()
+        self._thread: threading.Thread | None = None
+        if start_thread and config.preencode:
+            self._thread = threading.Thread(target=self._run, name="squid-preencode", daemon=True)
+            self._thread.start()
+
+    # -- keys and the prefix ---------------------------------------------------------------------
+
+    def prefix(self) -> PrefixKV:
+        """The shared prefix for the current model and adapter (encoded again when either changes)."""
+        with self._lock:
+            current = (model_identity(self.runtime), self.runtime.adapter_id)
+            if self._prefix is None or (self._prefix.model, self._prefix.adapter) != current:
+                self._prefix = encode_prefix(self.runtime)
+            return self._prefix
+
+    def _tokens_and_key(self, prefix: PrefixKV, doc: ReferenceDocument) -> tuple[list[int], CacheKey]:
+        ids = self.runtime.encode(doc.text)[: self.config.document_tokens]
+        key = CacheKey(prefix.model, prefix.adapter, prefix.hash, token_hash(ids), FORMAT_VERSION)
+        return ids, key
+
+    # -- the request path ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def foreground(self):
+        """Held by a request: background encoding pauses until it is released."""
+        with self._cond:
+            self._foreground += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._foreground -= 1
+                self._cond.notify_all()
+
+    def context_for(self, documents: list[ReferenceDocument], *, wait: bool = False,
+                    recovery: Recovery | None = None) -> ComposedContext | None:
+        """The composed context of the ready `documents` (missing ones queued, or encoded when
+        `wait`); None when none is ready."""
+        prefix = self.prefix()
+        ready: list[DocumentKV] = []
+        for doc in documents:
+            ids, key = self._tokens_and_key(prefix, doc)
+            if not ids:
+                continue
+            entry = self.store.get(key)
+            if entry is None and wait:
+                entry = self._encode(prefix, ids, key, doc.source)
+            if entry is None:
+                self._enqueue(key, ids, doc.source)
+                continue
+            ready.append(entry)
+        if not ready:
+            return None
+        recovery = recovery or self.recovery
+        # Consecutive requests mostly read the same references: reuse the last composition (its
+        # tensors are never written; each request gets its own cache from `new_cache()`).
+        signature = (prefix.hash, recovery, tuple(entry.key for entry in ready))
+        with self._lock:
+            if self._last is not None and self._last[0] == signature:
+                return self._last[1]
+        composed = compose(self.runtime, prefix, ready, recovery=recovery)
+        with self._lock:
+            self._last = (signature, composed)
+        return composed
+
+    def schedule(self, documents: list[ReferenceDocument]) -> int:
+        """Queue documents for background encoding (those not cached yet); returns how many."""
+        prefix = self.prefix()
+        queued = 0
+        for doc in documents:
+            ids, key = self._tokens_and_key(prefix, doc)
+            if ids and not self.store.contains(key):
+                queued += self._enqueue(key, ids, doc.source)
+        return queued
+
+    def invalidate_paths(self, paths) -> int:
+        """Drop the caches of documents read from these files (they changed on disk)."""
+        dropped = sum(self.store.invalidate_source(str(Path(p))) for p in paths)
+        if dropped:
+            log.info("squid: dropped %d cached documents of changed files", dropped)
+        return dropped
+
+    def stats(self) -> dict:
+        with self._cond:
+            queued = len(self._queue)
+        return {"tiers": self.store.stats(), "queued": queued, "encoded": self.encoded}
+
+    # -- encoding ------------------------------------------------------------------------------
+
+    def _encode(self, prefix, ids, key, source, should_pause=None, chunk=None) -> DocumentKV:
+        kwargs = {"chunk_tokens": chunk} if chunk else {}
+        entry = encode_document(self.runtime, prefix, ids, key, source=source, should_pause=should_pause,
+                                **kwargs)
+        if source is not None:
+            self.store.invalidate_source(source, keep=key)
+        self.store.put(entry)
+        self.encoded += 1
+        log.info("squid: encoded %s (%d tokens) in %.2fs", source or "a document", len(ids), entry.encode_s)
+        return entry
+
+    def _enqueue(self, key: CacheKey, ids: list[int], source: str | None) -> int:
+        if self._thread is None:
+            return 0
+        with self._cond:
+            if key in self._queue:
+                return 0
+            self._queue[key] = (ids, source)
+            while len(self._queue) > _QUEUE_LIMIT:
+                self._queue.popitem(last=False)
+            self._cond.notify_all()
+            return 1
+
+    def _paused(self) -> bool:
+        return self._foreground > 0 or self._stopping
+
+    def _next_job(self):
+        with self._cond:
+            while not self._stopping and (not self._queue or self._foreground):
+                self._cond.wait()
+            if self._stopping:
+                return None
+            self._inflight.set()
+            # The newest request's documents first.
+            return self._queue.popitem(last=True)
+
+    def _run(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
+        while (job := self._next_job()) is not None:
+            key, (ids, source) = job
+            try:
+                self._encode(self.prefix(), ids, key, source, self._paused, BACKGROUND_CHUNK)
+                self.store.persist(key)
+            except GenerationCancelled:
+                with self._cond:
+                    self._queue.setdefault(key, (ids, source))
+            except (RuntimeError, ValueError) as exc:
+                log.warning("squid: background encode of %s failed: %s", source or key.content, exc)
+            finally:
+                self._inflight.clear()
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Block until the queue is empty and nothing is being encoded (tests, benchmarks)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._cond:
+                if not self._queue and not self._busy_encoding():
+                    return True
+            time.sleep(0.02)
+        return False
+
+    def _busy_encoding(self) -> bool:
+        return self._thread is not None and self._inflight.is_set()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=10)

@@ -1,0 +1,93 @@
+"""Squid for the server: one `SquidService` per loaded model, the references of a completion
+request (a snapshot of the open documents plus index retrieval), and background pre-encoding of the
+likely documents (the open files, the top of the repo map) without delaying requests."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from pygls.uris import to_fs_path
+
+from context.errors import SquidcodeError
+from context.squid.references import CompletionReferences, file_document
+from context.squid.service import SquidService
+
+__all__ = ["completion_references", "stop_squid"]
+
+log = logging.getLogger(__name__)
+
+# Repo-map files pre-encoded once the index is ready.
+_REPO_MAP_FILES = 4
+
+
+def _service(ls, runtime) -> SquidService:
+    service = getattr(ls, "squid_service", None)
+    if service is not None and service.runtime is runtime and service.config == ls.config.squid:
+        return service
+    stop_squid(ls)
+    config = ls.config.squid
+    disk = (Path(config.cache_dir).expanduser() if config.cache_dir
+            else ls.config.resolved_cache_dir() / "squid")
+    service = SquidService(runtime, config, disk)
+    ls.squid_service = service
+    ls.squid_index_seen = None
+    return service
+
+
+def _watch_index(ls, service: SquidService) -> None:
+    """Once per index service: drop caches of changed files, pre-encode the top of the repo map."""
+    index = ls.index_service
+    if index is None or getattr(ls, "squid_index_seen", None) is index or index.state != "ready":
+        return
+    ls.squid_index_seen = index
+    index.add_path_listener(lambda paths: _current(ls, service) and service.invalidate_paths(paths))
+    try:
+        from context.index.repomap import rank_files
+
+        top = [path for path, _ in rank_files(index.store)[:_REPO_MAP_FILES]]
+        docs = []
+        for path in top:
+            try:
+                docs.append(file_document(path, Path(path).read_text(encoding="utf-8", errors="replace"),
+                                          service.config.document_tokens, index.roots))
+            except OSError:
+                continue
+        service.schedule(docs)
+    except (SquidcodeError, OSError) as exc:
+        log.info("squid: no repo map to pre-encode from (%s)", exc)
+
+
+def _current(ls, service: SquidService) -> bool:
+    return getattr(ls, "squid_service", None) is service
+
+
+def completion_references(ls, uri: str, runtime) -> CompletionReferences | None:
+    """The references for a completion in `uri`, or None when Squid is off (`squid.enabled`)."""
+    config = ls.config.squid
+    if not config.enabled or config.max_documents == 0:
+        return None
+    service = _service(ls, runtime)
+    _watch_index(ls, service)
+    current = to_fs_path(uri)
+    open_documents = {}
+    for document in reversed(list(ls.workspace.text_documents.values())):  # most recently opened first
+        path = to_fs_path(document.uri)
+        if path:
+            open_documents[path] = document.source
+    index = ls.index_service
+    search = index.search if index is not None and index.state == "ready" else None
+    references = CompletionReferences(service, current_path=current, open_documents=open_documents,
+                                      search=search, roots=ls.workspace_roots)
+    if config.preencode:
+        others = {p: t for p, t in open_documents.items() if p != current}
+        service.schedule([file_document(p, t, config.document_tokens, ls.workspace_roots)
+                          for p, t in list(others.items())[: config.max_documents]])
+    return references
+
+
+def stop_squid(ls) -> None:
+    service = getattr(ls, "squid_service", None)
+    if service is not None:
+        ls.squid_service = None
+        service.stop()

@@ -1,0 +1,134 @@
+"""Encode and compose against full prefill with the real model, where they must be equal.
+
+- one document composed == full prefill of prefix + document (+ query);
+- re-rotating a document's cached keys == encoding it at the shifted positions (every layer);
+- recomputing every document token (first-k with k >= length, CacheBlend at 100%) == full prefill;
+- without recompute several documents differ from full prefill (what recovery is for);
+- generation from a composed cache never writes into the stored entries.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from context.squid import Recovery, compose, document_key, encode_document, encode_prefix
+from context.squid.encode import cache_tensors
+from kernels import rope_shift
+
+TEXTS = (
+    "def add(a, b):\n    return a + b\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n",
+    "import os\nprint(os.getcwd())\n",
+)
+ATOL = 2e-4
+
+
+@pytest.fixture(scope="module")
+def prefix(runtime):
+    return encode_prefix(runtime)
+
+
+@pytest.fixture(scope="module")
+def docs(runtime, prefix):
+    return [encode_document(runtime, prefix, runtime.encode(t), document_key(runtime, prefix, t),
+                            source=f"/w/{i}.py") for i, t in enumerate(TEXTS)]
+
+
+def _full(runtime, ids: list[int], start: int = 0):
+    cache = DynamicCache(config=runtime.model.config)
+    positions = torch.arange(start, start + len(ids))[None]
+    with torch.inference_mode():
+        out = runtime.model(input_ids=torch.tensor([ids]), position_ids=positions, cache=cache,
+                            use_cache=True)
+    return cache, out.logits[0, -1]
+
+
+def test_single_document_equals_full_prefill(runtime, prefix, docs):
+    query = runtime.encode("x = add(")
+    ctx = compose(runtime, prefix, docs[:1], query)
+    cache, logits = _full(runtime, list(prefix.token_ids) + list(docs[0].token_ids) + query)
+    keys, values = cache_tensors(cache)
+    got_keys, got_values = cache_tensors(ctx.cache)
+    assert got_keys.shape == keys.shape
+    assert torch.allclose(got_keys, keys, atol=ATOL) and torch.allclose(got_values, values, atol=ATOL)
+    assert torch.allclose(ctx.logits[0], logits, atol=ATOL)
+    assert ctx.offset == prefix.length + docs[0].length
+    assert ctx.spans == ((prefix.length, ctx.offset),)
+
+
+@pytest.mark.parametrize("delta", [1, 37, 1000])
+def test_rotated_keys_equal_encoding_at_the_shifted_positions(runtime, prefix, docs, delta):
+    doc = docs[1]
+    cache, _ = _full(runtime, list(prefix.token_ids) + list(doc.token_ids), start=delta)
+    keys, values = cache_tensors(cache, prefix.length)
+    shifted = rope_shift(doc.keys, delta, runtime.model.model.rotary_emb.inv_freq)
+    assert torch.allclose(shifted, keys, atol=ATOL), (shifted - keys).abs().max()
+    assert torch.allclose(doc.values, values, atol=ATOL)
+    # The unshifted keys are not the answer (the test can fail).
+    assert not torch.allclose(doc.keys, keys, atol=1e-2)
+
+
+def test_composed_positions_and_first_document_are_exact(runtime, prefix, docs):
+    ctx = compose(runtime, prefix, docs)
+    cache, _ = _full(runtime, list(ctx.token_ids))
+    keys, values = cache_tensors(cache)
+    first_end = ctx.spans[0][1]
+    assert [end - start for start, end in ctx.spans] == [d.length for d in docs]
+    assert ctx.spans[1][0] == first_end and ctx.spans[2][1] == ctx.offset == keys.shape[2]
+    # Prefix and first document saw exactly what full prefill saw.
+    assert torch.allclose(ctx.keys[:, :, :first_end], keys[:, :, :first_end], atol=ATOL)
+    # Layer 0 depends on the token and its position only: exact everywhere after re-rotation.
+    assert torch.allclose(ctx.keys[0], keys[0], atol=ATOL)
+    assert torch.allclose(ctx.values[0], values[0], atol=ATOL)
+    # Deeper layers of later documents lost the cross-document attention.
+    assert not torch.allclose(ctx.values[-1], values[-1], atol=1e-2)
+
+
+@pytest.mark.parametrize(
+    "recovery", [Recovery(first_k=10_000), Recovery(blend_ratio=1.0)], ids=["first-all", "blend-all"]
+)
+def test_recomputing_every_token_equals_full_prefill(runtime, prefix, docs, recovery):
+    query = runtime.encode("s = Stack()\n")
+    ctx = compose(runtime, prefix, docs, query, recovery=recovery)
+    cache, logits = _full(runtime, list(ctx.token_ids) + query)
+    keys, values = cache_tensors(cache)
+    got_keys, got_values = cache_tensors(ctx.cache)
+    assert torch.allclose(got_keys, keys, atol=1e-3) and torch.allclose(got_values, values, atol=1e-3)
+    assert torch.allclose(ctx.logits[0], logits, atol=1e-3)
+    plain = compose(runtime, prefix, docs, query)
+    assert not torch.allclose(plain.logits[0], logits, atol=1e-2)
+    assert 0 < ctx.recomputed_fraction <= 1
+
+
+def test_partial_recovery_moves_toward_full_prefill(runtime, prefix, docs):
+    query = runtime.encode("s = Stack()\n")
+    _, logits = _full(runtime, list(prefix.token_ids) + [t for d in docs for t in d.token_ids] + query)
+    error = {}
+    for recovery in (Recovery(), Recovery(first_k=8), Recovery(blend_ratio=0.5)):
+        ctx = compose(runtime, prefix, docs, query, recovery=recovery)
+        error[recovery.name] = float((ctx.logits[0] - logits).abs().max())
+    assert error["squid_first8"] < error["squid"] and error["squid_blend50"] < error["squid"], error
+
+
+def test_generation_from_a_composed_cache_leaves_the_entries_untouched(runtime, prefix, docs):
+    before = [(d.keys.clone(), d.values.clone()) for d in docs]
+    prefix_keys = prefix.keys.clone()
+    ctx = compose(runtime, prefix, docs[:1])
+    composed = runtime.generate(runtime.encode("x = add("), max_new_tokens=6, past=ctx.new_cache())
+    whole = runtime.generate(list(ctx.token_ids) + runtime.encode("x = add("), max_new_tokens=6)
+    assert composed.text == whole.text
+    # Twice from the same context: the first generation did not extend what the second reads.
+    again = runtime.generate(runtime.encode("x = add("), max_new_tokens=6, past=ctx.new_cache())
+    assert again.text == composed.text
+    compose(runtime, prefix, docs, recovery=Recovery(first_k=4, blend_ratio=0.5))
+    for doc, (keys, values) in zip(docs, before, strict=True):
+        assert torch.equal(doc.keys, keys) and torch.equal(doc.values, values)
+    assert torch.equal(prefix.keys, prefix_keys)
+
+
+def test_documents_of_another_prefix_are_refused(runtime, prefix, docs):
+    other = encode_prefix(runtime, "# Another prefix\n")
+    with pytest.raises(ValueError, match="another prefix"):
+        compose(runtime, other, docs)

@@ -1,0 +1,162 @@
+"""The service a server runs: ready documents composed, missing ones encoded in the background,
+paused while a request runs, keyed by model and adapter, dropped when their file changes; and the
+completion path reading its references through it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from agent.completion import CompletionRequest, complete
+from context.config import CompletionConfig, SquidCacheConfig
+from context.squid.references import CompletionReferences, retrieval_query, select_references
+from context.squid.service import ReferenceDocument, SquidService
+
+DOC_A = ReferenceDocument("# util.py\ndef clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n",
+                          source="/w/util.py")
+DOC_B = ReferenceDocument("# names.py\nGREETING = 'hello'\n", source="/w/names.py")
+CONFIG = SquidCacheConfig(recompute_first=4, document_tokens=64)
+
+
+@pytest.fixture
+def service(runtime, tmp_path):
+    svc = SquidService(runtime, CONFIG, tmp_path)
+    yield svc
+    svc.stop()
+
+
+def test_missing_documents_are_encoded_in_the_background_then_composed(service):
+    with service.foreground():  # as a request does: the encoder waits
+        assert service.context_for([DOC_A, DOC_B]) is None
+        assert service.stats()["queued"] == 2
+    assert service.wait_idle(120)
+    assert service.encoded == 2
+    ctx = service.context_for([DOC_A, DOC_B])
+    assert ctx is not None and len(ctx.spans) == 2
+    assert ctx.recomputed_fraction > 0  # the configured first-4 recovery ran
+    # Both were persisted by the background encoder.
+    assert service.stats()["tiers"]["disk"]["entries"] == 2
+
+
+def test_wait_encodes_in_the_request(service):
+    ctx = service.context_for([DOC_B], wait=True)
+    assert ctx is not None and ctx.spans == ((service.prefix().length, ctx.offset),)
+
+
+def test_the_same_references_reuse_the_last_composition(service):
+    first = service.context_for([DOC_A, DOC_B], wait=True)
+    assert service.context_for([DOC_A, DOC_B]) is first
+    swapped = service.context_for([DOC_B, DOC_A])
+    assert swapped is not first and swapped.token_ids != first.token_ids
+    # Each request's cache is its own: extending one leaves the composition intact.
+    cache = first.new_cache()
+    cache.update(first.keys[0:1, :, :1].clone(), first.values[0:1, :, :1].clone(), 0)
+    assert cache.get_seq_length() == first.offset + 1
+    assert first.new_cache().get_seq_length() == first.offset
+
+
+def test_background_encoding_pauses_while_a_request_runs(service):
+    with service.foreground():
+        service.schedule([DOC_A])
+        time.sleep(0.5)
+        assert service.encoded == 0, "the encoder must wait for the request"
+    assert service.wait_idle(120) and service.encoded == 1
+
+
+def test_a_request_starting_mid_encode_pauses_it_within_a_chunk(runtime, tmp_path):
+    long_doc = ReferenceDocument("x = 1\n" * 200, source="/w/long.py")
+    svc = SquidService(runtime, replace(CONFIG, document_tokens=400), tmp_path)
+    try:
+        svc.schedule([long_doc])
+        deadline = time.monotonic() + 60
+        while not svc._inflight.is_set() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        with svc.foreground():
+            started = time.monotonic()
+            while svc._inflight.is_set() and time.monotonic() - started < 30:
+                time.sleep(0.005)
+            # The encoder gave up its place between two chunks and put the document back.
+            assert not svc._inflight.is_set() and svc.encoded == 0
+            assert svc.stats()["queued"] == 1
+        assert svc.wait_idle(180) and svc.encoded == 1
+    finally:
+        svc.stop()
+
+
+def test_another_adapter_never_reuses_caches(runtime, service):
+    assert service.context_for([DOC_A], wait=True) is not None
+    before = service.encoded
+    runtime.adapter_id = "adapter-under-test"
+    try:
+        assert service.context_for([DOC_A]) is None, "a base-model cache must not serve an adapter"
+        assert service.prefix().adapter == "adapter-under-test"
+    finally:
+        runtime.adapter_id = None
+    assert service.context_for([DOC_A]) is not None and service.encoded == before
+
+
+def test_changed_files_are_invalidated(service):
+    service.context_for([DOC_A, DOC_B], wait=True)
+    assert service.invalidate_paths(["/w/util.py"]) == 1
+    ctx = service.context_for([DOC_A, DOC_B])
+    assert ctx is not None and len(ctx.spans) == 1  # only names.py is still cached
+
+
+def test_retrieval_query_takes_identifiers_nearest_the_cursor():
+    text = "import os\nfrom shop import Basket\n\ndef total(basket):\n    return basket_total("
+    assert retrieval_query(text).split()[:2] == ["basket_total", "basket"]
+    assert "def" not in retrieval_query(text).split()
+
+
+class _Hit:
+    def __init__(self, path, text):
+        self.path, self.rel, self.start_line, self.text = path, path.rsplit("/", 1)[-1], 3, text
+
+
+def test_select_references_prefers_open_files_and_skips_the_current_one():
+    calls = []
+
+    def search(query, k):
+        calls.append((query, k))
+        return [_Hit("/w/cur.py", "def own(): pass"), _Hit("/w/other.py", "def helper(): pass"),
+                _Hit("/w/open.py", "dup")]
+
+    docs = select_references(
+        current_path="/w/cur.py", prefix_text="helper(",
+        open_documents={"/w/cur.py": "me", "/w/open.py": "x = 1"}, search=search, max_documents=3,
+        max_tokens=64,
+    )
+    assert [d.source for d in docs] == ["/w/open.py", "/w/other.py"]
+    assert docs[1].text.startswith("# other.py:3\n") and calls == [("helper", 6)]
+
+
+def test_completion_reads_references_through_squid(runtime, service):
+    config = CompletionConfig(max_tokens=8, debounce_ms=0)
+    text = "def shout(name):\n    return "
+    request = CompletionRequest(text, len(text), "python", "/w/cur.py")
+    refs = CompletionReferences(service, current_path="/w/cur.py",
+                                open_documents={"/w/names.py": DOC_B.text}, search=None)
+    first = complete(runtime, request, config, references=refs)
+    assert first is not None and first.reference_tokens == 0  # not encoded yet: no waiting
+    assert service.wait_idle(120)
+    second = complete(runtime, request, config, references=refs)
+    assert second is not None and second.reference_tokens > first.prompt_tokens // 4
+    off = complete(runtime, request, config)
+    assert off is not None and off.reference_tokens == 0 and off.text == first.text
+
+
+def test_a_failing_reference_source_never_breaks_a_completion(runtime):
+    class Broken:
+        def foreground(self):
+            return threading.Lock()
+
+        def compose(self, prefix):
+            raise RuntimeError("simulated failure")
+
+    text = "def add(a, b):\n    return "
+    result = complete(runtime, CompletionRequest(text, len(text)), CompletionConfig(max_tokens=6),
+                      references=Broken())
+    assert result is not None and result.reference_tokens == 0
