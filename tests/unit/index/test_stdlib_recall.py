@@ -17,9 +17,9 @@ Issue 3 asks for fused recall@5 >= 0.9. Lexical retrieval alone reaches 0.85 on 
 holdout (0.80 overall); `test_stdlib_recall` guards that level. With the semantic ranker (the
 `embeddings` extra) fused in, `test_stdlib_recall_with_semantic_ranker` and
 `test_stdlib_recall_meets_the_issue_target` measure the whole query set. Embedding the ~17k chunks
-takes minutes on two cores, so these read the vectors from the shared vector cache (keyed by content,
-filled by `python bench/bench_index_embed.py` or any earlier run) and are skipped when it does not
-cover the tree; tests/unit/index/test_semantic.py always runs the ranker on a small repository.
+takes about two minutes on two cores, so the vectors are kept in the shared vector cache (keyed by
+content): a fresh machine pays that once, later runs read them back in seconds.
+tests/unit/index/test_semantic.py runs the ranker on a small repository.
 """
 
 from __future__ import annotations
@@ -37,9 +37,7 @@ import pytest
 from context.index.embeddings import (
     ChunkEmbedder,
     EmbedderConfig,
-    embedding_text,
     embeddings_available,
-    vector_key,
 )
 from context.index.indexer import Indexer
 from context.index.retrieval import MODES, search
@@ -221,15 +219,6 @@ def test_stdlib_recall(results, capsys):
 # The shared cache as configured when the tests start (fixtures may point XDG_CACHE_HOME elsewhere).
 VECTOR_CACHE = default_vector_cache_path(EmbedderConfig().model_id)
 # What the cache must hold of the tree's chunk vectors for the semantic measurements to run.
-CACHE_COVERAGE = 0.98
-
-
-def cache_coverage(store, cache: VectorCache, model_id: str) -> float:
-    rows = store.chunks_without_vectors(10**7)
-    keys = [vector_key(model_id, embedding_text(r[1], r[2], r[3])) for r in rows]
-    return len(cache.get(keys)) / max(len(keys), 1)
-
-
 @pytest.fixture(scope="module")
 def semantic_results(stdlib_store) -> dict[tuple[str, str], dict]:
     if not embeddings_available():
@@ -237,10 +226,8 @@ def semantic_results(stdlib_store) -> dict[tuple[str, str], dict]:
     embedder = ChunkEmbedder(EmbedderConfig())
     cache = VectorCache(VECTOR_CACHE)
     try:
-        coverage = cache_coverage(stdlib_store, cache, embedder.model_id)
-        if coverage < CACHE_COVERAGE:
-            pytest.skip(f"the vector cache {VECTOR_CACHE} holds {coverage:.0%} of the stdlib's chunk "
-                        "vectors; `python bench/bench_index_embed.py` fills it (minutes)")
+        # A fresh machine embeds the whole stdlib copy once (about two minutes on two cores) and
+        # keeps the vectors in the shared cache; later runs read them from there in seconds.
         embed_pending(stdlib_store, embedder, cache=cache)
     finally:
         cache.close()
