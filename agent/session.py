@@ -14,7 +14,7 @@ from .backends import Backend, LocalBackend, OpenAIBackend
 from .errors import AgentError, MemoryStoreError
 from .memory import MemoryStore, default_memory_path
 
-__all__ = ["make_backend", "open_memory", "with_overrides"]
+__all__ = ["make_backend", "open_memory", "served_model", "with_overrides"]
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +41,33 @@ def make_backend(agent: AgentConfig, load_runtime: Callable[[], object]) -> Back
     """The configured backend; `load_runtime` is only called for the local one."""
     if agent.backend == "openai":
         if not agent.model:
-            raise AgentError("agent.backend is 'openai' but agent.model names no model")
+            # Editors set only the server's URL; a server that serves one model names it itself.
+            agent = replace(agent, model=served_model(agent))
         return OpenAIBackend.from_config(agent)
     return LocalBackend(load_runtime())
+
+
+def served_model(agent: AgentConfig) -> str:
+    """The first model an OpenAI-compatible server lists at `GET {base_url}/models`."""
+    import os
+
+    import httpx
+
+    key = os.environ.get(agent.api_key_env) if agent.api_key_env else None
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    url = f"{agent.base_url.rstrip('/')}/models"
+    try:
+        response = httpx.get(url, headers=headers, timeout=min(agent.request_timeout_s, 10.0))
+        response.raise_for_status()
+        models = [m["id"] for m in response.json().get("data", []) if isinstance(m, dict) and m.get("id")]
+    except (httpx.HTTPError, ValueError, AttributeError, TypeError) as exc:
+        raise AgentError(
+            f"agent.model names no model and {url} did not list one ({exc}); set agent.model"
+        ) from exc
+    if not models:
+        raise AgentError(f"agent.model names no model and {url} lists none; set agent.model")
+    log.info("agent: using %s, the model %s serves", models[0], agent.base_url)
+    return models[0]
 
 
 def open_memory(config: SquidConfig, root: Path) -> MemoryStore | None:

@@ -20,7 +20,9 @@ from tests.conftest import DEMO_WORKSPACE, SERVER_CMD
 pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 16
-INIT_OPTIONS = {"completion": {"max_tokens": MAX_TOKENS, "debounce_ms": 0}}
+# Squid off: these tests compare the server's generation with the same prompt generated in this
+# process; composed reference documents have their own tests (test_squid_lsp.py).
+INIT_OPTIONS = {"completion": {"max_tokens": MAX_TOKENS, "debounce_ms": 0}, "squid": {"enabled": False}}
 DEMO_FILE = DEMO_WORKSPACE / "inventory.py"
 
 

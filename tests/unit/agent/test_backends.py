@@ -147,3 +147,25 @@ def test_local_sampling_shares_the_prefill_and_is_seeded(runtime):
     lp = local.logprob(small, greedy)
     worse = local.logprob(small, Sample("```zebra quantum banana", [], 3))
     assert lp is not None and worse is not None and lp > worse
+
+
+def test_an_unnamed_model_is_the_one_the_server_lists():
+    from agent.session import make_backend
+    from context.config import AgentConfig
+    from tests.e2e.editor_support import FakeOpenAIServer as ListingServer
+
+    with ListingServer("ok") as server:
+        config = AgentConfig(backend="openai", base_url=server.base_url, model="")
+        backend = make_backend(config, lambda: None)
+        assert backend.model == "fake"
+        backend.close()
+
+
+def test_an_unnamed_model_without_a_reachable_server_is_a_clear_error():
+    from agent.errors import AgentError
+    from agent.session import make_backend
+    from context.config import AgentConfig
+
+    config = AgentConfig(backend="openai", base_url="http://127.0.0.1:9/v1", model="", request_timeout_s=2)
+    with pytest.raises(AgentError, match="set agent.model"):
+        make_backend(config, lambda: None)

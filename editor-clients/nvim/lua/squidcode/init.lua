@@ -159,7 +159,10 @@ function M.describe_feedback(f)
   local record = f.record and ('recording (%s)'):format(f.storage or 'full') or 'not recording'
   local share = f.share and ('sharing with %s'):format(f.endpoint ~= vim.NIL and f.endpoint or 'the team endpoint')
     or 'nothing shared'
-  local counts = f.episodes and ('; %d episode(s), %d event(s)'):format(f.episodes, f.events or 0) or ''
+  -- Counts are null (vim.NIL) while the store is not yet readable.
+  local episodes = f.episodes ~= vim.NIL and f.episodes or nil
+  local events = f.events ~= vim.NIL and f.events or 0
+  local counts = episodes and ('; %d episode(s), %d event(s)'):format(episodes, events) or ''
   return ('squidcode feedback: %s, %s%s.'):format(record, share, counts)
 end
 
