@@ -99,6 +99,9 @@ def model_id_of(ls: SquidServer, config=None) -> str:
 
 
 def _argument(args: tuple[Any, ...], command: str) -> dict[str, Any]:
+    if args and args[0] == []:
+        # Lua clients (Neovim) encode an empty table as [] rather than {}.
+        args = ({},) + tuple(args[1:])
     if len(args) > 1 or (args and not isinstance(args[0], dict)):
         raise JsonRpcInvalidParams(f"{command} takes one JSON object as its argument")
     return args[0] if args else {}

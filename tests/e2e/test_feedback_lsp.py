@@ -165,6 +165,11 @@ async def test_consent_switches_and_bad_arguments(client: LanguageClient):
         await command(client, "squidcode.feedback.setRecord", {"on": "yes"})
     with pytest.raises(JsonRpcException, match="episodeId"):
         await command(client, "squidcode.completion.accept", {"episodeId": 7})
+    # Lua clients send an empty table as []: it reads as {}.
+    status = await client.workspace_execute_command_async(
+        types.ExecuteCommandParams(command="squidcode.feedback.status", arguments=[[]])
+    )
+    assert status["record"] is False
     back_on = await command(client, "squidcode.feedback.setRecord", {"on": True})
     assert back_on["record"] is True
     # The choice is kept beside the store, so it outlives the server.
