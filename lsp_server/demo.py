@@ -51,6 +51,10 @@ def _demo_client(progress: list[str]) -> LanguageClient:
         progress.append(f"index {state}: {getattr(params, 'files', 0)} files, "
                         f"{getattr(params, 'symbols', 0)} symbols")
 
+    @client.feature("squidcode/status")
+    def on_status(params) -> None:
+        return None  # the demo prints the index and progress lines above instead
+
     @client.feature(types.WINDOW_LOG_MESSAGE)
     def on_log(params: types.LogMessageParams) -> None:
         return None
