@@ -14,6 +14,7 @@ import weakref
 from pathlib import Path
 
 from .errors import AdapterError
+from .loading import model_loading
 
 __all__ = ["apply_adapter", "current_adapter", "remove_adapter"]
 
@@ -33,7 +34,8 @@ def apply_adapter(runtime, path: Path, adapter_id: str) -> None:
     Raises AdapterError when the files cannot be read or do not fit the model; the runtime is then
     left on the base weights (adapter_id None), never half-applied.
     """
-    from peft import PeftModel
+    with model_loading():  # peft imports transformers lazily, which is not thread-safe
+        from peft import PeftModel
 
     path = Path(path)
     if not (path / "adapter_config.json").is_file():
@@ -44,7 +46,8 @@ def apply_adapter(runtime, path: Path, adapter_id: str) -> None:
         previous = runtime.adapter_id
         _unload_locked(runtime)
         try:
-            wrapper = PeftModel.from_pretrained(runtime.model, str(path), is_trainable=False)
+            with model_loading():
+                wrapper = PeftModel.from_pretrained(runtime.model, str(path), is_trainable=False)
         except (*_unreadable_errors(), ValueError, RuntimeError, KeyError) as exc:
             _strip_partial_lora(runtime)
             log.warning("adapter %s at %s does not load (%s); keeping the base model", adapter_id, path, exc)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from .config import ModelConfig, default_cache_dir
 from .errors import GenerationCancelled, ModelLoadError, ModelNotFoundError
+from .loading import file_lock, model_loading
 
 __all__ = [
     "EMBEDDED_MODEL_NAME",
@@ -149,6 +150,11 @@ def _gguf_cache_key(gguf: Path) -> str:
 
 def converted_dir_for(gguf: Path, cache_dir: Path) -> Path:
     return cache_dir / "models" / f"{gguf.stem}-{_gguf_cache_key(gguf)}"
+
+
+def conversion_lock_for(target: Path) -> Path:
+    """The lock file that processes converting into `target` share (outside the models dir)."""
+    return target.parent.parent / "locks" / f"{target.name}.lock"
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
@@ -274,13 +280,19 @@ class ModelRuntime:
         self.loaded_from_cache = cache_is_complete(target)
         if not self.loaded_from_cache:
             try:
-                _convert_gguf(gguf, target)
+                # Another process converting the same file finishes first; its copy is then used.
+                with file_lock(conversion_lock_for(target)):
+                    self.loaded_from_cache = cache_is_complete(target)
+                    if not self.loaded_from_cache:
+                        with model_loading():
+                            _convert_gguf(gguf, target)
             except OSError as exc:
                 raise ModelLoadError(f"Cannot write the converted model to {target}: {exc}") from exc
         return target
 
     def _load_from(self, model_dir: Path, dtype) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+        with model_loading():  # transformers' lazy imports are not thread-safe either
+            from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
         # Our own converted copies always hold a tokenizer.json: loading it directly takes ~0.4 s,
         # where AutoTokenizer's class resolution takes ~3 s on two cores.
@@ -288,19 +300,22 @@ class ModelRuntime:
             PreTrainedTokenizerFast if (model_dir / CACHE_MANIFEST).is_file() else AutoTokenizer
         )
         try:
-            self.tokenizer = tokenizer_cls.from_pretrained(str(model_dir))
-            model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+            with model_loading():
+                self.tokenizer = tokenizer_cls.from_pretrained(str(model_dir))
+                model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
         except _unreadable_model_errors() as exc:
             if not self.loaded_from_cache:
                 raise
             # A converted copy that does not load is corrupt (a killed write, a bad disk): rebuild it.
             log.warning("cached model copy at %s is unreadable (%s); converting again", model_dir, exc)
-            shutil.rmtree(model_dir, ignore_errors=True)
+            with file_lock(conversion_lock_for(model_dir)):
+                shutil.rmtree(model_dir, ignore_errors=True)
             self.loaded_from_cache = False
             self._load_from(self._model_dir(), dtype)
             return
         self.model = model.to(self.device).eval()
-        from .sparse_attention import install_sparse_attention
+        with model_loading():
+            from .sparse_attention import install_sparse_attention
 
         install_sparse_attention(self.model, self.config)  # a no-op unless model.sparse_attention is on
         eos = model.generation_config.eos_token_id

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelLoadError, ModelNotFoundError
+from ..loading import model_loading
 
 __all__ = [
     "EMBEDDING_DIM",
@@ -174,10 +175,12 @@ def _load_model(quantize: bool):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import torch
-        from transformers import AutoModel, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        model = AutoModel.from_pretrained(str(path), local_files_only=True).eval()
+        with model_loading():
+            from transformers import AutoModel, AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            model = AutoModel.from_pretrained(str(path), local_files_only=True).eval()
         if quantize:
             model = _quantized(model, torch)
     except (OSError, ValueError, RuntimeError, ImportError) as exc:

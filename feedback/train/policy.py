@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from context.loading import model_loading
+
 from .logprobs import token_logprobs
 
 __all__ = ["LORA_TARGETS", "SampledGroup", "attach_lora", "completion_mask", "prompt_ids", "sample_group"]
@@ -35,7 +37,8 @@ def attach_lora(model, rank: int, alpha: int, adapter_path: str | None = None):
     from peft import LoraConfig, PeftModel, get_peft_model
 
     if adapter_path is not None:
-        return PeftModel.from_pretrained(model, adapter_path, is_trainable=True)
+        with model_loading():
+            return PeftModel.from_pretrained(model, adapter_path, is_trainable=True)
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
                         task_type="CAUSAL_LM")
     return get_peft_model(model, config)
