@@ -4,8 +4,10 @@ same queue, and a save is searchable quickly (the measured p50/p95 are printed).
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -119,6 +121,46 @@ def test_vcs_and_cache_churn_never_reaches_the_indexer(setup):
     assert wait_for(lambda: batches.reports != [])
     assert watcher.wait_idle(10)
     assert "hidden" not in symbol_names(store)
+
+
+def inotify_watches() -> int:
+    """Kernel inotify watches held by this process, counted from /proc (Linux)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fdinfo"):
+        try:
+            count += Path(f"/proc/self/fdinfo/{fd}").read_text().count("inotify wd:")
+        except OSError:
+            continue
+    return count
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify watches are a Linux resource")
+def test_ignored_folders_get_no_inotify_watch(tmp_path):
+    """`.git` and `node_modules` hold most of a project's directories; none of them is watched."""
+    root = tmp_path / "ws"
+    for i in range(200):
+        (root / ".git" / "objects" / f"{i:02x}").mkdir(parents=True)
+        (root / "node_modules" / f"dep{i}" / "lib").mkdir(parents=True)
+    (root / "pkg" / "sub").mkdir(parents=True)
+    (root / "pkg" / "sub" / "mod.py").write_text("def existing():\n    pass\n", encoding="utf-8")
+    with IndexStore(tmp_path / "db.sqlite3") as store:
+        indexer = Indexer([root], store)
+        indexer.index_all()
+        before = inotify_watches()
+        with IndexWatcher(indexer, debounce_s=0.01):
+            assert wait_for(lambda: inotify_watches() - before == 3)  # ws, pkg, pkg/sub
+            time.sleep(0.2)
+            assert inotify_watches() - before == 3
+            # Folders created later: a plain one is watched (and its files indexed), one below
+            # a new node_modules is not.
+            (root / "pkg" / "fresh").mkdir()
+            (root / "vendor" / "node_modules" / "left-pad").mkdir(parents=True)
+            (root / "pkg" / "fresh" / "new.py").write_text("def created_later():\n    pass\n")
+            assert wait_for(lambda: "created_later" in symbol_names(store))
+            assert wait_for(lambda: inotify_watches() - before == 5)  # + pkg/fresh, vendor
+            time.sleep(0.2)
+            assert inotify_watches() - before == 5
+        assert wait_for(lambda: inotify_watches() == before)
 
 
 def test_a_root_below_a_folder_named_like_a_skipped_one(tmp_path):
