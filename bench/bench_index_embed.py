@@ -8,10 +8,12 @@
    the background process runs), with the shared vector cache (so it also fills the cache the recall
    test reads; `--no-cache` measures the model alone), niced and on one thread.
 3. recall@5 / MRR@10 per mode (bm25, symbols, semantic, fused) per split (dev / holdout / all).
+4. Search latency with the semantic ranker, p50 / p95 over the labelled queries: cold (the query
+   is embedded inside the timed call, as for a new question) and warm (its vector is cached).
 
 Run it niced on a shared machine: `nice -n 10 python bench/bench_index_embed.py`.
 
-Usage: python bench/bench_index_embed.py [--sample N] [--no-cache] [--json]
+Usage: python bench/bench_index_embed.py [--sample N] [--passes N] [--no-cache] [--json]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -33,7 +36,7 @@ from bench_foundation import loadavg, machine_info  # noqa: E402
 
 from context.index.embeddings import ChunkEmbedder, EmbedderConfig, embedding_text  # noqa: E402
 from context.index.indexer import Indexer  # noqa: E402
-from context.index.retrieval import MODES  # noqa: E402
+from context.index.retrieval import MODES, search  # noqa: E402
 from context.index.semantic import (  # noqa: E402
     SemanticRanker,
     VectorCache,
@@ -83,9 +86,37 @@ def quality(store: IndexStore, ranker: SemanticRanker) -> dict:
     return out
 
 
+def _percentiles(samples_ms: list[float]) -> dict:
+    ordered = sorted(samples_ms)
+    return {"n": len(ordered), "p50_ms": statistics.median(ordered),
+            "p95_ms": ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]}
+
+
+def latency(store: IndexStore, ranker: SemanticRanker, passes: int) -> dict:
+    """Wall time of `search(..., semantic=ranker)` per mode, cold and warm query vectors."""
+    texts = [q["query"] for q in load_queries()]
+    for text in texts[:8]:
+        search(store, text, 10, mode="fused", semantic=ranker)  # model and matrix loaded
+    out = {}
+    for mode in ("semantic", "fused"):
+        cold, warm = [], []
+        for _ in range(passes):
+            for text in texts:
+                ranker._queries.clear()  # a question not asked before: the query is embedded
+                t0 = time.perf_counter()
+                search(store, text, 10, mode=mode, semantic=ranker)
+                cold.append((time.perf_counter() - t0) * 1000)
+                t0 = time.perf_counter()
+                search(store, text, 10, mode=mode, semantic=ranker)
+                warm.append((time.perf_counter() - t0) * 1000)
+        out[mode] = {"cold": _percentiles(cold), "warm": _percentiles(warm)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sample", type=int, default=256, help="chunks in the speed comparison")
+    parser.add_argument("--passes", type=int, default=3, help="passes over the queries for latency")
     parser.add_argument("--no-cache", action="store_true", help="embed without the shared vector cache")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -106,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
                                "embedded": done.embedded, "from_cache": done.cached, "seconds": done.seconds,
                                "chunks_per_s": done.chunks_per_s}
             progress("quality")
-            report["quality"] = quality(store, SemanticRanker(embedder))
+            ranker = SemanticRanker(embedder)
+            report["quality"] = quality(store, ranker)
+            progress(f"search latency, {args.passes} passes")
+            report["latency"] = latency(store, ranker, args.passes)
     report["load_after"] = loadavg()
     if args.json:
         print(json.dumps(report, indent=2))
@@ -124,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         cells = "  ".join(f"{split} {r['recall@5']:.3f}/{r['mrr']:.3f}" for split, r in by_split.items())
         print(f"  {mode:8s} recall@5/MRR@10  {cells}")
     print("  fused misses:", report["quality"]["fused"]["all"]["missed"])
+    for mode, by_kind in report["latency"].items():
+        cells = "  ".join(f"{kind} p50 {r['p50_ms']:.1f} / p95 {r['p95_ms']:.1f} ms (n={r['n']})"
+                          for kind, r in by_kind.items())
+        print(f"  search {mode:8s} {cells}")
     return 0
 
 
