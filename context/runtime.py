@@ -32,6 +32,7 @@ from pathlib import Path
 
 from .config import ModelConfig, default_cache_dir
 from .errors import GenerationCancelled, ModelLoadError, ModelNotFoundError
+from .foreground import foreground
 from .loading import file_lock, model_loading
 
 __all__ = [
@@ -393,7 +394,7 @@ class ModelRuntime:
         should_stop = should_stop or (lambda: False)
         prompt_ids = self._prompt_ids(prompt)
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        with self._lock, torch.inference_mode():
+        with foreground(), self._lock, torch.inference_mode():
             engine = self._current_engine()
             if engine is None:
                 return self._generate_transformers(
@@ -446,7 +447,7 @@ class ModelRuntime:
             raise ValueError(f"generate_batch needs n >= 1, got {n}")
         should_stop = should_stop or (lambda: False)
         prompt_ids = self._prompt_ids(prompt)
-        with self._lock, torch.inference_mode():
+        with foreground(), self._lock, torch.inference_mode():
             engine = self._current_engine()
         if engine is None:
             return [
@@ -456,7 +457,7 @@ class ModelRuntime:
                 for i in range(n)
             ]
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        with self._lock, torch.inference_mode():
+        with foreground(), self._lock, torch.inference_mode():
             engine = self._current_engine()
             started = time.perf_counter()
             reused, head, logits = self._prefill_engine(engine, prompt_ids, past, should_stop, max_new_tokens)

@@ -28,6 +28,7 @@ from pygls.uris import to_fs_path
 from agent.completion import Completion, CompletionRequest, complete
 from context.config import ConfigLayer, SquidConfig, file_layers, merge_layers
 from context.errors import SquidcodeError
+from context.foreground import foreground
 from context.runtime import ModelRuntime, get_runtime
 
 from .positions import offset_at
@@ -268,17 +269,19 @@ class SquidServer(LanguageServer):
                 return None
             from .squid_context import completion_references
 
-            references = completion_references(self, uri, runtime)
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                self.model_executor,
-                complete,
-                runtime,
-                request,
-                self.config.completion,
-                pending.cancelled.is_set,
-                references,
-            )
+            # Background work (indexing, the repo map, embeddings) pauses until this returns.
+            with foreground():
+                references = completion_references(self, uri, runtime)
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(
+                    self.model_executor,
+                    complete,
+                    runtime,
+                    request,
+                    self.config.completion,
+                    pending.cancelled.is_set,
+                    references,
+                )
         except asyncio.CancelledError:
             pending.cancelled.set()
             raise

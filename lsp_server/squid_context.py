@@ -5,6 +5,8 @@ likely documents (the open files, the top of the repo map) without delaying requ
 from __future__ import annotations
 
 import logging
+import sqlite3
+import threading
 from pathlib import Path
 
 from pygls.uris import to_fs_path
@@ -36,16 +38,28 @@ def _service(ls, runtime) -> SquidService:
 
 
 def _watch_index(ls, service: SquidService) -> None:
-    """Once per index service: drop caches of changed files, pre-encode the top of the repo map."""
+    """Once per index service: drop caches of changed files, pre-encode the top of the repo map.
+
+    Ranking the repo map builds the reference graph (seconds on a large repository): it runs on a
+    niced background thread, never on the request that first sees the index ready.
+    """
     index = ls.index_service
     if index is None or getattr(ls, "squid_index_seen", None) is index or index.state != "ready":
         return
     ls.squid_index_seen = index
     index.add_path_listener(lambda paths: _current(ls, service) and service.invalidate_paths(paths))
-    try:
-        from context.index.repomap import rank_files
+    threading.Thread(target=_preencode_repo_map, args=(ls, service, index), name="squid-repo-map",
+                     daemon=True).start()
 
-        top = [path for path, _ in rank_files(index.store)[:_REPO_MAP_FILES]]
+
+def _preencode_repo_map(ls, service: SquidService, index) -> None:
+    from context.foreground import pause_for_foreground
+    from context.index.indexer import lower_thread_priority
+    from context.index.repomap import rank_files
+
+    lower_thread_priority()
+    try:
+        top = [path for path, _ in rank_files(index.store, pause=pause_for_foreground)[:_REPO_MAP_FILES]]
         docs = []
         for path in top:
             try:
@@ -53,8 +67,9 @@ def _watch_index(ls, service: SquidService) -> None:
                                           service.config.document_tokens, index.roots))
             except OSError:
                 continue
-        service.schedule(docs)
-    except (SquidcodeError, OSError) as exc:
+        if _current(ls, service):
+            service.schedule(docs)
+    except (SquidcodeError, OSError, sqlite3.Error) as exc:
         log.info("squid: no repo map to pre-encode from (%s)", exc)
 
 

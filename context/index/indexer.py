@@ -2,7 +2,7 @@
 
 A full pass (`index_all`) walks the roots, skips files whose (mtime, size) match what the store
 recorded, reads and hashes the rest, parses only those whose content hash changed, writes them in
-transactions of a few hundred files, and drops files that disappeared. Each batch is committed on
+transactions of a few dozen files, and drops files that disappeared. Each batch is committed on
 its own and each file's rows are replaced inside it, so a pass killed at any point leaves a
 consistent index and the next pass finishes the work.
 
@@ -11,6 +11,9 @@ worker processes, one batch ahead of the calling thread, which writes (on the st
 ~15 s inline on two cores). Workers are spawned, not forked (the server has threads), so a program
 using the pool must guard its `__main__` as multiprocessing requires; if the pool breaks, the rest is
 parsed inline. Small updates (editor saves, watcher events) run inline.
+
+A full pass gives way to foreground work (`context.foreground`): while the server generates for a
+user, the workers wait before each file and the writer between transactions.
 
 Unsaved editor buffers are "overlays": while one is set, its text is what gets indexed for that path.
 Such rows carry mtime -1, so once the overlay is gone the disk's content is always re-read.
@@ -34,6 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..config import default_cache_dir
+from ..foreground import idle_event, pause_for_foreground, set_worker_idle_event
 from .parse import language_for, parse_source
 from .store import IndexStore, chunk_terms
 from .types import IndexReport, ParsedFile, SourceFile
@@ -60,6 +64,8 @@ BATCH_FILES = 256
 # Below this many files to parse, starting worker processes costs more than it saves.
 POOL_THRESHOLD = 200
 TASK_FILES = 16
+# Files per write transaction of a full pass (it may pause between them).
+WRITE_GROUP_FILES = 32
 WORKER_NICE = 10
 
 
@@ -127,7 +133,8 @@ def lower_thread_priority(increment: int = WORKER_NICE) -> None:
         log.debug("could not lower the indexing priority: %s", exc)
 
 
-def _init_worker(parent_pid: int) -> None:
+def _init_worker(parent_pid: int, idle_event=None) -> None:
+    set_worker_idle_event(idle_event)  # pause while the server generates for a user
     try:
         os.nice(WORKER_NICE)
     except OSError as exc:
@@ -179,8 +186,14 @@ def _load(job: _Job) -> _Loaded:
     return _Loaded(job.path, digest, parsed, chunk_terms(parsed), len(data))
 
 
-def _load_many(jobs: list[_Job]) -> list[_Loaded]:
-    return [_load(job) for job in jobs]
+def _load_many(jobs: list[_Job], pause: bool = False) -> list[_Loaded]:
+    """Read and parse `jobs`; with `pause`, each file first waits out foreground work."""
+    loaded = []
+    for job in jobs:
+        if pause:
+            pause_for_foreground()
+        loaded.append(_load(job))
+    return loaded
 
 
 def _batches(items: list, size: int) -> Iterator[list]:
@@ -252,14 +265,16 @@ class Indexer:
         total, done = len(jobs), 0
         if progress is not None:
             progress(0, total)
-        for loaded in self._loaded_batches(jobs, should_stop):
+        for loaded in self._loaded_batches(jobs, should_stop, pause=full_pass):
             self._write(loaded, by_path, report, full_pass)
             done += len(loaded)
             if progress is not None:
                 progress(done, total)
 
-    def _loaded_batches(self, jobs: list[_Job], should_stop: ShouldStop | None) -> Iterator[list[_Loaded]]:
-        """Batches of loaded files, parsed in worker processes when there are many."""
+    def _loaded_batches(self, jobs: list[_Job], should_stop: ShouldStop | None,
+                        pause: bool = False) -> Iterator[list[_Loaded]]:
+        """Batches of loaded files, parsed in worker processes when there are many. With `pause`
+        (a full pass), every file waits out foreground work first (`context.foreground`)."""
         stop = should_stop or (lambda: False)
         if self.workers > 0 and len(jobs) >= POOL_THRESHOLD:
             done = yield from self._pool_batches(jobs, stop)
@@ -267,14 +282,14 @@ class Indexer:
         for batch in _batches(jobs, self.batch_files):
             if stop():
                 return
-            yield _load_many(batch)
+            yield _load_many(batch, pause)
 
     def _pool_batches(self, jobs: list[_Job], stop: ShouldStop) -> Iterator[list[_Loaded]]:
         """Parse in a process pool, one batch ahead of the writer; returns how many jobs it finished
         (fewer than all only if the pool broke, so the caller can carry on inline)."""
         context = multiprocessing.get_context("spawn")
         pool = cf.ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
-                                      initargs=(os.getpid(),))
+                                      initargs=(os.getpid(), idle_event()))
         batches = _batches(jobs, self.batch_files)
         pending: deque[list[cf.Future]] = deque()
         finished = 0
@@ -298,15 +313,20 @@ class Indexer:
     @staticmethod
     def _submit(pool: cf.ProcessPoolExecutor, batch: list[_Job] | None, pending: deque) -> None:
         if batch is not None:
-            pending.append([pool.submit(_load_many, part) for part in _batches(batch, TASK_FILES)])
+            pending.append([pool.submit(_load_many, part, True) for part in _batches(batch, TASK_FILES)])
 
     def _write(self, loaded: list[_Loaded], sources: dict[str, SourceFile], report: IndexReport,
                full_pass: bool) -> None:
-        with self._lock, self.store.transaction():
-            for item in loaded:
-                if full_pass and self._fresh is not None and item.path in self._fresh:
-                    continue
-                self._write_one(item, sources[item.path], report)
+        # A full pass writes in groups and waits out foreground work between them, outside the
+        # lock: its Python work shares the GIL with generation, and an editor save must not wait.
+        for group in _batches(loaded, WRITE_GROUP_FILES if full_pass else len(loaded) or 1):
+            if full_pass:
+                pause_for_foreground()
+            with self._lock, self.store.transaction():
+                for item in group:
+                    if full_pass and self._fresh is not None and item.path in self._fresh:
+                        continue
+                    self._write_one(item, sources[item.path], report)
 
     def _write_one(self, item: _Loaded, source: SourceFile, report: IndexReport) -> None:
         if item.error is not None:

@@ -63,6 +63,8 @@ def default_token_counter(text: str) -> int:
 # Rankings (per focus and names) and rendered maps kept per graph.
 _RANK_CACHE_SIZE = 64
 _RENDER_CACHE_SIZE = 64
+# A background graph build offers to pause every this many rows (~2 ms of work).
+_PAUSE_ROWS = 2048
 
 
 @dataclass
@@ -120,18 +122,24 @@ def _edge_weight(count: int, definers: dict[str, bool], name: str, dst: str) -> 
     return weight
 
 
-def _build_graph(store) -> _Graph:
+def _build_graph(store, pause: Callable[[], object] | None = None) -> _Graph:
+    """The definition/reference graph; `pause` (a background caller's) runs every few thousand rows."""
+    pause = pause or (lambda: None)
     rel: dict[str, str] = {}
     defs: dict[str, list] = defaultdict(list)
     # name -> {path: defined at the top level of that file (not only as a member)}
     definers: dict[str, dict[str, bool]] = defaultdict(dict)
-    for row in store.all_symbols():
+    for i, row in enumerate(store.all_symbols()):
+        if i % _PAUSE_ROWS == 0:
+            pause()
         rel[row.path] = row.rel
         defs[row.path].append(row)
         top = "." not in row.qualname
         definers[row.name][row.path] = definers[row.name].get(row.path, False) or top
     counts: dict[tuple[str, str], int] = defaultdict(int)
-    for path, name, _line in store.all_references():
+    for i, (path, name, _line) in enumerate(store.all_references()):
+        if i % _PAUSE_ROWS == 0:
+            pause()
         if name in definers and not (name.startswith("__") and name.endswith("__")):
             counts[(path, name)] += 1
     edges: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -214,21 +222,28 @@ _GRAPH_CACHE: dict[str, tuple[tuple, _Graph]] = {}
 _GRAPH_CACHE_LOCK = threading.Lock()
 
 
-def _graph_for(store) -> _Graph:
+def _graph_for(store, pause: Callable[[], object] | None = None) -> _Graph:
     key, generation = str(store.path), store.generation()
     with _GRAPH_CACHE_LOCK:
         cached = _GRAPH_CACHE.get(key)
         if cached is not None and cached[0] == generation:
             return cached[1]
-    graph = _build_graph(store)
+    graph = _build_graph(store, pause)
     with _GRAPH_CACHE_LOCK:
         _GRAPH_CACHE[key] = (generation, graph)
     return graph
 
 
-def rank_files(store, focus: str | None = None, names: Iterable[str] = ()) -> list[tuple[str, float]]:
-    """(path, rank) of every file with definitions or references, best first (focus included)."""
-    return _ranking(_graph_for(store), focus, frozenset(names)).ranked
+def rank_files(store, focus: str | None = None, names: Iterable[str] = (), *,
+               pause: Callable[[], object] | None = None) -> list[tuple[str, float]]:
+    """(path, rank) of every file with definitions or references, best first (focus included).
+
+    `pause`: for a background caller, called now and then while the graph is built (it holds the
+    GIL for seconds on a large index), e.g. `context.foreground.pause_for_foreground`."""
+    graph = _graph_for(store, pause)
+    if pause is not None:
+        pause()
+    return _ranking(graph, focus, frozenset(names)).ranked
 
 
 def _ranking(graph: _Graph, focus: str | None, names: frozenset[str]) -> _Ranking:

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..config import default_cache_dir
 from ..errors import IndexStoreError, SquidcodeError
+from ..foreground import idle_event, pause_for_foreground, set_worker_idle_event
 from .embeddings import (
     ChunkEmbedder,
     EmbedderConfig,
@@ -197,8 +198,10 @@ def embed_pending(store: IndexStore, embedder: ChunkEmbedder, should_stop: Calla
 
 
 def _worker_main(db_path: str, config: EmbedderConfig, wake, stop, parent_pid: int,
-                 cache_path: str | None) -> None:
-    """The embedding process: nice, one torch thread, embed whenever woken, leave with the parent."""
+                 cache_path: str | None, idle_event=None) -> None:
+    """The embedding process: nice, one torch thread, embed whenever woken, leave with the parent,
+    and wait out the parent's foreground work (`context.foreground`) between batches."""
+    set_worker_idle_event(idle_event)
     try:
         os.nice(EMBED_NICE)
     except OSError as exc:
@@ -210,7 +213,8 @@ def _worker_main(db_path: str, config: EmbedderConfig, wake, stop, parent_pid: i
     store = IndexStore(Path(db_path))
     cache = VectorCache(Path(cache_path)) if cache_path else None
 
-    def should_stop() -> bool:
+    def should_stop() -> bool:  # asked before each batch: the place to give way, too
+        pause_for_foreground()
         return stop.is_set() or os.getppid() != parent_pid
 
     try:
@@ -244,7 +248,7 @@ class EmbeddingProcess:
         self._process = context.Process(
             target=_worker_main, name="squid-embed", daemon=True,
             args=(str(self.db_path), self.config, self._wake, self._stop, os.getpid(),
-                  str(cache_path) if cache_path else None),
+                  str(cache_path) if cache_path else None, idle_event()),
         )
 
     def start(self) -> None:
