@@ -1,17 +1,16 @@
 """Model backends for the agent: the local runtime, and an OpenAI-compatible chat server over httpx.
 
 Both answer `sample(conversation, k, ...)` with K samples. The local backend renders the conversation
-into one prompt through `build_local_prompt` (the documents are passed separately, so that Squid
-composition of per-document caches can replace plain concatenation there), decodes K times (one
-function to switch to batched decoding), and ranks by a log-probability computed with one forward
-pass over prompt + sample. The HTTP backend asks the server for K choices (`n`), streams, and speaks
-native tool calls; it retries connection errors, 429 and 5xx with backoff, and says clearly when the
-server refuses the key or cannot be reached.
+into one prompt through `build_local_prompt`, with the documents either in that text or, given a
+Squid service, as composed per-document caches in front of it; it decodes the K samples in one
+batch and ranks by a log-probability computed with one forward pass over prompt + sample. The HTTP
+backend asks the server for K choices (`n`), streams, and speaks native tool calls; it retries
+connection errors, 429 and 5xx with backoff, and says clearly when the server refuses the key or
+cannot be reached.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -133,22 +132,53 @@ def build_local_prompt(
 
 
 class LocalBackend:
-    """The in-process model runtime (`context.runtime.ModelRuntime`)."""
+    """The in-process model runtime (`context.runtime.ModelRuntime`).
+
+    With a `squid` service (`context.squid.service.SquidService`) the conversation's documents are
+    not part of the prompt text: each is a per-document KV cache, encoded once and reused by every
+    step of the loop and every candidate, composed in front of the prompt; only the instructions
+    and turns are prefilled. Without one (or when composing fails) they are in the prompt text.
+    """
 
     name = "local"
     native_tools = False
 
-    def __init__(self, runtime):
+    def __init__(self, runtime, squid=None):
         self.runtime = runtime
+        self.squid = squid
 
-    def prompt(self, conversation: Conversation) -> str:
+    def prompt(self, conversation: Conversation, *, with_documents: bool = True) -> str:
         return build_local_prompt(
             self.runtime.tokenizer,
             conversation.system,
             conversation.repo_map,
-            conversation.documents,
+            conversation.documents if with_documents else [],
             conversation.messages,
         )
+
+    def _prepared(self, conversation: Conversation) -> tuple[list[int], object]:
+        """(prompt ids, composed document context or None) for this conversation."""
+        composed = self._composed(conversation.documents)
+        text = self.prompt(conversation, with_documents=composed is None)
+        return self.runtime.encode(text), composed
+
+    def _composed(self, documents: list[Document]):
+        if self.squid is None or not documents:
+            return None
+        from context.errors import SquidcodeError
+        from context.squid.service import ReferenceDocument
+
+        references = [ReferenceDocument(_context_block(Conversation("", "", [doc])), source=doc.rel)
+                      for doc in documents]
+        try:
+            composed = self.squid.context_for(references, wait=True)
+        except (SquidcodeError, RuntimeError, ValueError, OSError) as exc:
+            log.warning("squid: agent documents not composed (%s); they go into the prompt", exc)
+            return None
+        # A document longer than the per-document budget is cut there; the prompt keeps it whole.
+        if composed is None or len(composed.spans) != len(documents):
+            return None
+        return composed
 
     def sample(
         self,
@@ -160,68 +190,53 @@ class LocalBackend:
         seed: int = 0,
         should_stop: ShouldStop = lambda: False,
     ) -> list[Sample]:
-        """K answers to the conversation: the prompt is prefilled once, then decoded K times from a copy
-        of its cache (one after another for now: the seam for batched decoding)."""
-        prompt_ids = self.runtime.encode(self.prompt(conversation))
-        shared = self._prefill(prompt_ids[:-1], should_stop) if k > 1 else None
+        """K answers to the conversation, decoded together in one batch after one prefill
+        (`ModelRuntime.generate_batch`); one answer is a plain generation."""
+        prompt_ids, composed = self._prepared(conversation)
+        if should_stop():
+            raise AgentCancelled("cancelled while sampling")
+        past = composed.new_cache() if composed is not None else None
+        try:
+            if k == 1:
+                results = [self.runtime.generate(
+                    prompt_ids, max_new_tokens=max_tokens, stop=_LOCAL_STOP, temperature=temperature,
+                    seed=seed, should_stop=should_stop, past=past,
+                )]
+            else:
+                results = self.runtime.generate_batch(
+                    prompt_ids, k, max_new_tokens=max_tokens, stop=_LOCAL_STOP, temperature=temperature,
+                    seed=seed, should_stop=should_stop, past=past,
+                )
+        except GenerationCancelled as exc:
+            raise AgentCancelled(str(exc)) from exc
+        if should_stop():
+            raise AgentCancelled("cancelled while sampling")
         samples = []
-        for i in range(k):
-            if should_stop():
-                raise AgentCancelled("cancelled while sampling")
-            try:
-                if shared is None:
-                    result = self.runtime.generate(
-                        prompt_ids,
-                        max_new_tokens=max_tokens,
-                        stop=_LOCAL_STOP,
-                        temperature=temperature,
-                        seed=seed + i,
-                        should_stop=should_stop,
-                    )
-                else:
-                    result = self.runtime.generate(
-                        prompt_ids[-1:],
-                        max_new_tokens=max_tokens,
-                        stop=_LOCAL_STOP,
-                        temperature=temperature,
-                        seed=seed + i,
-                        should_stop=should_stop,
-                        past=copy.deepcopy(shared),
-                    )
-            except GenerationCancelled as exc:
-                raise AgentCancelled(str(exc)) from exc
+        for result in results:
             text = LOCAL_PREFILL + result.text
             if result.stop_reason == "stop":
                 text += "\n```"
             samples.append(Sample(text, [], result.new_tokens, None, result.stop_reason))
         return samples
 
-    def _prefill(self, ids: list[int], should_stop: ShouldStop):
-        """A cache holding `ids` (the prompt but its last token), shared by the K samples."""
-        import torch
-
-        cache = None
-        with torch.inference_mode():
-            for start in range(0, len(ids), 256):
-                if should_stop():
-                    raise AgentCancelled("cancelled during prefill")
-                chunk = torch.tensor([ids[start : start + 256]], device=self.runtime.device)  # [1, chunk]
-                cache = self.runtime.model(input_ids=chunk, cache=cache, use_cache=True).cache
-        return cache
-
     def logprob(self, conversation: Conversation, sample: Sample) -> float | None:
-        """Mean log-probability per token of the sample after the prompt, in one forward pass."""
+        """Mean log-probability per token of the sample after the prompt, in one forward pass (over
+        the same composed documents the sample was drawn with)."""
         import torch
 
-        prompt_ids = self.runtime.encode(self.prompt(conversation))
+        prompt_ids, composed = self._prepared(conversation)
         answer = sample.text[len(LOCAL_PREFILL) :] if sample.text.startswith(LOCAL_PREFILL) else sample.text
         answer_ids = self.runtime.encode(answer)
         if not answer_ids:
             return None
         ids = torch.tensor([prompt_ids + answer_ids], device=self.runtime.device)  # [1, seq]
+        extra = {}
+        if composed is not None:  # the documents sit at 0..offset-1; the prompt continues after them
+            positions = torch.arange(composed.offset, composed.offset + ids.shape[1], device=ids.device)
+            extra = {"cache": composed.new_cache(), "position_ids": positions[None]}
         with torch.inference_mode():
             logits = (
-                self.runtime.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
+                self.runtime.model(input_ids=ids, **extra).logits[0, len(prompt_ids) - 1 : -1].float()
             )  # [n, vocab]
             logp = torch.log_softmax(logits, dim=-1)
             picked = logp.gather(1, torch.tensor(answer_ids, device=logp.device)[:, None])  # [n, 1]

@@ -14,7 +14,7 @@ from .backends import Backend, LocalBackend, OpenAIBackend
 from .errors import AgentError, MemoryStoreError
 from .memory import MemoryStore, default_memory_path
 
-__all__ = ["make_backend", "open_memory", "served_model", "with_overrides"]
+__all__ = ["make_backend", "open_memory", "served_model", "squid_service", "with_overrides"]
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +37,29 @@ def with_overrides(
     return replace(config, **changes)
 
 
-def make_backend(agent: AgentConfig, load_runtime: Callable[[], object]) -> Backend:
-    """The configured backend; `load_runtime` is only called for the local one."""
+def make_backend(agent: AgentConfig, load_runtime: Callable[[], object],
+                 squid: Callable[[object], object | None] | None = None) -> Backend:
+    """The configured backend; `load_runtime` is only called for the local one, and `squid` gives
+    the local one its Squid service for that runtime (None: documents go into the prompt text)."""
     if agent.backend == "openai":
         if not agent.model:
             # Editors set only the server's URL; a server that serves one model names it itself.
             agent = replace(agent, model=served_model(agent))
         return OpenAIBackend.from_config(agent)
-    return LocalBackend(load_runtime())
+    runtime = load_runtime()
+    return LocalBackend(runtime, squid=squid(runtime) if squid is not None else None)
+
+
+def squid_service(config: SquidConfig, runtime):
+    """A Squid service for a one-off run (the CLI): document caches on the disk tier, so later runs
+    on the same files reuse them; None when `squid.enabled` is off."""
+    if not config.squid.enabled:
+        return None
+    from context.squid.service import SquidService
+
+    squid = config.squid
+    disk = Path(squid.cache_dir).expanduser() if squid.cache_dir else config.resolved_cache_dir() / "squid"
+    return SquidService(runtime, squid, disk, start_thread=False)
 
 
 def served_model(agent: AgentConfig) -> str:

@@ -32,6 +32,7 @@ from context.errors import SquidcodeError
 
 from ..agent_feedback import record_agent_result, track_applied_agent_edit
 from ..server import SquidServer
+from ..squid_context import agent_squid
 
 __all__ = ["AGENT_RUN", "register", "parse_arguments", "to_lsp_workspace_edit", "to_lsp_result"]
 
@@ -179,7 +180,7 @@ async def _backend(ls: SquidServer, agent_config):
             raise JsonRpcInternalError(
                 f"squidcode: the model is not loaded ({ls.model_error}); run `squidcode doctor`"
             )
-        return make_backend(agent_config, lambda: runtime)
+        return make_backend(agent_config, lambda: runtime, squid=lambda rt: agent_squid(ls, rt))
     return make_backend(agent_config, lambda: None)
 
 

@@ -136,17 +136,51 @@ def test_local_prompt_holds_documents_and_ends_with_the_started_block(runtime):
     assert prompt.endswith("<|im_start|>assistant\n```")
 
 
-def test_local_sampling_shares_the_prefill_and_is_seeded(runtime):
+def test_local_sampling_is_batched_seeded_and_ranked(runtime, monkeypatch):
     local = LocalBackend(runtime)
     small = Conversation("Answer with code.", "", [], [{"role": "user", "content": "def add(a, b):"}])
-    one = local.sample(small, 2, temperature=0.9, max_tokens=6, seed=5)
-    again = local.sample(small, 1, temperature=0.9, max_tokens=6, seed=5)
-    assert len(one) == 2 and all(s.text.startswith("```") for s in one)
-    assert one[0].text == again[0].text  # the shared-prefill path decodes exactly like a full prompt
+    batches = []
+    real_batch = runtime.generate_batch
+
+    def counted(*args, **kwargs):
+        batches.append(args[1])
+        return real_batch(*args, **kwargs)
+
+    monkeypatch.setattr(runtime, "generate_batch", counted)
+    one = local.sample(small, 3, temperature=0.9, max_tokens=6, seed=5)
+    again = local.sample(small, 3, temperature=0.9, max_tokens=6, seed=5)
+    assert batches == [3, 3]  # K candidates in one batched decode
+    assert len(one) == 3 and all(s.text.startswith("```") for s in one)
+    assert [s.text for s in one] == [s.text for s in again]  # seeded
+    # Greedy candidates of the batch decode exactly like a single generation.
     greedy = local.sample(small, 1, temperature=0.0, max_tokens=6)[0]
+    assert [s.text for s in local.sample(small, 2, temperature=0.0, max_tokens=6)] == [greedy.text] * 2
     lp = local.logprob(small, greedy)
     worse = local.logprob(small, Sample("```zebra quantum banana", [], 3))
     assert lp is not None and worse is not None and lp > worse
+
+
+def test_local_documents_through_squid_are_not_in_the_prompt_text(runtime, tmp_path, monkeypatch):
+    from context.config import SquidCacheConfig
+    from context.squid.service import SquidService
+
+    squid = SquidService(runtime, SquidCacheConfig(), tmp_path / "kv", start_thread=False)
+    encodes = []
+    real_encode = squid._encode
+    monkeypatch.setattr(squid, "_encode", lambda *a, **kw: encodes.append(1) or real_encode(*a, **kw))
+    local = LocalBackend(runtime, squid=squid)
+    doc = Document("calc.py", "def add(a, b):\n    return a - b\n")
+    conversation = Conversation("Answer with code.", "", [doc], [{"role": "user", "content": "fix add"}])
+    prompt_ids, composed = local._prepared(conversation)
+    assert composed is not None and len(composed.spans) == 1
+    assert "calc.py" not in runtime.decode(prompt_ids)  # composed in front, not prefilled again
+    assert "calc.py" in LocalBackend(runtime).prompt(conversation)
+    assert len(encodes) == 1
+    greedy = local.sample(conversation, 1, temperature=0.0, max_tokens=6)[0]
+    twice = local.sample(conversation, 2, temperature=0.0, max_tokens=6)
+    assert [s.text for s in twice] == [greedy.text] * 2
+    assert len(encodes) == 1  # the document was encoded once, then reused by every call
+    assert local.logprob(conversation, greedy) is not None
 
 
 def test_an_unnamed_model_is_the_one_the_server_lists():
