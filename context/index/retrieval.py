@@ -378,10 +378,12 @@ def search(store, query: str, k: int = 10, *, mode: str = "fused", semantic=None
         return _dedupe(meaning, k)
     if mode == "symbols":
         return _dedupe(_symbol_hits(store, terms, depth), k)
-    bm25 = _bm25_hits(store, terms, depth)
     if mode == "bm25":
-        return _dedupe(bm25, k)
+        return _dedupe(_bm25_hits(store, terms, depth), k)
     pool = _bm25_hits(store, terms, _POOL, with_synonyms=True)
+    # Without synonyms for any word the pool came from the same query: its top is the BM25 list.
+    same = _fts_text(terms, with_synonyms=True) == _fts_text(terms)
+    bm25 = pool[:depth] if same else _bm25_hits(store, terms, depth)
     lists = [
         (1.0, bm25, False),
         (_SYNONYM_BM25_WEIGHT, pool[:depth], False),

@@ -661,10 +661,13 @@ class IndexStore:
         expr = fts_match_expression(query)
         if expr is None or limit <= 0:
             return []
+        # Rank inside the full-text index first and join only the winners: joining every match
+        # to its chunk text before sorting costs ~20 ms per query on the standard library.
         sql = (
-            f"SELECT f.path, c.rel, c.start_line, c.end_line, c.symbol, c.kind, c.text, {_BM25} AS r "
-            "FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid JOIN files f ON f.id = c.file_id "
-            "WHERE chunks_fts MATCH ? ORDER BY r LIMIT ?"
+            "SELECT f.path, c.rel, c.start_line, c.end_line, c.symbol, c.kind, c.text, m.r FROM "
+            f"(SELECT rowid AS id, {_BM25} AS r FROM chunks_fts WHERE chunks_fts MATCH ? "
+            "ORDER BY r LIMIT ?) AS m "
+            "JOIN chunks c ON c.id = m.id JOIN files f ON f.id = c.file_id ORDER BY m.r"
         )
         try:
             rows = self._conn().execute(sql, (expr, limit)).fetchall()
