@@ -17,10 +17,12 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
+from context.config import SquidCacheConfig
 from context.errors import GenerationCancelled
 
 from .errors import (
@@ -40,6 +42,7 @@ __all__ = [
     "LocalBackend",
     "OpenAIBackend",
     "build_local_prompt",
+    "split_local_prompt",
     "LOCAL_PREFILL",
 ]
 
@@ -114,7 +117,8 @@ def build_local_prompt(
 ) -> str:
     """The local model's prompt: the chat template over system + documents + turns, answer started.
 
-    The one place documents enter the local prompt, so Squid composition can take it over.
+    The repo map and the documents open the first user turn; `split_local_prompt` cuts the same
+    prompt where the documents go, for Squid composition.
     """
     context = _context_block(Conversation(system, repo_map, documents))
     turns = [{"role": "system", "content": system}]
@@ -131,6 +135,30 @@ def build_local_prompt(
     return prompt + LOCAL_PREFILL
 
 
+# Stands in for the documents while the prompt is rendered, to find where they go.
+_DOCUMENTS_MARK = "\x00squid-documents\x00"
+
+
+def split_local_prompt(
+    tokenizer, system: str, repo_map: str, messages: list[dict[str, Any]]
+) -> tuple[str, str] | None:
+    """`build_local_prompt` cut where the documents go: (head, tail), for documents placed between
+    them, each block followed by a blank line; None when there is no first turn to hold them."""
+    if not messages:
+        return None
+    first = dict(messages[0])
+    first["content"] = _DOCUMENTS_MARK + (first.get("content") or "")
+    rendered = build_local_prompt(tokenizer, system, "", [], [first, *messages[1:]])
+    head, mark, tail = rendered.partition(_DOCUMENTS_MARK)
+    if not mark:
+        return None
+    if repo_map:
+        # In the plain prompt the repo map comes before the documents; here it follows them, as
+        # it changes with every request and the documents' caches must not depend on it.
+        tail = f"{_context_block(Conversation(system, repo_map, []))}\n\n{tail}"
+    return head, tail
+
+
 class LocalBackend:
     """The in-process model runtime (`context.runtime.ModelRuntime`).
 
@@ -143,42 +171,64 @@ class LocalBackend:
     name = "local"
     native_tools = False
 
-    def __init__(self, runtime, squid=None):
+    def __init__(self, runtime, squid: SquidCacheConfig | None = None, squid_disk: Path | None = None):
+        """`squid`: compose the documents from per-document caches with these settings (their disk
+        tier in `squid_disk`); None puts them into the prompt text."""
         self.runtime = runtime
         self.squid = squid
+        self.squid_disk = squid_disk
+        self._services: dict[str, object] = {}  # prompt head -> SquidService
 
-    def prompt(self, conversation: Conversation, *, with_documents: bool = True) -> str:
+    def prompt(self, conversation: Conversation) -> str:
         return build_local_prompt(
             self.runtime.tokenizer,
             conversation.system,
             conversation.repo_map,
-            conversation.documents if with_documents else [],
+            conversation.documents,
             conversation.messages,
         )
 
     def _prepared(self, conversation: Conversation) -> tuple[list[int], object]:
-        """(prompt ids, composed document context or None) for this conversation."""
-        composed = self._composed(conversation.documents)
-        text = self.prompt(conversation, with_documents=composed is None)
-        return self.runtime.encode(text), composed
+        """(prompt ids, composed documents or None): with Squid, the ids continue the composed
+        prompt head and documents; otherwise they are the whole prompt."""
+        composed = self._composed(conversation)
+        if composed is None:
+            return self.runtime.encode(self.prompt(conversation)), None
+        context, tail = composed
+        return self.runtime.encode(tail), context
 
-    def _composed(self, documents: list[Document]):
-        if self.squid is None or not documents:
+    def _composed(self, conversation: Conversation):
+        """(composed head + documents, the prompt text after them), or None for the plain prompt."""
+        if self.squid is None or not conversation.documents:
             return None
+        parts = split_local_prompt(self.runtime.tokenizer, conversation.system, conversation.repo_map,
+                                   conversation.messages)
+        if parts is None:
+            return None
+        head, tail = parts
         from context.errors import SquidcodeError
-        from context.squid.service import ReferenceDocument
+        from context.squid.service import ReferenceDocument, SquidService
 
-        references = [ReferenceDocument(_context_block(Conversation("", "", [doc])), source=doc.rel)
-                      for doc in documents]
+        service = self._services.get(head)
+        if service is None:
+            # The documents' caches follow the prompt head (system turn, start of the user turn).
+            service = SquidService(self.runtime, self.squid, self.squid_disk, start_thread=False,
+                                   prefix_text=head)
+            self._services = {head: service}  # one system prompt at a time
+        references = [
+            ReferenceDocument(_context_block(Conversation("", "", [doc])) + "\n\n", source=doc.rel)
+            for doc in conversation.documents
+        ]
         try:
-            composed = self.squid.context_for(references, wait=True)
+            # Written to disk as well: the next episode (a CLI run, a restarted server) reuses them.
+            context = service.context_for(references, wait=True, persist=True)
         except (SquidcodeError, RuntimeError, ValueError, OSError) as exc:
             log.warning("squid: agent documents not composed (%s); they go into the prompt", exc)
             return None
-        # A document longer than the per-document budget is cut there; the prompt keeps it whole.
-        if composed is None or len(composed.spans) != len(documents):
+        # A document longer than the per-document budget would be cut there: use the plain prompt.
+        if context is None or len(context.spans) != len(conversation.documents):
             return None
-        return composed
+        return context, tail
 
     def sample(
         self,

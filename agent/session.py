@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from context.config import AgentConfig, SquidConfig
+from context.config import AgentConfig, SquidCacheConfig, SquidConfig
 
 from .backends import Backend, LocalBackend, OpenAIBackend
 from .errors import AgentError, MemoryStoreError
 from .memory import MemoryStore, default_memory_path
 
-__all__ = ["make_backend", "open_memory", "served_model", "squid_service", "with_overrides"]
+__all__ = ["make_backend", "open_memory", "served_model", "squid_settings", "with_overrides"]
 
 log = logging.getLogger(__name__)
 
@@ -38,28 +38,24 @@ def with_overrides(
 
 
 def make_backend(agent: AgentConfig, load_runtime: Callable[[], object],
-                 squid: Callable[[object], object | None] | None = None) -> Backend:
-    """The configured backend; `load_runtime` is only called for the local one, and `squid` gives
-    the local one its Squid service for that runtime (None: documents go into the prompt text)."""
+                 squid: SquidCacheConfig | None = None, squid_disk: Path | None = None) -> Backend:
+    """The configured backend; `load_runtime` is only called for the local one, which composes its
+    documents through Squid with `squid` (and its disk tier `squid_disk`) when given."""
     if agent.backend == "openai":
         if not agent.model:
             # Editors set only the server's URL; a server that serves one model names it itself.
             agent = replace(agent, model=served_model(agent))
         return OpenAIBackend.from_config(agent)
-    runtime = load_runtime()
-    return LocalBackend(runtime, squid=squid(runtime) if squid is not None else None)
+    return LocalBackend(load_runtime(), squid=squid, squid_disk=squid_disk)
 
 
-def squid_service(config: SquidConfig, runtime):
-    """A Squid service for a one-off run (the CLI): document caches on the disk tier, so later runs
-    on the same files reuse them; None when `squid.enabled` is off."""
-    if not config.squid.enabled:
-        return None
-    from context.squid.service import SquidService
-
+def squid_settings(config: SquidConfig) -> tuple[SquidCacheConfig | None, Path | None]:
+    """The local agent's Squid settings and disk tier, or (None, None) with `squid.enabled` off."""
     squid = config.squid
+    if not squid.enabled:
+        return None, None
     disk = Path(squid.cache_dir).expanduser() if squid.cache_dir else config.resolved_cache_dir() / "squid"
-    return SquidService(runtime, squid, disk, start_thread=False)
+    return squid, disk
 
 
 def served_model(agent: AgentConfig) -> str:

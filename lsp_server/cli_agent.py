@@ -11,7 +11,7 @@ from agent.errors import AgentCancelled
 from agent.loop import AgentLoop, AgentRequest
 from agent.memory import MemoryStore, default_memory_path
 from agent.sandbox import Workspace
-from agent.session import make_backend, open_memory, squid_service, with_overrides
+from agent.session import make_backend, open_memory, squid_settings, with_overrides
 from context.config import load_file_config
 from context.errors import SquidcodeError
 from context.runtime import get_runtime
@@ -83,7 +83,7 @@ def run_agent_command(args) -> int:
         agent_config = with_overrides(config.agent, args.backend, args.model, args.k)
         line_range = _parse_lines(args.lines)
         backend = make_backend(agent_config, lambda: get_runtime(config.model, config.resolved_cache_dir()),
-                               squid=lambda runtime: squid_service(config, runtime))
+                               *squid_settings(config))
         store = _index_store(root)
         loop = AgentLoop(
             backend,

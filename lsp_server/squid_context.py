@@ -15,7 +15,7 @@ from context.errors import SquidcodeError
 from context.squid.references import CompletionReferences, file_document
 from context.squid.service import SquidService
 
-__all__ = ["agent_squid", "completion_references", "stop_squid"]
+__all__ = ["completion_references", "stop_squid"]
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +99,6 @@ def completion_references(ls, uri: str, runtime) -> CompletionReferences | None:
         service.schedule([file_document(p, t, config.document_tokens, ls.workspace_roots)
                           for p, t in list(others.items())[: config.max_documents]])
     return references
-
-
-def agent_squid(ls, runtime) -> SquidService | None:
-    """The server's Squid service for the agent's documents, or None when Squid is off."""
-    if not ls.config.squid.enabled:
-        return None
-    return _service(ls, runtime)
 
 
 def stop_squid(ls) -> None:

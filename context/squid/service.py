@@ -49,12 +49,18 @@ class ReferenceDocument:
 
 
 class SquidService:
-    """Per-document caches for one loaded model (`disk_dir`: the disk tier; None = memory only)."""
+    """Per-document caches for one loaded model (`disk_dir`: the disk tier; None = memory only).
+
+    `prefix_text` is what every document follows (its hash is in every key): the default for
+    completions, or for the agent the head of its chat prompt, so its documents sit inside the
+    first user turn as they would in plain text.
+    """
 
     def __init__(self, runtime, config: SquidCacheConfig, disk_dir: Path | None, *,
-                 start_thread: bool = True):
+                 start_thread: bool = True, prefix_text: str | None = None):
         self.runtime = runtime
         self.config = config
+        self.prefix_text = prefix_text
         self.recovery = recovery_from_config(config)
         self.store = KVCacheStore(
             Path(disk_dir) if disk_dir is not None else None, device=runtime.device,
@@ -82,7 +88,8 @@ class SquidService:
         with self._lock:
             current = (model_identity(self.runtime), self.runtime.adapter_id)
             if self._prefix is None or (self._prefix.model, self._prefix.adapter) != current:
-                self._prefix = encode_prefix(self.runtime)
+                self._prefix = (encode_prefix(self.runtime) if self.prefix_text is None
+                                else encode_prefix(self.runtime, self.prefix_text))
             return self._prefix
 
     def _tokens_and_key(self, prefix: PrefixKV, doc: ReferenceDocument) -> tuple[list[int], CacheKey]:
@@ -105,9 +112,9 @@ class SquidService:
                 self._cond.notify_all()
 
     def context_for(self, documents: list[ReferenceDocument], *, wait: bool = False,
-                    recovery: Recovery | None = None) -> ComposedContext | None:
+                    recovery: Recovery | None = None, persist: bool = False) -> ComposedContext | None:
         """The composed context of the ready `documents` (missing ones queued, or encoded when
-        `wait`); None when none is ready."""
+        `wait`, and then also written to the disk tier when `persist`); None when none is ready."""
         prefix = self.prefix()
         ready: list[DocumentKV] = []
         for doc in documents:
@@ -117,6 +124,8 @@ class SquidService:
             entry = self.store.get(key)
             if entry is None and wait:
                 entry = self._encode(prefix, ids, key, doc.source)
+                if persist:
+                    self.store.persist(key)
             if entry is None:
                 self._enqueue(key, ids, doc.source)
                 continue

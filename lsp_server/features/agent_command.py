@@ -27,12 +27,11 @@ from agent.errors import AgentCancelled
 from agent.loop import AgentLoop, AgentRequest
 from agent.overlay import FileChange
 from agent.sandbox import Workspace
-from agent.session import make_backend, open_memory, with_overrides
+from agent.session import make_backend, open_memory, squid_settings, with_overrides
 from context.errors import SquidcodeError
 
 from ..agent_feedback import record_agent_result, track_applied_agent_edit
 from ..server import SquidServer
-from ..squid_context import agent_squid
 
 __all__ = ["AGENT_RUN", "register", "parse_arguments", "to_lsp_workspace_edit", "to_lsp_result"]
 
@@ -180,7 +179,7 @@ async def _backend(ls: SquidServer, agent_config):
             raise JsonRpcInternalError(
                 f"squidcode: the model is not loaded ({ls.model_error}); run `squidcode doctor`"
             )
-        return make_backend(agent_config, lambda: runtime, squid=lambda rt: agent_squid(ls, rt))
+        return make_backend(agent_config, lambda: runtime, *squid_settings(ls.config))
     return make_backend(agent_config, lambda: None)
 
 

@@ -7,7 +7,15 @@ import time
 
 import pytest
 
-from agent.backends import Conversation, Document, LocalBackend, OpenAIBackend, Sample, build_local_prompt
+from agent.backends import (
+    Conversation,
+    Document,
+    LocalBackend,
+    OpenAIBackend,
+    Sample,
+    build_local_prompt,
+    split_local_prompt,
+)
 from agent.errors import BackendAuthError, BackendConnectionError, BackendError, BackendTimeoutError
 from tests.unit.agent.doubles import FakeOpenAIServer, chat_completion
 
@@ -160,27 +168,47 @@ def test_local_sampling_is_batched_seeded_and_ranked(runtime, monkeypatch):
     assert lp is not None and worse is not None and lp > worse
 
 
+def test_the_split_prompt_is_the_plain_prompt_with_the_documents_between(runtime):
+    docs = [Document("calc.py", "def add(a, b):\n    return a - b\n"), Document("t.py", "import calc\n")]
+    turns = [{"role": "user", "content": "fix add"}, {"role": "assistant", "content": "```tool"}]
+    head, tail = split_local_prompt(runtime.tokenizer, "SYS", "", turns)
+    blocks = "".join(f"File {d.rel} (from line 1):\n```\n{d.text.rstrip()}\n```\n\n" for d in docs)
+    assert head + blocks + tail == build_local_prompt(runtime.tokenizer, "SYS", "", docs, turns)
+    assert head.endswith("<|im_start|>user\n") and "SYS" in head
+    # The repo map changes per request: it moves after the documents, into the tail.
+    _, with_map = split_local_prompt(runtime.tokenizer, "SYS", "MAP", turns)
+    assert with_map.startswith("Repository map:\nMAP\n\n") and with_map.endswith(tail)
+
+
 def test_local_documents_through_squid_are_not_in_the_prompt_text(runtime, tmp_path, monkeypatch):
     from context.config import SquidCacheConfig
     from context.squid.service import SquidService
 
-    squid = SquidService(runtime, SquidCacheConfig(), tmp_path / "kv", start_thread=False)
     encodes = []
-    real_encode = squid._encode
-    monkeypatch.setattr(squid, "_encode", lambda *a, **kw: encodes.append(1) or real_encode(*a, **kw))
-    local = LocalBackend(runtime, squid=squid)
+    real_encode = SquidService._encode
+
+    def counted(self, *args, **kwargs):
+        encodes.append(1)
+        return real_encode(self, *args, **kwargs)
+
+    monkeypatch.setattr(SquidService, "_encode", counted)
+    local = LocalBackend(runtime, squid=SquidCacheConfig(), squid_disk=tmp_path / "kv")
     doc = Document("calc.py", "def add(a, b):\n    return a - b\n")
     conversation = Conversation("Answer with code.", "", [doc], [{"role": "user", "content": "fix add"}])
     prompt_ids, composed = local._prepared(conversation)
-    assert composed is not None and len(composed.spans) == 1
+    assert composed is not None and len(composed.spans) == 1 and len(encodes) == 1
     assert "calc.py" not in runtime.decode(prompt_ids)  # composed in front, not prefilled again
+    assert "calc.py" in runtime.decode(list(composed.token_ids))
     assert "calc.py" in LocalBackend(runtime).prompt(conversation)
-    assert len(encodes) == 1
     greedy = local.sample(conversation, 1, temperature=0.0, max_tokens=6)[0]
     twice = local.sample(conversation, 2, temperature=0.0, max_tokens=6)
     assert [s.text for s in twice] == [greedy.text] * 2
     assert len(encodes) == 1  # the document was encoded once, then reused by every call
     assert local.logprob(conversation, greedy) is not None
+    # A later episode (a new backend, the same disk tier) reads the document from disk.
+    again = LocalBackend(runtime, squid=SquidCacheConfig(), squid_disk=tmp_path / "kv")
+    assert again.sample(conversation, 1, temperature=0.0, max_tokens=6)[0].text == greedy.text
+    assert len(encodes) == 1
 
 
 def test_an_unnamed_model_is_the_one_the_server_lists():
