@@ -11,7 +11,7 @@
      settings, top-1 agreement and KL(dense || sparse) of the next-token distributions, time per token;
      and the attention operation alone (all layers of one decode step) as the context grows.
 
-Usage: python bench/kernels.py [--json] [--threads N] [--steps N] [--contexts 4096,8192] [--quick]
+Usage: python bench/bench_kernels.py [--json] [--threads N] [--steps N] [--contexts 4096,8192] [--quick]
 
 --json prints exactly {"rope_shift": {...}, "sparse_attention": {...}, "selective_logprob": {...}} on
 stdout; the detailed tables go to stderr. The machine may be shared: times are medians of runs made
@@ -32,8 +32,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-# This script is itself named kernels.py: its own folder must not shadow the kernels package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
