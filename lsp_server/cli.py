@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(sub)
 
     demo = sub.add_parser(
-        "demo", help="start `squidcode serve`, open the bundled example, print an inline completion"
+        "demo",
+        help="start `squidcode serve`, open the bundled examples, print inline completions and an agent edit",
     )
     demo.add_argument("--json", action="store_true", help="print the result as JSON")
 

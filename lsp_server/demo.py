@@ -2,7 +2,10 @@
 
 Starts `squidcode serve` as a subprocess, connects a real LSP client (pygls), opens the bundled
 example workspace, requests inline completions at the end of an unfinished function, and prints
-each with its latency: the first includes the model load, the second is warm.
+each with its latency: the first includes the model load, the second is warm. Then, in a second
+session on the bundled agent example (`demo_agent/`: `full_name` repeats the first name, and
+`test_names.py` fails), it asks the agent (`squidcode.agent.run`) for a fix and prints the edit it
+chose, verified by that test and not applied to the files.
 """
 
 from __future__ import annotations
@@ -15,12 +18,17 @@ import time
 from pathlib import Path
 
 from lsprotocol import types
+from pygls.exceptions import JsonRpcException
 from pygls.lsp.client import LanguageClient
 
 __all__ = ["run_demo", "server_command", "DEMO_WORKSPACE", "DEMO_FILE"]
 
 DEMO_WORKSPACE = Path(__file__).parent / "demo_workspace"
 DEMO_FILE = DEMO_WORKSPACE / "inventory.py"
+AGENT_WORKSPACE = Path(__file__).parent / "demo_agent"
+AGENT_FILE = AGENT_WORKSPACE / "names.py"
+AGENT_INSTRUCTION = "full_name repeats the first name: test_full_name fails. Fix it."
+AGENT_K = 2
 
 
 def server_command() -> list[str]:
@@ -114,12 +122,57 @@ async def _run() -> dict:
         client.exit(None)
     finally:
         await client.stop()
+    agent = await _agent_session()
     return {
         "file": str(DEMO_FILE),
         "cursor": {"line": cursor.line, "character": cursor.character},
         "initialized_s": round(initialized_s, 3),
         "progress": progress,
         "completions": runs,
+        "agent": agent,
+    }
+
+
+async def _agent_session() -> dict:
+    """A second session, on the agent example: one episode; the edit is returned, not applied."""
+    client = _demo_client([])
+    await client.start_io(*server_command())
+    try:
+        await client.initialize_async(types.InitializeParams(
+            process_id=None,
+            root_uri=AGENT_WORKSPACE.as_uri(),
+            workspace_folders=[types.WorkspaceFolder(uri=AGENT_WORKSPACE.as_uri(), name="demo-agent")],
+            capabilities=types.ClientCapabilities(),
+        ))
+        client.initialized(types.InitializedParams())
+        report = await _agent_edit(client)
+        await client.shutdown_async(None)
+        client.exit(None)
+    finally:
+        await client.stop()
+    return report
+
+
+async def _agent_edit(client: LanguageClient) -> dict:
+    t0 = time.perf_counter()
+    try:
+        result = await client.workspace_execute_command_async(types.ExecuteCommandParams(
+            command="squidcode.agent.run",
+            arguments=[{"instruction": AGENT_INSTRUCTION, "uri": AGENT_FILE.as_uri(), "k": AGENT_K}],
+        ))
+    except JsonRpcException as exc:
+        return {"instruction": AGENT_INSTRUCTION, "error": str(exc),
+                "seconds": round(time.perf_counter() - t0, 1)}
+    result = result if isinstance(result, dict) else {}
+    candidates = result.get("candidates") or []
+    return {
+        "instruction": AGENT_INSTRUCTION,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "steps": [f"{s.get('tool')}{'' if s.get('ok') else ' (failed)'}" for s in result.get("steps") or []],
+        "candidates": len(candidates),
+        "verified": sum(1 for c in candidates if c.get("verified")),
+        "chosen": result.get("chosen"),
+        "diff": result.get("diff") or "",
     }
 
 
@@ -133,4 +186,13 @@ def run_demo(as_json: bool = False) -> int:
         for run in report["completions"]:
             print(f"\n--- inline completion, {run['label']}: {run['latency_s'] * 1000:.0f} ms ---")
             print(run["text"] if run["text"] else "(no completion)")
-    return 0 if all(run["text"] for run in report["completions"]) else 1
+        agent = report["agent"]
+        print(f"\n--- agent: \"{agent['instruction']}\" ({agent['seconds']:.1f} s) ---")
+        if agent.get("error"):
+            print(f"(the agent failed: {agent['error']})")
+        else:
+            print(f"steps: {', '.join(agent['steps'])}; {agent['verified']} of {agent['candidates']} "
+                  "candidates verified by the tests")
+            print(agent["diff"].rstrip() if agent["diff"] else "(no verified edit)")
+    completed = all(run["text"] for run in report["completions"])
+    return 0 if completed and report["agent"].get("diff") else 1
