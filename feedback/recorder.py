@@ -106,6 +106,9 @@ class FeedbackRecorder:
         self.clock, self.monotonic = clock, monotonic
         self.store_factory = store_factory
         self.tracker = EditTracker(config.checkpoints_s, clock=monotonic)
+        # Called with each judged checkpoint (an Observation) after it is queued for the store,
+        # on the thread that runs `tick`; the server's agent memory learns from them.
+        self.outcome_listeners: list[Callable[[Observation], None]] = []
         self.session_id = new_id()
         self.dropped = 0
         self.last_error: str | None = None
@@ -381,6 +384,11 @@ class FeedbackRecorder:
             self._event(episode_id, "dismissed", {"reason": "timeout"})
         for observation in observations:
             self._outcome(observation)
+            for listener in self.outcome_listeners:
+                try:
+                    listener(observation)
+                except Exception:  # noqa: BLE001 - a listener must not stop the recording
+                    log.exception("feedback: an outcome listener failed")
         if mono - self._session_touched >= _SESSION_TOUCH_S:
             self._session_touched = mono
             self._queue.put(("touch", self.session_id, self.clock()))

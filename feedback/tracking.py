@@ -78,6 +78,10 @@ class Observation:
     distance: float
     kept_text: str
     source: str  # "open": read from the live document; "closed": from its text at close
+    uri: str = ""
+    new_text: str = ""  # what the output inserted
+    old_text: str = ""  # what it replaced
+    final: bool = False  # the region's last checkpoint
 
 
 @dataclass(slots=True)
@@ -398,15 +402,20 @@ class EditTracker:
                 text = self._current_text(doc, region)
                 status, distance = classify(region.new_text, region.old_text, text, region.undone_in_one)
                 while region.pending and region.created + region.pending[0] <= now:
+                    checkpoint = region.pending.pop(0)
                     observations.append(
                         Observation(
                             region.id,
                             region.episode_id,
-                            region.pending.pop(0),
+                            checkpoint,
                             status,
                             distance,
                             text,
                             "closed" if doc.closed else "open",
+                            uri,
+                            region.new_text,
+                            region.old_text,
+                            not region.pending,
                         )
                     )
             doc.regions = [r for r in doc.regions if r.pending]

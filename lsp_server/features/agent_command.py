@@ -30,14 +30,22 @@ from agent.sandbox import Workspace
 from agent.session import make_backend, open_memory, squid_settings, with_overrides
 from context.errors import SquidcodeError
 
-from ..agent_feedback import record_agent_result, track_applied_agent_edit
+from ..agent_feedback import (
+    agent_edit_applied,
+    record_agent_result,
+    remember_returned_edit,
+    track_applied_agent_edit,
+)
 from ..server import SquidServer
 
-__all__ = ["AGENT_RUN", "register", "parse_arguments", "to_lsp_workspace_edit", "to_lsp_result"]
+__all__ = [
+    "AGENT_APPLIED", "AGENT_RUN", "register", "parse_arguments", "to_lsp_workspace_edit", "to_lsp_result",
+]
 
 log = logging.getLogger(__name__)
 
 AGENT_RUN = "squidcode.agent.run"
+AGENT_APPLIED = "squidcode.agent.applied"
 # One episode at a time: each one is long, and the model is one per process.
 _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="squid-agent")
 
@@ -231,17 +239,37 @@ async def run_agent_command(ls: SquidServer, args: tuple) -> dict[str, Any]:
     feedback_id = record_agent_result(ls, result, request["uri"], path)
     if feedback_id is not None:
         result.episode_id = feedback_id  # the id the feedback store knows this episode by
-    if request["apply"] and edit is not None:
-        applied = await ls.workspace_apply_edit_async(
+    if feedback_id is not None and edit is not None:
+        befores = {uri_of.get(c.path, c.path.as_uri()): c.before for c in result.changes}
+        rels = {uri_of.get(c.path, c.path.as_uri()): workspace.rel(c.path) for c in result.changes}
+        if request["apply"]:
+            applied = await ls.workspace_apply_edit_async(
+                types.ApplyWorkspaceEditParams(edit=edit, label="squidcode agent")
+            )
+            if applied.applied:
+                track_applied_agent_edit(ls, feedback_id, edit, befores, root=workspace.root, rels=rels)
+        else:
+            # The client applies it itself and then runs `squidcode.agent.applied`.
+            remember_returned_edit(ls, feedback_id, edit, befores, workspace.root, rels)
+    elif request["apply"] and edit is not None:
+        await ls.workspace_apply_edit_async(
             types.ApplyWorkspaceEditParams(edit=edit, label="squidcode agent")
         )
-        if feedback_id is not None and applied.applied:
-            befores = {uri_of.get(c.path, c.path.as_uri()): c.before for c in result.changes}
-            track_applied_agent_edit(ls, feedback_id, edit, befores)
     return to_lsp_result(result, edit, get_converter())
+
+
+def agent_applied(ls: SquidServer, args: tuple) -> dict[str, Any]:
+    """`squidcode.agent.applied {episodeId}`: the client applied the edit of that episode."""
+    if len(args) != 1 or not isinstance(args[0], dict) or not isinstance(args[0].get("episodeId"), str):
+        raise JsonRpcInvalidParams(f"{AGENT_APPLIED} takes one object {{episodeId}}")
+    return {"tracked": agent_edit_applied(ls, args[0]["episodeId"])}
 
 
 def register(server: SquidServer) -> None:
     @server.command(AGENT_RUN)
     async def agent_run(ls: SquidServer, *args) -> dict[str, Any]:
         return await run_agent_command(ls, args)
+
+    @server.command(AGENT_APPLIED)
+    def agent_applied_command(ls: SquidServer, *args) -> dict[str, Any]:
+        return agent_applied(ls, args)

@@ -71,7 +71,8 @@ def _code_action_or_command(converter):
     converter.register_structure_hook(Union[types.Command, types.CodeAction], hook)  # noqa: UP007
 
 
-async def start(client: LanguageClient, project: Path, agent: dict, model: dict | None = None) -> None:
+async def start(client: LanguageClient, project: Path, agent: dict, model: dict | None = None,
+                feedback: dict | None = None) -> None:
     client.applied_edits = []
     _code_action_or_command(client.protocol._converter)
 
@@ -85,7 +86,8 @@ async def start(client: LanguageClient, project: Path, agent: dict, model: dict 
             capabilities=client_capabilities("visual-studio-code"),
             root_uri=project.as_uri(),
             workspace_folders=[types.WorkspaceFolder(uri=project.as_uri(), name="proj")],
-            initialization_options={"agent": agent, "index": {"enabled": False}, "model": model or {}},
+            initialization_options={"agent": agent, "index": {"enabled": False}, "model": model or {},
+                                    "feedback": feedback or {}},
         )
     )
 
@@ -105,6 +107,21 @@ async def scripted(lsp_client: LanguageClient, project: Path, fake_openai, tmp_p
         },
     )
     lsp_client.fake = fake_openai
+    yield
+    await lsp_client.shutdown_session()
+
+
+@pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER_CMD))
+async def tracked(lsp_client: LanguageClient, project: Path, fake_openai, tmp_path):
+    """The scripted agent, with feedback checkpoints a fraction of a second apart."""
+    await start(
+        lsp_client,
+        project,
+        {"backend": "openai", "model": "m", "base_url": fake_openai.base_url, "api_key_env": "",
+         "retries": 0},
+        feedback={"db_path": str(tmp_path / "feedback.db"), "checkpoints_s": [0.3, 0.6]},
+    )
+    lsp_client.db_path = tmp_path / "feedback.db"
     yield
     await lsp_client.shutdown_session()
 
@@ -313,3 +330,61 @@ async def test_cancel_stops_an_episode_and_the_server_answers_after(local: Langu
         )
     )
     assert [a.title for a in actions] == ["squidcode: ask…"]
+
+
+async def test_an_edit_the_client_applies_is_tracked_and_its_revert_is_remembered(
+    tracked: LanguageClient, project: Path
+):
+    """The client applies the returned edit itself and says so (`squidcode.agent.applied`); the user
+    then undoes it: the outcome is "reverted", and the agent's memory gains a note not to do it again."""
+    from agent.memory import MemoryStore, default_memory_path
+    from context.config import default_cache_dir
+    from feedback.store import FeedbackStore
+
+    uri = open_calc(tracked, project)
+    result = await tracked.workspace_execute_command_async(
+        run_params({"instruction": "add() subtracts; fix it", "uri": uri})
+    )
+    assert tracked.applied_edits == []  # apply was not asked for: the client applies it
+    [text_edit] = result["edit"]["changes"][uri]
+    unknown = await tracked.workspace_execute_command_async(
+        types.ExecuteCommandParams(command="squidcode.agent.applied", arguments=[{"episodeId": "nope"}])
+    )
+    assert unknown == {"tracked": False}
+
+    def change(version: int, start: int, end: int, text: str) -> None:
+        rng = types.Range(start=types.Position(start, 0), end=types.Position(end, 0))
+        tracked.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[types.TextDocumentContentChangePartial(range=rng, text=text)],
+        ))
+
+    change(2, 4, 5, text_edit["newText"])  # the client applies the edit...
+    answer = await tracked.workspace_execute_command_async(
+        types.ExecuteCommandParams(command="squidcode.agent.applied",
+                                   arguments=[{"episodeId": result["episodeId"]}])
+    )
+    assert answer == {"tracked": True}
+    change(3, 4, 5, "    return a - b\n")  # ...and the user undoes it
+    deadline = asyncio.get_running_loop().time() + 20
+    while True:
+        statuses = []
+        if tracked.db_path.exists():
+            store = FeedbackStore(tracked.db_path, readonly=True)
+            try:
+                for item in store.episodes_with_outcomes():
+                    if item.episode["id"] == result["episodeId"]:
+                        statuses = [o["status"] for o in item.outcomes]
+            finally:
+                store.close()
+        if len(statuses) >= 2:
+            break
+        assert asyncio.get_running_loop().time() < deadline, f"outcomes so far: {statuses}"
+        await asyncio.sleep(0.2)
+    assert statuses == ["reverted", "reverted"]
+    memory = MemoryStore(default_memory_path(default_cache_dir()), str(project.resolve()))
+    try:
+        notes = [n for n in memory.notes() if n.kind == "revert"]
+    finally:
+        memory.close()
+    assert len(notes) == 1 and "calc.py" in notes[0].body and "return a + b" in notes[0].body, notes

@@ -193,6 +193,10 @@ async function askAgent(options?: { instruction?: string }): Promise<void> {
     const edit = await client.protocol2CodeConverter.asWorkspaceEdit(result.edit as LspWorkspaceEdit);
     const applied = await vscode.workspace.applyEdit(edit);
     log(`agent edit ${applied ? 'applied' : 'was not applied'}`);
+    if (applied && result.episodeId) {
+      // The server follows the edit from here on (kept, rewritten or reverted).
+      void runServerCommand(Commands.agentApplied, { episodeId: result.episodeId }).catch(reportError);
+    }
     if (!applied) {
       void vscode.window.showWarningMessage('squidcode: the agent edit could not be applied (the file changed?).');
     }

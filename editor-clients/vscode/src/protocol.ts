@@ -4,6 +4,7 @@
 export const Commands = {
   status: 'squidcode.status',
   agentRun: 'squidcode.agent.run',
+  agentApplied: 'squidcode.agent.applied',
   completionAccept: 'squidcode.completion.accept',
   feedbackStatus: 'squidcode.feedback.status',
   feedbackSetRecord: 'squidcode.feedback.setRecord',

@@ -202,7 +202,8 @@ def test_graph_is_reused_until_the_index_changes(tmp_path, monkeypatch):
     builds = []
     real_build = repomap._build_graph
     # Counts builds; the real builder still does the work.
-    monkeypatch.setattr(repomap, "_build_graph", lambda s, pause=None: builds.append(1) or real_build(s, pause))
+    monkeypatch.setattr(repomap, "_build_graph",
+                        lambda s, pause=None: builds.append(1) or real_build(s, pause))
     with IndexStore(tmp_path / "db" / "index.sqlite3") as store:
         indexer = Indexer([tmp_path], store)
         indexer.index_all()

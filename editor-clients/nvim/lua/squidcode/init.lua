@@ -17,6 +17,7 @@ M.name = 'squidcode'
 M.commands = {
   status = 'squidcode.status',
   agent = 'squidcode.agent.run',
+  agent_applied = 'squidcode.agent.applied',
   accept = 'squidcode.completion.accept',
   feedback_status = 'squidcode.feedback.status',
   set_record = 'squidcode.feedback.setRecord',
@@ -229,6 +230,12 @@ function M.agent(instruction, line1, line2)
     end
     vim.lsp.util.apply_workspace_edit(result.edit, client.offset_encoding)
     entry.applied = true
+    if type(result.episodeId) == 'string' then
+      -- The server follows the edit from here on (kept, rewritten or reverted).
+      client:request('workspace/executeCommand',
+        { command = M.commands.agent_applied, arguments = { { episodeId = result.episodeId } } },
+        function() end, bufnr)
+    end
     notify(('agent: edit applied (%d step(s)); undo with u'):format(#(result.steps or {})))
   end, bufnr)
 end
