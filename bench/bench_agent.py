@@ -153,13 +153,15 @@ def main() -> int:
     parser.add_argument("--max-steps", type=int, default=2)
     parser.add_argument("--max-step-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--no-squid", action="store_true",
+                        help="documents in the prompt text instead of Squid-composed caches (the default)")
     parser.add_argument("--json", type=Path, help="write the full results here")
     parser.add_argument("--check-suite", action="store_true")
     args = parser.parse_args()
     if args.check_suite:
         return check_suite()
     from agent.backends import LocalBackend
-    from context.config import ModelConfig
+    from context.config import ModelConfig, SquidCacheConfig
     from context.runtime import get_runtime
 
     runtime = get_runtime(ModelConfig(threads=args.threads))
@@ -175,7 +177,9 @@ def main() -> int:
     )
     rows = []
     for name, spec in load_tasks(args.tasks.split(",") if args.tasks else None):
-        row = run_task(LocalBackend(runtime), name, spec, config, args.k)
+        # Squid's cache lives in memory for the run (no disk tier): each task's documents are new.
+        backend = LocalBackend(runtime, squid=None if args.no_squid else SquidCacheConfig())
+        row = run_task(backend, name, spec, config, args.k)
         rows.append(row)
         print(
             f"{name:32} pass@1 {row['pass@1']!s:5} pass@4 {row['pass@4']!s:5} pass@8 {row['pass@8']!s:5} "

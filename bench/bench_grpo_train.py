@@ -56,7 +56,7 @@ def plot(history: list[dict], path: Path, before: float, after: float) -> None:
     ax2.plot(steps, [h["kl"] for h in history], "-")
     ax2.set_xlabel("step")
     ax2.set_ylabel("k3 KL to base (per token)")
-    fig.suptitle("GRPO on SmolLM2-135M-Instruct + LoRA, CPU, 1 thread, nice 10")
+    fig.suptitle("GRPO on SmolLM2-135M-Instruct + LoRA, CPU, 1 thread, low priority")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
