@@ -98,11 +98,14 @@ async def test_open_files_become_composed_references_and_changes_drop_them(clien
     assert "recomputed" in composed
     assert list((tmp_path / "squid").rglob("*.safetensors")), "the background encode persisted the cache"
     # The file changes on disk: the watcher drops its cache.
+    old_entries = [p for p in (tmp_path / "squid").rglob("*.safetensors")
+                   if read_metadata(p)["source"] == str(project / "prices.py")]
+    assert old_entries
     (project / "prices.py").write_text(PRICES + "\n\ndef add_tax(amount):\n    return amount * 1.2\n")
-    await _wait_logged(client, "squid: dropped 1 cached documents")
-    # Other files' entries (cart.py, pre-encoded as a top repo-map file) stay; prices.py's is gone.
-    sources = [read_metadata(p)["source"] for p in (tmp_path / "squid").rglob("*.safetensors")]
-    assert str(project / "prices.py") not in sources
+    await _wait_logged(client, "squid: dropped")
+    # The entries of the old prices.py are gone (the background pre-encode of the repo map's top
+    # files, which runs when it runs, may already hold the new text).
+    assert not [p for p in old_entries if p.exists()]
 
 
 async def test_squid_disabled_completes_from_the_prompt_alone(client_off, project, tmp_path):
