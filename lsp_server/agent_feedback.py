@@ -67,7 +67,7 @@ def track_applied_agent_edit(ls: SquidServer, episode_id: str, edit: types.Works
         return
     if root is not None:
         _watch_outcomes(ls)
-        ls.__dict__.setdefault("agent_memory_regions", {})[episode_id] = (root, rels or {}, set())
+        ls.agent_memory_regions[episode_id] = (root, rels or {}, set())
     for uri, text_edits in (edit.changes or {}).items():
         before = befores.get(uri)
         if before is None:
@@ -86,7 +86,7 @@ def track_applied_agent_edit(ls: SquidServer, episode_id: str, edit: types.Works
 def remember_returned_edit(ls: SquidServer, episode_id: str, edit: types.WorkspaceEdit,
                            befores: dict[str, str], root: Path, rels: dict[str, str]) -> None:
     """Keep the edit returned for `episode_id` until the client reports it applied (or it ages out)."""
-    returned = ls.__dict__.setdefault("agent_returned_edits", {})
+    returned = ls.agent_returned_edits
     returned[episode_id] = (edit, befores, root, rels)
     while len(returned) > _RETURNED_LIMIT:
         returned.pop(next(iter(returned)))
@@ -94,7 +94,7 @@ def remember_returned_edit(ls: SquidServer, episode_id: str, edit: types.Workspa
 
 def agent_edit_applied(ls: SquidServer, episode_id: str) -> bool:
     """The client applied the edit returned for `episode_id`: follow it. False when unknown."""
-    entry = ls.__dict__.get("agent_returned_edits", {}).pop(episode_id, None)
+    entry = ls.agent_returned_edits.pop(episode_id, None)
     if entry is None:
         return False
     edit, befores, root, rels = entry
@@ -104,8 +104,7 @@ def agent_edit_applied(ls: SquidServer, episode_id: str) -> bool:
 
 def _learn_from_outcome(ls: SquidServer, observation: Observation) -> None:
     """The memory's write rules, applied to one checkpoint of a tracked agent edit."""
-    regions = ls.__dict__.get("agent_memory_regions", {})
-    meta = regions.get(observation.episode_id)
+    meta = ls.agent_memory_regions.get(observation.episode_id)
     if meta is None:
         return
     root, rels, acted = meta

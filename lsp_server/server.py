@@ -142,6 +142,10 @@ class SquidServer(LanguageServer):
         # Sections of `squidcode.status` contributed by features (name -> provider), e.g. "feedback".
         self.status_sections: dict[str, Callable[[], dict]] = {}
         self.squid_service = None  # context.squid.service.SquidService once a completion needs it
+        # Agent edits returned to the client, until it reports them applied (`squidcode.agent.applied`),
+        # and the tracked ones whose outcomes teach the agent's memory (lsp_server/agent_feedback.py).
+        self.agent_returned_edits: dict = {}
+        self.agent_memory_regions: dict = {}
 
     # -- configuration -------------------------------------------------------------------------
 
