@@ -60,6 +60,7 @@ def _preencode_repo_map(ls, service: SquidService, index) -> None:
     lower_thread_priority()
     try:
         top = [path for path, _ in rank_files(index.store, pause=pause_for_foreground)[:_REPO_MAP_FILES]]
+        epoch = service.epoch()  # a file that changes after this point is not stored from old text
         docs = []
         for path in top:
             try:
@@ -68,7 +69,7 @@ def _preencode_repo_map(ls, service: SquidService, index) -> None:
             except OSError:
                 continue
         if _current(ls, service):
-            service.schedule(docs)
+            service.schedule(docs, epoch=epoch)
     except (SquidcodeError, OSError, sqlite3.Error) as exc:
         log.info("squid: no repo map to pre-encode from (%s)", exc)
 

@@ -71,7 +71,11 @@ class SquidService:
         self._last: tuple[tuple, ComposedContext] | None = None
         self._lock = threading.Lock()
         self._cond = threading.Condition()
-        self._queue: OrderedDict[CacheKey, tuple[list[int], str | None]] = OrderedDict()
+        self._queue: OrderedDict[CacheKey, tuple[list[int], str | None, int]] = OrderedDict()
+        # Invalidation epochs: a counter, and the epoch at which each file last changed.
+        self._epoch = 0
+        self._changed_at: dict[str, int] = {}
+        self._store_lock = threading.Lock()  # storing an encode vs dropping its file's entries
         self._foreground = 0
         self._stopping = False
         self.encoded = 0
@@ -115,6 +119,7 @@ class SquidService:
                     recovery: Recovery | None = None, persist: bool = False) -> ComposedContext | None:
         """The composed context of the ready `documents` (missing ones queued, or encoded when
         `wait`, and then also written to the disk tier when `persist`); None when none is ready."""
+        epoch = self.epoch()
         prefix = self.prefix()
         ready: list[DocumentKV] = []
         for doc in documents:
@@ -123,11 +128,9 @@ class SquidService:
                 continue
             entry = self.store.get(key)
             if entry is None and wait:
-                entry = self._encode(prefix, ids, key, doc.source)
-                if persist:
-                    self.store.persist(key)
+                entry = self._encode(prefix, ids, key, doc.source, epoch=epoch, persist=persist)
             if entry is None:
-                self._enqueue(key, ids, doc.source)
+                self._enqueue(key, ids, doc.source, epoch)
                 continue
             ready.append(entry)
         if not ready:
@@ -144,22 +147,42 @@ class SquidService:
             self._last = (signature, composed)
         return composed
 
-    def schedule(self, documents: list[ReferenceDocument]) -> int:
-        """Queue documents for background encoding (those not cached yet); returns how many."""
+    def schedule(self, documents: list[ReferenceDocument], *, epoch: int | None = None) -> int:
+        """Queue documents for background encoding (those not cached yet); returns how many.
+
+        `epoch`: `self.epoch()` from before the documents' text was read (default: now)."""
+        epoch = self.epoch() if epoch is None else epoch
         prefix = self.prefix()
         queued = 0
         for doc in documents:
             ids, key = self._tokens_and_key(prefix, doc)
             if ids and not self.store.contains(key):
-                queued += self._enqueue(key, ids, doc.source)
+                queued += self._enqueue(key, ids, doc.source, epoch)
         return queued
 
+    def epoch(self) -> int:
+        """The invalidation epoch: take it before reading a document's text."""
+        with self._store_lock:
+            return self._epoch
+
     def invalidate_paths(self, paths) -> int:
-        """Drop the caches of documents read from these files (they changed on disk)."""
-        dropped = sum(self.store.invalidate_source(str(Path(p))) for p in paths)
+        """Drop the caches of documents read from these files (they changed on disk), and the
+        queued or running encodes of their old text."""
+        sources = {str(Path(p)) for p in paths}
+        with self._store_lock:
+            self._epoch += 1
+            for source in sources:
+                self._changed_at[source] = self._epoch
+            with self._cond:
+                for key in [k for k, job in self._queue.items() if job[1] in sources]:
+                    del self._queue[key]
+            dropped = sum(self.store.invalidate_source(source) for source in sources)
         if dropped:
             log.info("squid: dropped %d cached documents of changed files", dropped)
         return dropped
+
+    def _stale(self, source: str | None, epoch: int) -> bool:
+        return source is not None and self._changed_at.get(source, -1) > epoch
 
     def stats(self) -> dict:
         with self._cond:
@@ -168,24 +191,31 @@ class SquidService:
 
     # -- encoding ------------------------------------------------------------------------------
 
-    def _encode(self, prefix, ids, key, source, should_pause=None, chunk=None) -> DocumentKV:
+    def _encode(self, prefix, ids, key, source, should_pause=None, chunk=None, *, epoch: int,
+                persist: bool = False) -> DocumentKV:
         kwargs = {"chunk_tokens": chunk} if chunk else {}
         entry = encode_document(self.runtime, prefix, ids, key, source=source, should_pause=should_pause,
                                 **kwargs)
-        if source is not None:
-            self.store.invalidate_source(source, keep=key)
-        self.store.put(entry)
         self.encoded += 1
+        with self._store_lock:
+            if self._stale(source, epoch):
+                log.info("squid: encoded %s, which changed meanwhile: not stored", source)
+                return entry
+            if source is not None:
+                self.store.invalidate_source(source, keep=key)
+            self.store.put(entry)
+            if persist:
+                self.store.persist(key)
         log.info("squid: encoded %s (%d tokens) in %.2fs", source or "a document", len(ids), entry.encode_s)
         return entry
 
-    def _enqueue(self, key: CacheKey, ids: list[int], source: str | None) -> int:
+    def _enqueue(self, key: CacheKey, ids: list[int], source: str | None, epoch: int) -> int:
         if self._thread is None:
             return 0
         with self._cond:
             if key in self._queue:
                 return 0
-            self._queue[key] = (ids, source)
+            self._queue[key] = (ids, source, epoch)
             while len(self._queue) > _QUEUE_LIMIT:
                 self._queue.popitem(last=False)
             self._cond.notify_all()
@@ -210,13 +240,14 @@ class SquidService:
         except (AttributeError, OSError):
             pass
         while (job := self._next_job()) is not None:
-            key, (ids, source) = job
+            key, (ids, source, epoch) = job
             try:
-                self._encode(self.prefix(), ids, key, source, self._paused, BACKGROUND_CHUNK)
-                self.store.persist(key)
+                self._encode(self.prefix(), ids, key, source, self._paused, BACKGROUND_CHUNK,
+                             epoch=epoch, persist=True)
             except GenerationCancelled:
                 with self._cond:
-                    self._queue.setdefault(key, (ids, source))
+                    if not self._stale(source, epoch):
+                        self._queue.setdefault(key, (ids, source, epoch))
             except (RuntimeError, ValueError) as exc:
                 log.warning("squid: background encode of %s failed: %s", source or key.content, exc)
             finally:

@@ -105,6 +105,40 @@ def test_changed_files_are_invalidated(service):
     assert ctx is not None and len(ctx.spans) == 1  # only names.py is still cached
 
 
+
+def test_text_read_before_its_file_changed_is_never_stored(service, tmp_path):
+    # Read before the change, queued after it (the repo map's pre-encode reads files, then queues).
+    epoch = service.epoch()
+    service.invalidate_paths(["/w/util.py"])
+    with service.foreground():
+        assert service.schedule([DOC_A, DOC_B], epoch=epoch) == 2
+    assert service.wait_idle(120) and service.encoded == 2
+    ctx = service.context_for([DOC_A, DOC_B])
+    assert ctx is not None and len(ctx.spans) == 1, "only names.py, read after nothing changed, is kept"
+    sources = {p.name for p in tmp_path.rglob("*.safetensors")}
+    assert len(sources) == 1
+
+
+def test_an_encode_running_when_its_file_changes_is_dropped(service, tmp_path, monkeypatch):
+    import context.squid.service as service_module
+
+    real_encode = service_module.encode_document
+
+    def encode_while_the_file_changes(*args, **kwargs):
+        entry = real_encode(*args, **kwargs)
+        service.invalidate_paths(["/w/util.py"])  # the watcher's event lands before the encode ends
+        return entry
+
+    monkeypatch.setattr(service_module, "encode_document", encode_while_the_file_changes)
+    # A request that waits still gets its context from the text it read ...
+    ctx = service.context_for([DOC_A], wait=True, persist=True)
+    assert ctx is not None and len(ctx.spans) == 1
+    # ... but the old text's cache is kept in no tier.
+    monkeypatch.setattr(service_module, "encode_document", real_encode)
+    assert not service.store.contains(service._tokens_and_key(service.prefix(), DOC_A)[1])
+    assert not list(tmp_path.rglob("*.safetensors"))
+
+
 def test_retrieval_query_takes_identifiers_nearest_the_cursor():
     text = "import os\nfrom shop import Basket\n\ndef total(basket):\n    return basket_total("
     assert retrieval_query(text).split()[:2] == ["basket_total", "basket"]
