@@ -48,7 +48,7 @@ KEYSTROKE_TOKENS = 24
 TYPED_FILE = Path(sysconfig.get_paths()["stdlib"]) / "ftplib.py"
 # Agent-style edits: a function from this repository, to be rewritten with one name changed.
 EDIT_SOURCES = [
-    ("agent/completion.py", "def cursor_context(", ("offset", "cursor")),
+    ("context/boundary.py", "def cursor_context(", ("offset", "cursor")),
     ("context/index/store.py", "    def _connect(", ("conn", "connection")),
     ("context/config.py", "def _check_value(", ("value", "raw")),
     ("context/index/walk.py", "def walk_roots(", ("roots", "folders")),

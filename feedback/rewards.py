@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,9 @@ class RewardContext:
     files: Mapping[str, str] = field(default_factory=dict)  # the workspace files the sandbox copies
     target_path: str = "candidate.py"  # where the candidate code goes in the sandbox
     timeout_s: float = TEST_TIMEOUT_S  # a test run past this scores 0
+    # An inline completion: bare code inserted at the cursor (a fence is chat drift, not format),
+    # indented as the code around it; it and the reference texts are dedented before the checks.
+    bare: bool = False
 
 
 @dataclass(frozen=True)
@@ -260,7 +264,14 @@ def score_output(
     code, fenced = extract_code(output, context.language)
     if code is None or code.strip() == context.original.strip():
         return RewardBreakdown(0.0, {}, code)
-    parts: dict[str, float] = {"format": 1.0 if fenced else 0.5}
+    kept_text, reverted_text = context.kept_text, context.reverted_text
+    if context.bare:
+        code = textwrap.dedent(code)
+        kept_text = textwrap.dedent(kept_text) if kept_text is not None else None
+        reverted_text = textwrap.dedent(reverted_text) if reverted_text else reverted_text
+        parts: dict[str, float] = {"format": 0.0 if fenced else 1.0}
+    else:
+        parts = {"format": 1.0 if fenced else 0.5}
     parts["parses"] = 1.0 if parses(code, context.language) else 0.0
     if context.language == "python":
         errors = lint_errors(code) if parts["parses"] else None
@@ -269,13 +280,13 @@ def score_output(
     share = run_tests_sandboxed(code, context) if parts["parses"] else None
     if share is not None or context.test_asserts or context.test_files:
         parts["tests"] = share or 0.0
-    if context.kept_text is not None:
-        parts["kept"] = similarity(code, context.kept_text)
+    if kept_text is not None:
+        parts["kept"] = similarity(code, kept_text)
     positive = sum(getattr(weights, name) * value for name, value in parts.items())
     # Parts that could not be checked do not count against the output: rescale to the checked ones.
     available = sum(getattr(weights, name) for name in parts)
     total = positive / available * weights.positive_total() if available else 0.0
-    if context.reverted_text:
-        parts["reverted"] = similarity(code, context.reverted_text)
+    if reverted_text:
+        parts["reverted"] = similarity(code, reverted_text)
         total -= weights.reverted * parts["reverted"]
     return RewardBreakdown(max(-1.0, min(1.0, total)), parts, code)

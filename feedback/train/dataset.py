@@ -61,6 +61,11 @@ class TrainingExample:
     verification: dict[str, Any] = field(default_factory=dict)  # parse/lint/test results then
     test_asserts: tuple[str, ...] = ()
     language: str = "python"
+    # A completion episode: the raw text before the cursor, continued as the server continues it
+    # (no chat template), and its answers cut where an inline completion is cut (`max_lines`).
+    # None: a chat prompt (`prompt_messages`), as agent episodes and the task set use.
+    prompt_text: str | None = None
+    max_lines: int = 8
 
 
 class EpisodeSource(Protocol):
@@ -98,6 +103,7 @@ def example_from_episode(episode: Any) -> TrainingExample | None:
         candidates=tuple(get("candidates", ()) or ()), kept_text=kept_text, reverted=reverted,
         reverted_text=reverted_text, verification=verification,
         test_asserts=tuple(verification.get("test_asserts", ())), language=get("language") or "python",
+        prompt_text=get("prompt_text"), max_lines=int(get("max_lines", 8) or 8),
     )
 
 
@@ -158,4 +164,5 @@ def reward_context(example: TrainingExample) -> RewardContext:
         language=example.language, original=example.original, kept_text=example.kept_text,
         reverted_text=example.reverted_text, test_asserts=example.test_asserts,
         files={doc.path: doc.text for doc in example.context_documents},
+        bare=example.prompt_text is not None,
     )

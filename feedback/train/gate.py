@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .dataset import TrainingExample, prompt_messages
-from .policy import SampledGroup, group_logprobs, prompt_ids, reference_logprobs, sample_group
+from .dataset import TrainingExample
+from .policy import SampledGroup, example_prompt_ids, group_logprobs, reference_logprobs, sample_example
 from .trainer import RewardFn
 
 __all__ = ["EvalResult", "GateDecision", "decide_promotion", "evaluate"]
@@ -41,13 +41,13 @@ def evaluate(
         return EvalResult(0.0, 0.0, 0)
     rewards, kls = [], []
     for example in examples:
-        prompt = prompt_ids(tokenizer, prompt_messages(example))
+        prompt = example_prompt_ids(tokenizer, example)
         if adapter:
-            group = sample_group(model, tokenizer, prompt, 1, max_new_tokens, temperature=0.0)
+            group = sample_example(model, tokenizer, example, prompt, 1, max_new_tokens, temperature=0.0)
             kls.append(_k3_kl(model, group))
         else:
             with model.disable_adapter():
-                group = sample_group(model, tokenizer, prompt, 1, max_new_tokens, temperature=0.0)
+                group = sample_example(model, tokenizer, example, prompt, 1, max_new_tokens, temperature=0.0)
             kls.append(0.0)
         rewards.append(reward_fn(group.texts[0], example))
     return EvalResult(sum(rewards) / len(rewards), sum(kls) / len(kls), len(examples))

@@ -10,11 +10,24 @@ from dataclasses import dataclass
 
 import torch
 
+from context.boundary import cursor_context, cut_at_boundary
 from context.loading import model_loading
 
 from .logprobs import token_logprobs
 
-__all__ = ["LORA_TARGETS", "SampledGroup", "attach_lora", "completion_mask", "prompt_ids", "sample_group"]
+__all__ = [
+    "LORA_TARGETS",
+    "RAW_PROMPT_TOKENS",
+    "SampledGroup",
+    "attach_lora",
+    "completion_mask",
+    "example_prompt_ids",
+    "prompt_ids",
+    "sample_example",
+    "sample_group",
+]
+
+RAW_PROMPT_TOKENS = 1024  # a completion prompt keeps its nearest tokens, as completion.prefix_tokens
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -50,6 +63,48 @@ def prompt_ids(tokenizer, messages: list[dict[str, str]]) -> torch.Tensor:
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return torch.tensor([list(ids)], dtype=torch.long)
+
+
+def example_prompt_ids(tokenizer, example, budget_tokens: int = RAW_PROMPT_TOKENS) -> torch.Tensor:
+    """The prompt of a training example [1, P]: its raw text for a completion episode (nearest
+    `budget_tokens` kept, no chat template: what the inline completion path feeds the model), the
+    chat prompt otherwise."""
+    if example.prompt_text is None:
+        from .dataset import prompt_messages
+
+        return prompt_ids(tokenizer, prompt_messages(example))
+    ids = tokenizer(example.prompt_text[-budget_tokens * 8:], add_special_tokens=False)["input_ids"]
+    return torch.tensor([list(ids)[-budget_tokens:]], dtype=torch.long)
+
+
+def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: int,
+                   max_new_tokens: int, temperature: float) -> SampledGroup:
+    """`sample_group` for a training example; a completion's samples are cut where the inline
+    completion path cuts them (its texts are what a user would have seen) and their tokens past
+    the cut are masked out of the loss."""
+    group = sample_group(model, tokenizer, prompt, group_size, max_new_tokens, temperature)
+    if example.prompt_text is None:
+        return group
+    ctx = cursor_context(example.prompt_text, len(example.prompt_text), 0)
+    texts = []
+    for row, text in enumerate(group.texts):
+        truncated = bool(group.mask[row].all())  # no end-of-sequence token: ran out of tokens
+        shown = cut_at_boundary(text, ctx, example.max_lines, truncated=truncated)
+        texts.append(shown)
+        keep = _tokens_covering(tokenizer, group.completions[row], int(group.mask[row].sum()),
+                                text, shown)
+        group.mask[row, keep:] = 0
+    return SampledGroup(group.prompt, group.completions, group.mask, texts)
+
+
+def _tokens_covering(tokenizer, row: torch.Tensor, length: int, text: str, shown: str) -> int:
+    """How many leading tokens of `row` produce the text up to the end of `shown` (at least 1)."""
+    end = text.find(shown) + len(shown) if shown else 0
+    ids = row[:length].tolist()
+    for count in range(1, length + 1):
+        if len(tokenizer.decode(ids[:count], skip_special_tokens=True)) >= end:
+            return max(count, 1)
+    return max(length, 1)
 
 
 def completion_mask(completions: torch.Tensor, eos_ids: set[int]) -> torch.Tensor:

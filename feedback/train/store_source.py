@@ -1,7 +1,9 @@
 """The feedback store as the trainer's EpisodeSource: recorded episodes become training examples.
 
-A completion episode becomes "continue this code" with the text before the cursor; an agent
-episode keeps its instruction. The outcome at the last checkpoint supplies the reference texts a
+A completion episode is trained as the server completes: the raw text before the cursor, continued
+without a chat template, its samples cut where inline completions are cut (the trailing
+indentation of the cursor's line moves into the answers, as the completion path regenerates it);
+an agent episode keeps its instruction. The outcome at the last checkpoint supplies the reference texts a
 reward compares fresh samples with: the region's final text when the user kept or modified it,
 the model's output when the user reverted it. Episodes never accepted, or not yet judged, teach
 nothing and are left out (`example_from_episode` skips an episode without reference texts).
@@ -31,17 +33,27 @@ def episode_as_example_fields(record: Any) -> dict[str, Any] | None:
     else:
         instruction = episode.get("instruction") or ""
     status = last["status"]
+    prompt_text, lead, max_lines = None, "", 8
+    if episode["kind"] == "completion":
+        prefix = episode.get("prompt_text") or ""
+        prompt_text = prefix.rstrip(" \t")
+        lead = prefix[len(prompt_text):]
+        max_lines = int(extra.get("max_lines") or 8)
+    kept = last.get("kept_text") if status in _KEPT else None
+    output = episode.get("output")
     return {
         "id": episode["id"],
         "created_at": episode["ts"],
         "instruction": instruction,
         "original": extra.get("original", ""),
-        "output": episode.get("output"),
+        "output": output,
         "outcome": "reverted" if status == "reverted" else "kept" if status in _KEPT else status,
-        "kept_text": last.get("kept_text") if status in _KEPT else None,
-        "reverted_text": episode.get("output") if status == "reverted" else None,
+        "kept_text": lead + kept if kept is not None else None,
+        "reverted_text": lead + output if status == "reverted" and output else None,
         "candidates": tuple(c.get("diff", "") for c in episode.get("candidates") or ()),
         "language": episode.get("language") or "python",
+        "prompt_text": prompt_text,
+        "max_lines": max_lines,
     }
 
 

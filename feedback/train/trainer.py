@@ -26,9 +26,9 @@ import torch
 
 from context.config import TrainConfig
 
-from .dataset import TrainingExample, prompt_messages
+from .dataset import TrainingExample
 from .grpo import GrpoLossConfig, group_advantages, grpo_loss
-from .policy import SampledGroup, group_logprobs, prompt_ids, reference_logprobs, sample_group
+from .policy import SampledGroup, example_prompt_ids, group_logprobs, reference_logprobs, sample_example
 
 __all__ = ["GrpoTrainer", "RewardFn", "StepRecord"]
 
@@ -144,10 +144,10 @@ class GrpoTrainer:
         torch.manual_seed(self.config.seed * 1_000_003 + self.step_count * 4099 + slot)
         prompt = self._prompt_cache.get(example.id)
         if prompt is None:
-            prompt = self._prompt_cache[example.id] = prompt_ids(self.tokenizer, prompt_messages(example))
+            prompt = self._prompt_cache[example.id] = example_prompt_ids(self.tokenizer, example)
         self.model.eval()
-        group = sample_group(self.model, self.tokenizer, prompt, self.config.group_size,
-                             self.config.max_new_tokens, self.config.temperature)
+        group = sample_example(self.model, self.tokenizer, example, prompt, self.config.group_size,
+                               self.config.max_new_tokens, self.config.temperature)
         rewards = torch.tensor([self.reward_fn(text, example) for text in group.texts])
         return _ScoredGroup(group, rewards)
 

@@ -84,6 +84,7 @@ def _record_completion(
         extra={
             "prompt_builder": "completion.prefix",
             "prefix_tokens": budget,
+            "max_lines": ls.config.completion.max_lines,
             "prompt_tokens": completion.prompt_tokens,
             "new_tokens": completion.new_tokens,
         },

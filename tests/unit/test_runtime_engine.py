@@ -30,7 +30,7 @@ def _code(path: str, start: str, chars: int) -> str:
 # Real code from this repository, cut mid-body so the model keeps writing code.
 STORE_PROMPT = _code("context/index/store.py", "", 2000)
 CONFIG_PROMPT = _code("context/config.py", "@dataclass(frozen=True)\nclass ModelConfig", 1500)
-ORIGINAL = _code("agent/completion.py", "def cursor_context(", 900)
+ORIGINAL = _code("context/boundary.py", "def cursor_context(", 900)
 # An agent-style edit: the model rewrites a function it was shown, so most lines are copies.
 EDIT_PROMPT = (
     "# Original code:\n" + ORIGINAL + "\n\n# The same function, with `offset` renamed to `cursor`:\n"

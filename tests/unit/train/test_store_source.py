@@ -48,8 +48,11 @@ def test_kept_and_reverted_completions_become_examples(tmp_path):
     db, kept, reverted, shown_only = _record(tmp_path)
     examples = {ex.id: ex for ex in examples_from_source(FeedbackStoreSource(db))}
     assert set(examples) == {kept, reverted}  # shown and never accepted: nothing to learn from
-    assert examples[kept].kept_text == "return a + b" and not examples[kept].reverted
-    assert examples[reverted].reverted and examples[reverted].reverted_text == "pass"
+    # Trained as the server completes: the raw text before the cursor, whose trailing indentation
+    # moves into the answers (the completion path regenerates it).
+    assert examples[kept].prompt_text == "def add(a, b):\n"
+    assert examples[kept].kept_text == "    return a + b" and not examples[kept].reverted
+    assert examples[reverted].reverted and examples[reverted].reverted_text == "    pass"
     assert examples[reverted].kept_text is None
     assert examples[kept].instruction.startswith(COMPLETION_INSTRUCTION)
     assert "def add(a, b):" in examples[kept].instruction
@@ -61,3 +64,30 @@ def test_a_missing_store_gives_no_episodes_and_training_falls_back_to_the_task_s
     train, held_out, regression = load_training_data(TrainConfig(), source)
     assert train and held_out and regression
     assert not (tmp_path / "none.db").exists()
+
+
+def test_a_completion_example_is_prompted_raw_and_its_samples_are_cut_as_shown(runtime):
+    import torch
+
+    from feedback.rewards import score_output
+    from feedback.train.dataset import TrainingExample, reward_context
+    from feedback.train.policy import example_prompt_ids, sample_example
+
+    prompt = "def add(a, b):\n"
+    example = TrainingExample(id="c", created_at=1.0, instruction="", original="", prompt_text=prompt,
+                              kept_text="    return a + b", max_lines=2)
+    ids = example_prompt_ids(runtime.tokenizer, example)
+    assert runtime.tokenizer.decode(ids[0].tolist()) == prompt  # no chat template around it
+    torch.manual_seed(0)
+    group = sample_example(runtime.model, runtime.tokenizer, example, ids, 3, 40, 1.0)
+    for row, text in enumerate(group.texts):
+        assert sum(1 for line in text.splitlines() if line.strip()) <= 2  # cut as an editor shows it
+        kept_tokens = int(group.mask[row].sum())
+        covered = runtime.tokenizer.decode(group.completions[row, :kept_tokens].tolist(),
+                                           skip_special_tokens=True)
+        assert covered.startswith(text) and 1 <= kept_tokens <= 40
+    # Bare code, indented as in the file: dedented before it is parsed and compared.
+    same = score_output("    return a + b", reward_context(example))
+    assert same.parts["parses"] == 1.0 and same.parts["format"] == 1.0 and same.parts["kept"] == 1.0
+    fenced = score_output("```python\nreturn a - b\n```", reward_context(example))
+    assert fenced.parts["format"] == 0.0 and fenced.total < same.total

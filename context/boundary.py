@@ -1,0 +1,113 @@
+"""Where an inline completion ends: the rules an editor user expects, shared by the completion
+path (`agent.completion`) and the trainer, which judges its samples by the text a user would see.
+
+- mid-line: the rest of the current line only;
+- after a line that does not open a block: the rest of that line only;
+- otherwise a block, up to a dedent, a second blank line, a repeat of the code after the cursor or
+  the line limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CursorContext", "cursor_context", "cut_at_boundary", "is_mid_line"]
+
+# A line ending in one of these opens a block: the completion may continue on the following lines.
+_BLOCK_OPENERS = (":", "{", "=>", " do", " then", "->")
+
+
+@dataclass(frozen=True)
+class CursorContext:
+    """The text around the cursor that the prompt and the boundary rules look at."""
+
+    prefix: str  # everything before the cursor
+    line_prefix: str  # the cursor's line, up to the cursor
+    line_suffix: str  # the cursor's line, after the cursor
+    following_lines: tuple[str, ...]  # the next lines after the cursor's line
+
+
+def cursor_context(text: str, offset: int, suffix_lines: int) -> CursorContext:
+    offset = max(0, min(offset, len(text)))
+    line_start = text.rfind("\n", 0, offset) + 1
+    line_end = text.find("\n", offset)
+    line_end = len(text) if line_end < 0 else line_end
+    following: list[str] = []
+    cursor = line_end + 1
+    while len(following) < suffix_lines and cursor < len(text):
+        nxt = text.find("\n", cursor)
+        nxt = len(text) if nxt < 0 else nxt
+        following.append(text[cursor:nxt].rstrip("\r"))
+        cursor = nxt + 1
+    return CursorContext(
+        prefix=text[:offset],
+        line_prefix=text[line_start:offset],
+        line_suffix=text[offset:line_end].rstrip("\r"),
+        following_lines=tuple(following),
+    )
+
+
+def is_mid_line(ctx: CursorContext) -> bool:
+    return bool(ctx.line_suffix.strip())
+
+
+def _opens_block(line: str) -> bool:
+    stripped = line.rstrip()
+    return not stripped or stripped.endswith(_BLOCK_OPENERS)
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def cut_at_boundary(raw: str, ctx: CursorContext, max_lines: int, truncated: bool = False) -> str:
+    """Cut a raw model continuation where an editor user expects a suggestion to end.
+
+    - mid-line: the rest of the current line only;
+    - after a line that does not open a block: the rest of that line only;
+    - otherwise a block: lines until one is indented less than the block, a second blank line,
+      a line that repeats the code after the cursor, or `max_lines`; when generation ran out of
+      tokens (`truncated`), the unfinished last line is dropped.
+    """
+    raw = raw.replace("\r\n", "\n")
+    if is_mid_line(ctx) or not _opens_block(ctx.line_prefix):
+        return raw.split("\n", 1)[0].rstrip()
+
+    lines = raw.split("\n")
+    if truncated and len(lines) > 1:
+        lines.pop()
+    if not ctx.line_prefix.strip():
+        # The cursor sits on an empty line: blank lines before the code are noise.
+        while len(lines) > 1 and not lines[0].strip():
+            lines.pop(0)
+    prefix_lines = ctx.prefix.split("\n")
+    previous = next((ln for ln in reversed(prefix_lines[:-1]) if ln.strip()), None)
+    # Small models often restate the line they were given; drop that echo.
+    if previous is not None:
+        first_code = next((i for i, ln in enumerate(lines) if ln.strip()), None)
+        if first_code is not None and (ctx.line_prefix + lines[first_code]).strip() == previous.strip():
+            del lines[: first_code + 1]
+
+    upcoming = next((ln.strip() for ln in ctx.following_lines if ln.strip()), None)
+    kept: list[str] = []
+    base_indent: int | None = None
+    blank_run = 0
+    for index, line in enumerate(lines):
+        full = ctx.line_prefix + line if index == 0 else line
+        if not line.strip():
+            blank_run += 1
+            if blank_run >= 2 or (kept and index == len(lines) - 1):
+                break
+            kept.append(line)
+            continue
+        blank_run = 0
+        if upcoming is not None and line.strip() == upcoming:
+            break
+        if base_indent is None:
+            base_indent = _indent(full)
+        elif _indent(full) < base_indent:
+            break
+        kept.append(line)
+        if sum(1 for ln in kept if ln.strip()) >= max_lines:
+            break
+    return "\n".join(kept).rstrip()
