@@ -8,6 +8,9 @@ A reward is a weighted sum of parts, each in [0, 1]:
 - outcome: `kept` (similarity to the code the user finally kept at the last checkpoint);
 
 minus `reverted` (similarity to what the user reverted, weighted by its own penalty weight).
+An inline completion (`RewardContext.bare`) is a fragment indented as the code around it: it is
+dedented before the checks, a fence counts against its format, and it is not linted (its names are
+defined around it).
 Doing nothing earns nothing: an empty output, or one that returns the original text unchanged,
 scores exactly 0 and runs no check.
 
@@ -273,7 +276,8 @@ def score_output(
     else:
         parts = {"format": 1.0 if fenced else 0.5}
     parts["parses"] = 1.0 if parses(code, context.language) else 0.0
-    if context.language == "python":
+    if context.language == "python" and not context.bare:
+        # (A completion is a fragment: its names are defined around it, so lint would only count those.)
         errors = lint_errors(code) if parts["parses"] else None
         # Lint only means something for code that parses; a file ruff cannot read scores 0.
         parts["lint"] = 0.0 if errors is None else max(0.0, 1.0 - errors / 4)

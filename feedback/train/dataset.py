@@ -66,6 +66,7 @@ class TrainingExample:
     # None: a chat prompt (`prompt_messages`), as agent episodes and the task set use.
     prompt_text: str | None = None
     max_lines: int = 8
+    prompt_tokens: int = 1024  # the completion's prompt budget (completion.prefix_tokens) then
 
 
 class EpisodeSource(Protocol):
@@ -104,6 +105,7 @@ def example_from_episode(episode: Any) -> TrainingExample | None:
         reverted_text=reverted_text, verification=verification,
         test_asserts=tuple(verification.get("test_asserts", ())), language=get("language") or "python",
         prompt_text=get("prompt_text"), max_lines=int(get("max_lines", 8) or 8),
+        prompt_tokens=int(get("prompt_tokens", 1024) or 1024),
     )
 
 

@@ -17,7 +17,6 @@ from .logprobs import token_logprobs
 
 __all__ = [
     "LORA_TARGETS",
-    "RAW_PROMPT_TOKENS",
     "SampledGroup",
     "attach_lora",
     "completion_mask",
@@ -27,7 +26,6 @@ __all__ = [
     "sample_group",
 ]
 
-RAW_PROMPT_TOKENS = 1024  # a completion prompt keeps its nearest tokens, as completion.prefix_tokens
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -65,14 +63,15 @@ def prompt_ids(tokenizer, messages: list[dict[str, str]]) -> torch.Tensor:
     return torch.tensor([list(ids)], dtype=torch.long)
 
 
-def example_prompt_ids(tokenizer, example, budget_tokens: int = RAW_PROMPT_TOKENS) -> torch.Tensor:
-    """The prompt of a training example [1, P]: its raw text for a completion episode (nearest
-    `budget_tokens` kept, no chat template: what the inline completion path feeds the model), the
+def example_prompt_ids(tokenizer, example) -> torch.Tensor:
+    """The prompt of a training example [1, P]: its raw text for a completion episode (its nearest
+    `prompt_tokens` kept, no chat template: what the inline completion path feeds the model), the
     chat prompt otherwise."""
     if example.prompt_text is None:
         from .dataset import prompt_messages
 
         return prompt_ids(tokenizer, prompt_messages(example))
+    budget_tokens = example.prompt_tokens
     ids = tokenizer(example.prompt_text[-budget_tokens * 8:], add_special_tokens=False)["input_ids"]
     return torch.tensor([list(ids)[-budget_tokens:]], dtype=torch.long)
 

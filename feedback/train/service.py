@@ -123,6 +123,11 @@ def run_round(
     write_status(paths.status, "evaluating", step=trainer.step_count, steps=target,
                  adapter=registry.current_id())
     decision, metrics = _gate(model, runtime.tokenizer, cfg, held_out, regression, promoted, decide_promotion)
+    # Too few recorded episodes: the task set trained, and its regression part was the held-out set.
+    metrics["data"] = {"source": "task set" if held_out is regression else "episodes", "train": len(train),
+                       "held_out": len(held_out), "regression": len(regression)}
+    metrics["steps"] = [{"step": r.step, "reward": round(r.mean_reward, 4), "kl": round(r.kl, 5),
+                         "seconds": round(r.seconds, 2)} for r in trainer.history]
     result = _finish(registry, model, paths, decision, metrics, trainer.step_count)
     write_status(paths.status, result.state, step=result.steps, steps=target, adapter=registry.current_id(),
                  message=result.message, metrics=metrics)

@@ -33,12 +33,13 @@ def episode_as_example_fields(record: Any) -> dict[str, Any] | None:
     else:
         instruction = episode.get("instruction") or ""
     status = last["status"]
-    prompt_text, lead, max_lines = None, "", 8
+    prompt_text, lead, max_lines, budget = None, "", 8, 1024
     if episode["kind"] == "completion":
         prefix = episode.get("prompt_text") or ""
         prompt_text = prefix.rstrip(" \t")
         lead = prefix[len(prompt_text):]
         max_lines = int(extra.get("max_lines") or 8)
+        budget = int(extra.get("prefix_tokens") or 1024)
     kept = last.get("kept_text") if status in _KEPT else None
     output = episode.get("output")
     return {
@@ -54,6 +55,7 @@ def episode_as_example_fields(record: Any) -> dict[str, Any] | None:
         "language": episode.get("language") or "python",
         "prompt_text": prompt_text,
         "max_lines": max_lines,
+        "prompt_tokens": budget,
     }
 
 

@@ -1,4 +1,4 @@
-"""The README's first command: `squidcode demo` end to end (a real server, the embedded model).
+"""The quick tour, `squidcode demo`, end to end (a real server, the embedded model).
 
 It shows two inline completions and one agent edit; the agent's example is a copy-paste slip that
 the embedded model fixes, with the fix verified by the example's own test, and the files stay as

@@ -1,0 +1,455 @@
+"""squidcode's learning loop end to end, with a simulated user: does the assistant get better?
+
+    python bench/learning_loop.py            # the short version (`./dev demo` runs it): ~5 minutes
+    python bench/learning_loop.py --full     # the measurement: 3 rounds, ~45 minutes on 2 cores
+
+Everything runs as the product runs it. `squidcode serve` is started as a subprocess on a copy of
+a few standard-library modules (`bench/simulated_user.py`), and a pygls client drives it over LSP.
+The simulated user asks for inline completions at held-out spots, accepts them, and keeps,
+modifies or reverts each one through `didChange`, by a hidden preference. The server's feedback
+recorder judges the edits at its checkpoints and stores them in SQLite. `squidcode train --once`
+then runs one round: episodes from that store, rewards, GRPO on a LoRA adapter of the embedded
+model, the promotion gate. This is the same round the background scheduler runs; it is started
+between sessions here so that each round's effect can be measured. The running server picks up a
+promoted adapter by itself (its pointer watcher), and the next sessions use it.
+
+Measured: the held-out keep rate before training and after each promoted adapter. Held-out spots
+come from modules the user never works on in training sessions, and recording is off while they
+are measured. Also measured: the training sessions' checkpoint outcomes as the recorder stored
+them, the gate's rewards (held-out episodes, and the fixed regression set), the KL from the base
+model, and the time and peak memory of each training round. Results go to
+bench/results/learning-loop-DATE.json (and a PNG with --full).
+
+The short version also does the rest of squidcode's main job: it asks the agent for a verified
+edit on a small project, applies it, and records it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from lsprotocol import types  # noqa: E402
+
+from bench.simulated_user import (  # noqa: E402
+    HELD_OUT_MODULES,
+    TRAINING_MODULES,
+    Spot,
+    copy_modules,
+    decide,
+    find_spots,
+)
+from lsp_server.demo import AGENT_INSTRUCTION, AGENT_WORKSPACE, _demo_client, server_command  # noqa: E402
+
+CHECKPOINTS_S = (1.0, 3.0)
+
+
+@dataclass(frozen=True)
+class Plan:
+    rounds: int
+    train_spots: int
+    eval_spots: int
+    steps: int
+    agent: bool
+    learning_rate: float = 1e-4  # train.learning_rate (the product's default)
+
+
+SHORT = Plan(rounds=1, train_spots=12, eval_spots=12, steps=4, agent=True)
+FULL = Plan(rounds=3, train_spots=48, eval_spots=40, steps=30, agent=False)
+
+
+def _say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def workspace_config(data: Path, plan: Plan, device: str = "cpu") -> str:
+    """The workspace's `.squidcode.toml`: the product's settings with short checkpoints, and every
+    file the loop writes kept under `data`; `device` "cuda" runs model and trainer on the GPU in
+    bfloat16 (bench/gpu_e2e.sh)."""
+    gpu = '[model]\ndevice = "cuda"\ndtype = "bfloat16"\n\n' if device == "cuda" else ""
+    return f"""# written by bench/learning_loop.py
+{gpu}[completion]
+debounce_ms = 0
+prefix_tokens = 256
+
+# A completion episode does not record the reference documents Squid composed in front of it, so
+# training could not show them to the model; the loop completes from the prompt alone.
+[squid]
+enabled = false
+
+[feedback]
+db_path = "{data / 'feedback.db'}"
+checkpoints_s = [{', '.join(str(c) for c in CHECKPOINTS_S)}]
+
+[train]
+dir = "{data / 'train'}"
+device = "{device}"
+steps = {plan.steps}
+threads = {os.cpu_count() or 1}
+max_new_tokens = 32
+learning_rate = {plan.learning_rate}
+"""
+
+
+def pick(spots: list[Spot], count: int) -> list[Spot]:
+    """`count` spots spread evenly over the list (deterministic)."""
+    if len(spots) <= count:
+        return list(spots)
+    stride = len(spots) / count
+    return [spots[int(i * stride)] for i in range(count)]
+
+
+def waves(spots: list[Spot]) -> list[list[Spot]]:
+    """Spots grouped so that each wave holds at most one spot per file (one open buffer each)."""
+    by_file: dict[str, list[Spot]] = {}
+    for spot in spots:
+        by_file.setdefault(spot.path, []).append(spot)
+    out = []
+    while any(by_file.values()):
+        out.append([queue.pop(0) for queue in by_file.values() if queue])
+    return out
+
+
+def _end_of(start: tuple[int, int], text: str) -> tuple[int, int]:
+    lines = text.split("\n")
+    if len(lines) == 1:
+        return start[0], start[1] + len(text)
+    return start[0] + len(lines) - 1, len(lines[-1])
+
+
+def _range(start: tuple[int, int], end: tuple[int, int]) -> types.Range:
+    return types.Range(start=types.Position(*start), end=types.Position(*end))
+
+
+class Editor:
+    """The simulated user's editor: buffers with versions, over a pygls client."""
+
+    def __init__(self, client, workspace: Path):
+        self.client, self.workspace = client, workspace
+        self.versions: dict[str, int] = {}
+
+    def open(self, path: str, text: str) -> str:
+        uri = (self.workspace / path).as_uri()
+        self.versions[uri] = 1
+        self.client.text_document_did_open(types.DidOpenTextDocumentParams(
+            text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+        return uri
+
+    def change(self, uri: str, start, end, text: str) -> None:
+        self.versions[uri] += 1
+        self.client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=self.versions[uri]),
+            content_changes=[types.TextDocumentContentChangePartial(range=_range(start, end), text=text)]))
+
+    def close(self, uri: str) -> None:
+        self.client.text_document_did_close(types.DidCloseTextDocumentParams(
+            text_document=types.TextDocumentIdentifier(uri=uri)))
+
+    async def command(self, name: str, argument: dict | None = None):
+        return await self.client.workspace_execute_command_async(types.ExecuteCommandParams(
+            command=name, arguments=None if argument is None else [argument]))
+
+    async def complete(self, uri: str, cursor: tuple[int, int]):
+        result = await self.client.text_document_inline_completion_async(types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(*cursor),
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked)))
+        items = result.items if isinstance(result, types.InlineCompletionList) else (result or [])
+        return items[0] if items else None
+
+
+async def run_spots(editor: Editor, spots: list[Spot], *, record: bool) -> list[dict]:
+    """One session over `spots`: complete, accept, judge; returns what the user did at each spot."""
+    await editor.command("squidcode.feedback.setRecord", {"on": record})
+    log = []
+    for wave in waves(spots):
+        opened = []
+        for spot in wave:
+            uri = editor.open(spot.path, spot.text)
+            opened.append(uri)
+            asked = time.perf_counter()
+            item = await editor.complete(uri, spot.cursor)
+            latency = round(time.perf_counter() - asked, 3)
+            text = item.insert_text if item is not None else None
+            text = text if isinstance(text, str) else getattr(text, "value", None)
+            if not text:
+                log.append({"spot": f"{spot.path}:{spot.name}", "action": "none", "text": "",
+                            "latency_s": latency})
+                continue
+            start = spot.cursor
+            end = _end_of(start, text)
+            editor.change(uri, start, start, text)  # the accepted ghost text, typed in
+            if item.command is not None:
+                await editor.command(item.command.command, *(item.command.arguments or [None]))
+            decision = decide(spot, text)
+            await asyncio.sleep(0.1)  # reading it
+            if decision.action == "revert":
+                editor.change(uri, start, end, "")
+            elif decision.action == "modify":
+                editor.change(uri, start, end, decision.typed + text)
+            log.append({"spot": f"{spot.path}:{spot.name}", "action": decision.action, "text": text,
+                        "latency_s": latency})
+        if record:
+            await asyncio.sleep(CHECKPOINTS_S[-1] + 1.5)  # the recorder judges at its checkpoints
+        for uri in opened:
+            editor.close(uri)
+    return log
+
+
+def keep_rate(log: list[dict]) -> float:
+    return sum(1 for entry in log if entry["action"] == "keep") / max(1, len(log))
+
+
+def recorded_outcomes(db: Path, since: float) -> dict:
+    """The recorder's own verdicts on completion episodes since `since`, at each checkpoint."""
+    from feedback.store import FeedbackStore
+
+    per_checkpoint: dict[str, dict[str, int]] = {}
+    if not db.exists():
+        return per_checkpoint
+    store = FeedbackStore(db)
+    try:
+        for record in store.episodes_with_outcomes(since, None):
+            if record.episode["kind"] != "completion" or not record.accepted:
+                continue
+            for outcome in record.outcomes:
+                bucket = per_checkpoint.setdefault(f"{outcome['checkpoint_s']:g}s", {})
+                bucket[outcome["status"]] = bucket.get(outcome["status"], 0) + 1
+    finally:
+        store.close()
+    return per_checkpoint
+
+
+def train_round(workspace: Path, steps: int) -> dict:
+    """`squidcode train --once`: its result, wall time and peak memory (the child's max RSS)."""
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "lsp_server", "--log-level", "warning", "train", "--once",
+                             "--steps", str(steps), "--json"], cwd=workspace,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    out, err = proc.stdout.read(), proc.stderr.read()
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"squidcode train failed ({proc.returncode}):\n{err[-3000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result.update(seconds=round(seconds, 1), peak_rss_mb=round(usage.ru_maxrss / 1024, 1))
+    return result
+
+
+def gate_metrics(data: Path) -> dict:
+    status = json.loads((data / "train" / "status.json").read_text())
+    return status.get("metrics") or {}
+
+
+async def wait_for_adapter(editor: Editor, adapter: str, timeout: float = 120.0) -> float:
+    """Seconds until the running server generates with `adapter` (its pointer watcher swaps it in)."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout:
+        status = await editor.command("squidcode.train.status", {})
+        if (status or {}).get("loadedAdapter") == adapter:
+            return time.perf_counter() - started
+        await asyncio.sleep(0.5)
+    raise SystemExit(f"the server did not load adapter {adapter} within {timeout:.0f} s")
+
+
+async def agent_edit(data: Path) -> dict:
+    """The agent on a small project (a copy of lsp_server/demo_agent): a verified edit, applied
+    by the client and reported with `squidcode.agent.applied`, then kept by the user."""
+    import shutil
+
+    project = data / "agent-project"
+    shutil.copytree(AGENT_WORKSPACE, project)
+    client = _demo_client([])
+    await client.start_io(*server_command())
+    try:
+        await client.initialize_async(types.InitializeParams(
+            process_id=None, root_uri=project.as_uri(), capabilities=types.ClientCapabilities(),
+            workspace_folders=[types.WorkspaceFolder(uri=project.as_uri(), name="agent")],
+            initialization_options={"feedback": {"db_path": str(data / "feedback.db"),
+                                                 "checkpoints_s": list(CHECKPOINTS_S)}}))
+        client.initialized(types.InitializedParams())
+        editor = Editor(client, project)
+        uri = editor.open("names.py", (project / "names.py").read_text())
+        started = time.perf_counter()
+        result = await editor.command("squidcode.agent.run",
+                                      {"instruction": AGENT_INSTRUCTION, "uri": uri, "k": 2})
+        seconds = time.perf_counter() - started
+        edit = (result or {}).get("edit") or {}
+        edits = (edit.get("changes") or {}).get(uri) or []
+        verified = any(c.get("verified") for c in (result or {}).get("candidates") or [])
+        for text_edit in edits:
+            rng = text_edit["range"]
+            editor.change(uri, (rng["start"]["line"], rng["start"]["character"]),
+                          (rng["end"]["line"], rng["end"]["character"]), text_edit["newText"])
+        if edits:
+            await editor.command("squidcode.agent.applied", {"episodeId": result["episodeId"]})
+            await asyncio.sleep(CHECKPOINTS_S[-1] + 1.5)
+        await client.shutdown_async(None)
+        client.exit(None)
+    finally:
+        await client.stop()
+    return {"seconds": round(seconds, 1), "verified": verified, "applied": bool(edits),
+            "diff": (result or {}).get("diff") or ""}
+
+
+async def run(plan: Plan, data: Path, device: str = "cpu") -> dict:
+    workspace = data / "workspace"
+    copy_modules(workspace, TRAINING_MODULES + HELD_OUT_MODULES)
+    (workspace / ".squidcode.toml").write_text(workspace_config(data, plan, device))
+    modules = TRAINING_MODULES + HELD_OUT_MODULES
+    spots = {name: find_spots((workspace / name).read_text(), name) for name in modules}
+    train_spots = pick([s for m in TRAINING_MODULES for s in spots.get(m, [])], plan.train_spots)
+    eval_spots = pick([s for m in HELD_OUT_MODULES for s in spots.get(m, [])], plan.eval_spots)
+    report: dict = {"plan": plan.__dict__, "train_spots": len(train_spots), "eval_spots": len(eval_spots),
+                    "rounds": []}
+    if plan.agent:
+        _say("agent: asking for a fix on a small project (the edit is verified by its test, then applied)")
+        report["agent"] = await agent_edit(data)
+        _say(f"agent: {'verified' if report['agent']['verified'] else 'unverified'} edit in "
+             f"{report['agent']['seconds']} s, applied and recorded\n{report['agent']['diff'].rstrip()}")
+    client = _demo_client([])
+    await client.start_io(*server_command())
+    try:
+        await client.initialize_async(types.InitializeParams(
+            process_id=None, root_uri=workspace.as_uri(), capabilities=types.ClientCapabilities(),
+            workspace_folders=[types.WorkspaceFolder(uri=workspace.as_uri(), name="stdlib-copy")]))
+        client.initialized(types.InitializedParams())
+        editor = Editor(client, workspace)
+        _say(f"held-out: {len(eval_spots)} completions in {len(HELD_OUT_MODULES)} files the user never "
+             "trains on (recording off)")
+        base = await run_spots(editor, eval_spots, record=False)
+        sample = next((e for e in base if e["text"]), None)
+        if sample:
+            _say(f"an inline completion at {sample['spot']} ({sample['action']}):\n{sample['text']}")
+        report["held_out"] = [{"adapter": None, "keep_rate": keep_rate(base), "log": base}]
+        _say(f"held-out keep rate, base model: {keep_rate(base):.0%}")
+        for number in range(1, plan.rounds + 1):
+            since = time.time()
+            _say(f"round {number}: the user works on {len(train_spots)} spots (recorded)")
+            session = await run_spots(editor, train_spots, record=True)
+            await asyncio.sleep(1.0)
+            outcomes = recorded_outcomes(data / "feedback.db", since)
+            _say(f"round {number}: user kept {keep_rate(session):.0%}; the recorder stored {outcomes}")
+            _say(f"round {number}: training ({plan.steps} GRPO steps, then the promotion gate)...")
+            result = train_round(workspace, plan.steps)
+            metrics = gate_metrics(data)
+            entry = {"round": number, "session_keep_rate": keep_rate(session), "recorded": outcomes,
+                     "train": result, "gate": metrics, "session": session}
+            _say(f"round {number}: {result['state']} in {result['seconds']} s (trainer peak RSS "
+                 f"{result['peak_rss_mb']} MiB): {result['message']}")
+            if result["state"] == "promoted":
+                entry["swap_s"] = round(await wait_for_adapter(editor, result["adapter"]), 1)
+                _say(f"round {number}: the running server switched to {result['adapter']} "
+                     f"in {entry['swap_s']} s, no restart")
+                held = await run_spots(editor, eval_spots, record=False)
+                report["held_out"].append({"adapter": result["adapter"], "keep_rate": keep_rate(held),
+                                           "log": held})
+                _say(f"held-out keep rate with {result['adapter']}: {keep_rate(held):.0%} "
+                     f"(base {keep_rate(base):.0%})")
+            report["rounds"].append(entry)
+        report["status"] = await editor.command("squidcode.status", {})
+        await client.shutdown_async(None)
+        client.exit(None)
+    finally:
+        await client.stop()
+    return report
+
+
+def summary(report: dict) -> str:
+    rows = ["| round | adapter | held-out keep | session keep | regression reward (base) | KL | "
+            "train s | peak RSS MiB |", "|---|---|---|---|---|---|---|---|"]
+    base = report["held_out"][0]["keep_rate"]
+    rows.append(f"| 0 | base | {base:.0%} | | | | | |")
+    held = {h["adapter"]: h["keep_rate"] for h in report["held_out"][1:]}
+    for entry in report["rounds"]:
+        gate, train = entry["gate"], entry["train"]
+        reg, reg_base = gate.get("regression", {}), gate.get("regression_baseline", {})
+        adapter = train["adapter"] if train["state"] == "promoted" else f"{train['state']}"
+        keep = held.get(train["adapter"]) if train["state"] == "promoted" else None
+        rows.append(
+            f"| {entry['round']} | {adapter} | {'' if keep is None else f'{keep:.0%}'} | "
+            f"{entry['session_keep_rate']:.0%} | {reg.get('mean_reward', 0):.3f} "
+            f"({reg_base.get('mean_reward', 0):.3f}) | {reg.get('mean_kl', 0):.4f} | {train['seconds']} | "
+            f"{train['peak_rss_mb']} |")
+    return "\n".join(rows)
+
+
+def plot(report: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rounds = [0] + [e["round"] for e in report["rounds"] if e["train"]["state"] == "promoted"]
+    keeps = [h["keep_rate"] for h in report["held_out"]]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(rounds, keeps, "o-", label="held-out keep rate")
+    ax.plot([e["round"] for e in report["rounds"]], [e["session_keep_rate"] for e in report["rounds"]],
+            "s--", label="training-session keep rate")
+    reg = [e["gate"].get("regression", {}).get("mean_reward") for e in report["rounds"]]
+    ax.plot([e["round"] for e in report["rounds"]], reg, "^:", label="regression reward")
+    ax.set_xlabel("training round")
+    ax.set_ylim(0, 1)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("squidcode learning loop (simulated user, SmolLM2-135M)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--full", action="store_true", help="the long measurement (3 rounds)")
+    parser.add_argument("--rounds", type=int, help="override the number of rounds")
+    parser.add_argument("--steps", type=int, help="override GRPO steps per round")
+    parser.add_argument("--learning-rate", type=float, help="override train.learning_rate")
+    parser.add_argument("--train-spots", type=int, help="override the spots of each training session")
+    parser.add_argument("--eval-spots", type=int, help="override the held-out spots")
+    parser.add_argument("--no-agent", action="store_true", help="skip the agent edit")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: model and trainer on the GPU in bfloat16 (bench/gpu_e2e.sh)")
+    parser.add_argument("--out", type=Path, help="where the JSON report goes")
+    parser.add_argument("--keep-data", action="store_true", help="keep the workspace, store and adapters")
+    args = parser.parse_args(argv)
+    plan = FULL if args.full else SHORT
+    plan = Plan(args.rounds or plan.rounds, args.train_spots or plan.train_spots,
+                args.eval_spots or plan.eval_spots, args.steps or plan.steps,
+                plan.agent and not args.no_agent, args.learning_rate or plan.learning_rate)
+    data = Path(tempfile.mkdtemp(prefix="squidcode-loop-"))
+    started = time.perf_counter()
+    _say(f"squidcode learning loop ({'full' if args.full else 'short'}): {plan.rounds} round(s) of "
+         f"{plan.steps} steps; data in {data}")
+    report = asyncio.run(run(plan, data, args.device))
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    report["date"] = time.strftime("%Y-%m-%d %H:%M")
+    print("\n" + summary(report))
+    out = args.out or ROOT / "bench" / "results" / f"learning-loop-{'full' if args.full else 'short'}-" \
+        f"{time.strftime('%Y-%m-%d')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    if args.full and plot(report, out.with_suffix(".png")):
+        print(f"plot: {out.with_suffix('.png')}")
+    print(f"report: {out}; {report['seconds'] / 60:.1f} min in all")
+    if not args.keep_data:
+        import shutil
+
+        shutil.rmtree(data, ignore_errors=True)
+    promoted_or_rejected = all(e["train"]["state"] in ("promoted", "rejected") for e in report["rounds"])
+    return 0 if promoted_or_rejected and report["rounds"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

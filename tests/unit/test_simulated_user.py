@@ -1,0 +1,74 @@
+"""The learning loop's simulated user: where its spots are, and its hidden preference applied to
+what it was shown (keep, modify or revert), as `bench/learning_loop.py` uses them."""
+
+from __future__ import annotations
+
+import ast
+
+from bench.learning_loop import pick, waves
+from bench.simulated_user import copy_modules, decide, find_spots
+
+MODULE = '''"""A module."""
+
+
+def area(width, height):
+    """Return the area of a rectangle."""
+    if width < 0:
+        raise ValueError(width)
+    return width * height
+
+
+def one_liner(x):
+    """Too short to be a spot: the docstring is all it has."""
+
+
+class Box:
+    def volume(self):
+        """Return the volume."""
+        return self.w * self.h * self.d
+
+    def nested(self):
+        """Has an inner function, which is not a spot."""
+        def inner():
+            """Inner."""
+            return 1
+        return inner()
+'''
+
+
+def test_spots_are_functions_with_a_docstring_and_code_after_it():
+    spots = {s.name: s for s in find_spots(MODULE, "m.py")}
+    assert set(spots) == {"area", "volume", "nested"}
+    area = spots["area"]
+    assert area.summary == "Return the area of a rectangle."
+    assert area.before.endswith("def area(width, height):\n    ") and area.indent == "    "
+    assert area.after.startswith("\n\n\ndef one_liner")
+    assert "width * height" not in area.text  # the body is what the user is about to write
+    assert area.cursor == (4, 4)
+    assert spots["volume"].indent == " " * 8
+
+
+def test_the_hidden_preference():
+    area = {s.name: s for s in find_spots(MODULE, "m.py")}["area"]
+    assert decide(area, '"""Area."""\n    return width * height').action == "keep"
+    modified = decide(area, "return width * height")
+    assert modified.action == "modify" and modified.typed == '"""Return the area of a rectangle."""\n    '
+    assert ast.parse(area.before + modified.typed + "return width * height" + area.after)
+    assert decide(area, '"""Return the area of\n    ').action == "revert"  # an unfinished docstring
+    assert decide(area, "return (width *").action == "revert"
+
+
+def test_waves_open_one_spot_per_file_and_pick_spreads_evenly():
+    spots = find_spots(MODULE, "a.py") + find_spots(MODULE, "b.py")
+    grouped = waves(spots)
+    assert [len(w) for w in grouped] == [2, 2, 2]
+    assert all(len({s.path for s in wave}) == len(wave) for wave in grouped)
+    assert [s.name for s in pick(spots, 3)] == ["area", "nested", "volume"]
+    assert pick(spots, 10) == spots
+
+
+def test_the_workspace_is_a_copy_of_real_standard_library_modules(tmp_path):
+    copied = copy_modules(tmp_path, ("textwrap.py", "no_such_module.py"))
+    assert [p.name for p in copied] == ["textwrap.py"]
+    spots = find_spots(copied[0].read_text(), "textwrap.py")
+    assert len(spots) >= 5 and any(s.name == "dedent" for s in spots)
