@@ -50,9 +50,10 @@ from bench.simulated_user import (  # noqa: E402
     decide,
     find_spots,
 )
-from lsp_server.demo import AGENT_INSTRUCTION, AGENT_WORKSPACE, _demo_client, server_command  # noqa: E402
+from lsp_server.demo import AGENT_INSTRUCTION, AGENT_WORKSPACE, _demo_client, start_server  # noqa: E402
 
 CHECKPOINTS_S = (1.0, 3.0)
+REQUEST_TIMEOUT_S = 300.0  # a server that stops answering fails the run instead of hanging it
 
 
 @dataclass(frozen=True)
@@ -156,14 +157,16 @@ class Editor:
         self.client.text_document_did_close(types.DidCloseTextDocumentParams(
             text_document=types.TextDocumentIdentifier(uri=uri)))
 
-    async def command(self, name: str, argument: dict | None = None):
-        return await self.client.workspace_execute_command_async(types.ExecuteCommandParams(
-            command=name, arguments=None if argument is None else [argument]))
+    async def command(self, name: str, argument: dict | None = None, timeout: float = REQUEST_TIMEOUT_S):
+        return await asyncio.wait_for(self.client.workspace_execute_command_async(types.ExecuteCommandParams(
+            command=name, arguments=None if argument is None else [argument])), timeout)
 
     async def complete(self, uri: str, cursor: tuple[int, int]):
-        result = await self.client.text_document_inline_completion_async(types.InlineCompletionParams(
-            text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(*cursor),
-            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked)))
+        result = await asyncio.wait_for(self.client.text_document_inline_completion_async(
+            types.InlineCompletionParams(
+                text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(*cursor),
+                context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked))),
+            REQUEST_TIMEOUT_S)
         items = result.items if isinstance(result, types.InlineCompletionList) else (result or [])
         return items[0] if items else None
 
@@ -271,7 +274,7 @@ async def agent_edit(data: Path) -> dict:
     project = data / "agent-project"
     shutil.copytree(AGENT_WORKSPACE, project)
     client = _demo_client([])
-    await client.start_io(*server_command())
+    await start_server(client, data / "agent-server.log")
     try:
         await client.initialize_async(types.InitializeParams(
             process_id=None, root_uri=project.as_uri(), capabilities=types.ClientCapabilities(),
@@ -319,7 +322,7 @@ async def run(plan: Plan, data: Path, device: str = "cpu") -> dict:
         _say(f"agent: {'verified' if report['agent']['verified'] else 'unverified'} edit in "
              f"{report['agent']['seconds']} s, applied and recorded\n{report['agent']['diff'].rstrip()}")
     client = _demo_client([])
-    await client.start_io(*server_command())
+    await start_server(client, data / "server.log")
     try:
         await client.initialize_async(types.InitializeParams(
             process_id=None, root_uri=workspace.as_uri(), capabilities=types.ClientCapabilities(),

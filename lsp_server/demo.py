@@ -21,7 +21,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pygls.lsp.client import LanguageClient
 
-__all__ = ["run_demo", "server_command", "DEMO_WORKSPACE", "DEMO_FILE"]
+__all__ = ["run_demo", "server_command", "start_server", "DEMO_WORKSPACE", "DEMO_FILE"]
 
 DEMO_WORKSPACE = Path(__file__).parent / "demo_workspace"
 DEMO_FILE = DEMO_WORKSPACE / "inventory.py"
@@ -37,6 +37,28 @@ def server_command() -> list[str]:
     if script:
         return [script, "serve"]
     return [sys.executable, "-m", "lsp_server", "serve"]
+
+
+async def start_server(client: LanguageClient, log_path: Path | None = None) -> None:
+    """`squidcode serve` under `client`, its stderr drained (into `log_path`, or dropped).
+
+    pygls pipes the server's stderr and never reads it: a server that logs 64 KiB there would
+    block on its next log line, in the middle of a request.
+    """
+    await client.start_io(*server_command())
+    stream = client._server.stderr
+
+    async def drain() -> None:
+        sink = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115 - closed below
+        try:
+            while chunk := await stream.read(65536):
+                if sink is not None:
+                    sink.write(chunk)
+        finally:
+            if sink is not None:
+                sink.close()
+
+    client._stderr_drain = asyncio.ensure_future(drain())
 
 
 def _demo_client(progress: list[str]) -> LanguageClient:
@@ -83,7 +105,7 @@ async def _run() -> dict:
     progress: list[str] = []
     client = _demo_client(progress)
     started = time.perf_counter()
-    await client.start_io(*server_command())
+    await start_server(client)
     try:
         await client.initialize_async(
             types.InitializeParams(
@@ -136,7 +158,7 @@ async def _run() -> dict:
 async def _agent_session() -> dict:
     """A second session, on the agent example: one episode; the edit is returned, not applied."""
     client = _demo_client([])
-    await client.start_io(*server_command())
+    await start_server(client)
     try:
         await client.initialize_async(types.InitializeParams(
             process_id=None,
