@@ -731,8 +731,11 @@ _RUNTIMES_LOCK = threading.Lock()
 
 
 def get_runtime(config: ModelConfig, cache_dir: Path | None = None) -> ModelRuntime:
-    """The process-wide runtime for `config`, loaded on first use (one model per process)."""
-    key = (config.path, config.device, config.dtype, str(cache_dir or config.cache_dir))
+    """The process-wide runtime for `config`, loaded on first use (one model per process).
+
+    Keyed by the whole model configuration: a changed weight format, sparse-attention or decode
+    setting loads a runtime that has it (the server reloads when any model setting changes)."""
+    key = (config, str(cache_dir or config.cache_dir))
     with _RUNTIMES_LOCK:
         runtime = _RUNTIMES.get(key)
         if runtime is None:

@@ -91,3 +91,22 @@ def test_generation_from_a_prefilled_cache_equals_generation_from_the_whole_prom
     seeded = runtime.generate(query_ids, max_new_tokens=10, past=past)
     assert seeded.text == whole.text
     assert seeded.prompt_tokens == len(query_ids)
+
+
+def test_get_runtime_loads_again_when_any_model_setting_changes(monkeypatch, tmp_path):
+    from dataclasses import replace
+
+    from context import runtime as runtime_module
+    from context.config import ModelConfig
+
+    loads = []
+    monkeypatch.setattr(runtime_module.ModelRuntime, "load", lambda self: loads.append(self) or self)
+    monkeypatch.setattr(runtime_module, "_RUNTIMES", {})
+    base = ModelConfig(device="cpu")
+    first = runtime_module.get_runtime(base, tmp_path)
+    assert runtime_module.get_runtime(base, tmp_path) is first and len(loads) == 1
+    quantized = runtime_module.get_runtime(replace(base, quantize="int8"), tmp_path)
+    sparse = runtime_module.get_runtime(replace(base, quantize="int8", sparse_attention=True), tmp_path)
+    assert len({id(first), id(quantized), id(sparse)}) == 3 and len(loads) == 3
+    assert runtime_module._RUNTIMES == {(replace(base, quantize="int8", sparse_attention=True),
+                                         str(tmp_path)): sparse}  # one model per process
