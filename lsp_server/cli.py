@@ -96,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.log_level != "debug":
+        # pygls logs every message it sends at INFO, document text included: noise an editor shows
+        # as errors (it reads stderr), a cost on every keystroke, and code in the editor's logs.
+        logging.getLogger("pygls").setLevel(logging.WARNING)
     if args.command == "serve":
         return _serve(args)
     if args.command == "complete":

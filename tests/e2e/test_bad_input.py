@@ -696,3 +696,12 @@ def test_server_wrote_only_valid_frames(server):
         n for n in server.notifications if n["method"] == "window/showMessage" and n["params"]["type"] == 1
     ]
     assert errors == [], errors
+
+
+def test_the_server_log_holds_no_protocol_traffic_or_document_text(server):
+    # At the default log level the server's stderr (which editors show, often as errors) carries
+    # its own messages only: pygls's per-message INFO lines would copy every document into it.
+    assert_still_serving(server)
+    log = server.stderr_path.read_text(encoding="utf-8", errors="replace")
+    assert "Sending data" not in log and "Received" not in log
+    assert SMALL_TEXT.splitlines()[0] not in log
