@@ -9,8 +9,8 @@ A reward is a weighted sum of parts, each in [0, 1]:
 
 minus `reverted` (similarity to what the user reverted, weighted by its own penalty weight).
 An inline completion (`RewardContext.bare`) is a fragment indented as the code around it: it is
-dedented before the checks, a fence counts against its format, and it is not linted (its names are
-defined around it).
+dedented before the checks, a fence counts against its format, it is not linted (its names are
+defined around it), and one that does not parse earns nothing but the reverted penalty.
 Doing nothing earns nothing: an empty output, or one that returns the original text unchanged,
 scores exactly 0 and runs no check.
 
@@ -290,6 +290,10 @@ def score_output(
     # Parts that could not be checked do not count against the output: rescale to the checked ones.
     available = sum(getattr(weights, name) for name in parts)
     total = positive / available * weights.positive_total() if available else 0.0
+    if context.bare and not parts["parses"]:
+        # A completion that leaves broken code earns nothing, however close it comes to what was
+        # kept: it is the text a user deletes again.
+        total = 0.0
     if reverted_text:
         parts["reverted"] = similarity(code, reverted_text)
         total -= weights.reverted * parts["reverted"]

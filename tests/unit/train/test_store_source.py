@@ -91,3 +91,18 @@ def test_a_completion_example_is_prompted_raw_and_its_samples_are_cut_as_shown(r
     assert same.parts["parses"] == 1.0 and same.parts["format"] == 1.0 and same.parts["kept"] == 1.0
     fenced = score_output("```python\nreturn a - b\n```", reward_context(example))
     assert fenced.parts["format"] == 0.0 and fenced.total < same.total
+
+
+def test_a_completion_that_does_not_parse_earns_nothing_however_close_to_the_kept_code():
+    from feedback.rewards import score_output
+    from feedback.train.dataset import TrainingExample, reward_context
+
+    example = TrainingExample(id="c", created_at=1.0, instruction="", original="", prompt_text="def f(xs):\n",
+                              kept_text="    return [x * 2 for x in xs]")
+    assert score_output("    return [x * 2 for x in xs]", reward_context(example)).total == 1.0
+    unfinished = score_output("    return [x * 2 for x in xs if x and", reward_context(example))
+    assert unfinished.parts["kept"] > 0.8 and unfinished.total == 0.0
+    reverted = TrainingExample(id="r", created_at=1.0, instruction="", original="",
+                               prompt_text="def f(xs):\n", reverted=True,
+                               reverted_text="    return [x * 2 for x in xs if x and")
+    assert score_output("    return [x * 2 for x in xs if x and y", reward_context(reverted)).total < 0
