@@ -270,8 +270,16 @@ def test_a_locked_store_is_retried_until_it_frees(tmp_path, clock):
 def test_status_before_the_schema_exists_has_no_counts_and_no_error(tmp_path, clock):
     path = tmp_path / "f.db"
     sqlite3.connect(path).close()  # the file exists, its tables not yet (the writer is starting)
-    recorder = FeedbackRecorder(FeedbackConfig(), db_path=path, monotonic=clock,
-                                store_factory=QueryOnlyStore)
-    status = recorder.status()
+    starting = threading.Event()
+
+    def slow_writer(p):  # the writer thread creates the tables only after the status was read
+        starting.wait(10)
+        return QueryOnlyStore(p)
+
+    recorder = FeedbackRecorder(FeedbackConfig(), db_path=path, monotonic=clock, store_factory=slow_writer)
+    try:
+        status = recorder.status()
+    finally:
+        starting.set()
     assert status["record"] is True and status["episodes"] is None
     recorder._stopping.set()
