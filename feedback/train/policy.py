@@ -100,10 +100,15 @@ def _tokens_covering(tokenizer, row: torch.Tensor, length: int, text: str, shown
     """How many leading tokens of `row` produce the text up to the end of `shown` (at least 1)."""
     end = text.find(shown) + len(shown) if shown else 0
     ids = row[:length].tolist()
-    for count in range(1, length + 1):
-        if len(tokenizer.decode(ids[:count], skip_special_tokens=True)) >= end:
-            return max(count, 1)
-    return max(length, 1)
+    # The decoded length grows with the token count: bisect for the first count that covers `end`.
+    low, high = 1, max(length, 1)
+    while low < high:
+        middle = (low + high) // 2
+        if len(tokenizer.decode(ids[:middle], skip_special_tokens=True)) >= end:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def completion_mask(completions: torch.Tensor, eos_ids: set[int]) -> torch.Tensor:
