@@ -297,7 +297,6 @@ class OpenAIBackend:
     """An OpenAI-compatible chat completions server (vLLM, llama.cpp, Ollama, or a hosted API)."""
 
     name = "openai"
-    native_tools = True
 
     def __init__(
         self,
@@ -309,13 +308,17 @@ class OpenAIBackend:
         retries: int = 2,
         backoff_s: float = 0.5,
         stream: bool = True,
+        native_tools: bool = True,
         transport: httpx.BaseTransport | None = None,
     ):
+        """`native_tools` False: the tools are described in the instructions and the model answers
+        in the text protocol's fenced blocks, for served models without function calling."""
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.retries = retries
         self.backoff_s = backoff_s
         self.stream = stream
+        self.native_tools = native_tools
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(
             headers=headers, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10)), transport=transport
@@ -325,7 +328,12 @@ class OpenAIBackend:
     def from_config(cls, config) -> OpenAIBackend:
         key = os.environ.get(config.api_key_env) if config.api_key_env else None
         return cls(
-            config.base_url, config.model, key, timeout_s=config.request_timeout_s, retries=config.retries
+            config.base_url,
+            config.model,
+            key,
+            timeout_s=config.request_timeout_s,
+            retries=config.retries,
+            native_tools=config.tool_protocol == "native",
         )
 
     def close(self) -> None:
@@ -348,6 +356,8 @@ class OpenAIBackend:
         seed: int = 0,
         should_stop: ShouldStop = lambda: False,
     ) -> list[Sample]:
+        """K answers: one request with `n = k`, then, from servers that ignore `n` (llama.cpp's,
+        Ollama's), one request per missing answer, each with its own seed."""
         body: dict[str, Any] = {
             "model": self.model,
             "messages": self._messages(conversation),
@@ -360,6 +370,16 @@ class OpenAIBackend:
         }
         if conversation.tools:
             body["tools"] = conversation.tools
+        samples = self._with_retries(body, k, should_stop)[:k]
+        while len(samples) < k:
+            if should_stop():
+                raise AgentCancelled("cancelled while the model server was answering")
+            missing = k - len(samples)
+            retry = {**body, "n": missing, "seed": seed + len(samples)}
+            samples += self._with_retries(retry, missing, should_stop)[:missing]
+        return samples
+
+    def _with_retries(self, body: dict[str, Any], k: int, should_stop: ShouldStop) -> list[Sample]:
         for attempt in range(self.retries + 1):
             try:
                 return self._request(body, k, should_stop)

@@ -14,6 +14,8 @@ plus the share of candidates that followed the format, applied, parsed, linted c
 `--check-suite` instead verifies each task's reference fix (the suite itself must be sound).
 
     python bench/bench_agent.py --k 8 --threads 2 [--tasks a,b] [--json out.json]
+    python bench/bench_agent.py --backend openai --base-url http://127.0.0.1:8765/v1 \
+        [--model NAME] [--tool-protocol text] ...     # a model behind an OpenAI-compatible server
     python bench/bench_agent.py --check-suite
 """
 
@@ -155,18 +157,28 @@ def main() -> int:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--no-squid", action="store_true",
                         help="documents in the prompt text instead of Squid-composed caches (the default)")
+    parser.add_argument("--backend", choices=("local", "openai"), default="local")
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1",
+                        help="for --backend openai: the server's /v1 address")
+    parser.add_argument("--model", default="", help="for --backend openai; default: the one the server lists")
+    parser.add_argument("--tool-protocol", choices=("native", "text"), default="native",
+                        help="for --backend openai: function calls, or the local model's fenced blocks")
     parser.add_argument("--json", type=Path, help="write the full results here")
     parser.add_argument("--check-suite", action="store_true")
     args = parser.parse_args()
     if args.check_suite:
         return check_suite()
     from agent.backends import LocalBackend
+    from agent.session import make_backend
     from context.config import ModelConfig, SquidCacheConfig
     from context.runtime import get_runtime
 
-    runtime = get_runtime(ModelConfig(threads=args.threads))
     config = replace(
         AgentConfig(),
+        backend=args.backend,
+        base_url=args.base_url,
+        model=args.model,
+        tool_protocol=args.tool_protocol,
         max_steps=args.max_steps,
         max_step_tokens=args.max_step_tokens,
         temperature=args.temperature,
@@ -175,10 +187,17 @@ def main() -> int:
         memory=False,
         token_budget=args.max_step_tokens * (args.k + args.max_steps + 2),
     )
+    if args.backend == "openai":
+        served = make_backend(config, load_runtime=lambda: None)
+        print(f"backend: {served.base_url}, model {served.model!r}, {args.tool_protocol} tools", flush=True)
+    else:
+        runtime = get_runtime(ModelConfig(threads=args.threads))
     rows = []
     for name, spec in load_tasks(args.tasks.split(",") if args.tasks else None):
         # Squid's cache lives in memory for the run (no disk tier): each task's documents are new.
-        backend = LocalBackend(runtime, squid=None if args.no_squid else SquidCacheConfig())
+        backend = served if args.backend == "openai" else LocalBackend(
+            runtime, squid=None if args.no_squid else SquidCacheConfig()
+        )
         row = run_task(backend, name, spec, config, args.k)
         rows.append(row)
         print(

@@ -204,6 +204,9 @@ class AgentConfig:
     api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding its key
     request_timeout_s: float = field(default=120.0, metadata=_range(1.0, 3600.0))
     retries: int = field(default=2, metadata=_range(0, 10))
+    # How an OpenAI-compatible server's model calls tools: "native" = the API's function calls;
+    # "text" = fenced blocks described in the instructions (served models without function calling).
+    tool_protocol: str = field(default="native", metadata=_choice("native", "text"))
     max_steps: int = field(default=6, metadata=_range(1, 100))
     max_step_tokens: int = field(default=320, metadata=_range(16, 8192))
     # All tokens the model may generate in one episode, candidates included.

@@ -231,3 +231,20 @@ def test_an_unnamed_model_without_a_reachable_server_is_a_clear_error():
     config = AgentConfig(backend="openai", base_url="http://127.0.0.1:9/v1", model="", request_timeout_s=2)
     with pytest.raises(AgentError, match="set agent.model"):
         make_backend(config, lambda: None)
+
+
+def test_a_server_that_ignores_n_is_asked_once_per_missing_candidate_with_its_own_seed():
+    # llama.cpp's and Ollama's servers answer one choice whatever `n` asks for.
+    with FakeOpenAIServer([chat_completion("a"), chat_completion("b"), chat_completion("c")]) as server:
+        samples = backend(server, stream=False).sample(CONV, 3, temperature=0.7, max_tokens=8, seed=40)
+        requests = server.requests
+    assert [s.text for s in samples] == ["a", "b", "c"]
+    assert [r["n"] for r in requests] == [3, 2, 1]
+    assert [r["seed"] for r in requests] == [40, 41, 42]
+
+
+def test_extra_choices_beyond_k_are_dropped():
+    with FakeOpenAIServer([chat_completion("a", "b", "c")]) as server:
+        samples = backend(server, stream=False).sample(CONV, 2, temperature=0.7, max_tokens=8)
+        assert len(server.requests) == 1
+    assert [s.text for s in samples] == ["a", "b"]

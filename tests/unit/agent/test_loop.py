@@ -4,6 +4,7 @@ cancellation, and the episode hand-off."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -203,3 +204,22 @@ def test_a_backend_that_fails_ends_the_episode_with_its_error(project):
     result = loop.run(AgentRequest("x", project / "calc.py"))
     assert result.stop_reason == "backend_error" and "did not answer in time" in result.error
     assert result.chosen is None and result.to_json()["diff"] == ""
+
+
+def test_a_served_model_without_function_calls_uses_the_text_protocol(project):
+    """`agent.tool_protocol = "text"`: no tool schemas in the request, the fenced-block protocol in
+    the instructions, and the answer's edit block parsed and verified (loopback server double)."""
+    from agent.backends import OpenAIBackend
+    from tests.unit.agent.doubles import FakeOpenAIServer, chat_completion
+
+    config = AgentConfig(test_timeout_s=30, pretest=False, backend="openai", tool_protocol="text", model="m")
+    with FakeOpenAIServer([chat_completion(GOOD)]) as server:
+        backend = OpenAIBackend.from_config(replace(config, base_url=server.base_url))
+        assert backend.native_tools is False
+        result = AgentLoop(backend, Workspace([project]), config).run(
+            AgentRequest("add() subtracts; fix it", project / "calc.py")
+        )
+        request = server.requests[0]
+    assert "tools" not in request
+    assert "```edit PATH" in request["messages"][0]["content"]
+    assert result.stop_reason == "verified" and "+    return a + b" in result.diff
