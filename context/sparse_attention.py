@@ -24,6 +24,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kernels.sparse_attention import (
+    SCORE_KINDS,
     BlockSummaries,
     build_block_summaries,
     extend_block_summaries,
@@ -57,14 +58,14 @@ class SparseAttentionSettings:
     sinks: int = 64
     window: int = 1024
     top_k: int = 64
-    block_size: int = 32
-    score: str = "minmax"
+    block_size: int = 64
+    score: str = "lognormal"
 
     @classmethod
     def from_model_config(cls, config: ModelConfig) -> SparseAttentionSettings:
         return cls(
             min_context=config.sparse_min_context, sinks=config.sparse_sinks, window=config.sparse_window,
-            top_k=config.sparse_top_k, block_size=config.sparse_block_size,
+            top_k=config.sparse_top_k, block_size=config.sparse_block_size, score=config.sparse_score,
         )
 
 
@@ -95,7 +96,8 @@ def _current_summaries(module, keys: torch.Tensor, settings: SparseAttentionSett
         summaries, first, last = state
         done = summaries.covered
         same_cache = (
-            summaries.kmin.shape[:2] == keys.shape[:2]
+            summaries.kinds == SCORE_KINDS[settings.score]
+            and summaries.kv_heads == keys.shape[1]
             and keys.shape[2] >= done > 0
             and torch.equal(keys[:, :, 0], first)
             and torch.equal(keys[:, :, done - 1], last)
@@ -105,7 +107,7 @@ def _current_summaries(module, keys: torch.Tensor, settings: SparseAttentionSett
         else:
             state = None
     if state is None:
-        summaries = build_block_summaries(keys, settings.block_size, kinds=("minmax",))
+        summaries = build_block_summaries(keys, settings.block_size, kinds=SCORE_KINDS[settings.score])
     done = summaries.covered
     if done:
         module._squid_sparse_summaries = (summaries, keys[:, :, 0].clone(), keys[:, :, done - 1].clone())
@@ -146,7 +148,7 @@ def sparse_attention_forward(
     q = query[:, :, 0]  # [b, q_heads, d]
     plan = select_blocks(
         q, summaries, key.shape[2], sinks=settings.sinks, window=settings.window, top_k=settings.top_k,
-        score=settings.score,
+        score=settings.score, scale=scaling,
     )
     out = sparse_decode_attention(q, key, value, plan, scale=scaling)  # [b, q_heads, d]
     if stats is not None:

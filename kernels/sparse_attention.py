@@ -6,12 +6,20 @@ A decode query attends to three sets of cached tokens:
   covers the trailing partial block);
 - the top-k blocks in between, chosen by the query against per-block key summaries.
 
-The summaries of a block are the mean key and/or the channel-wise min and max keys. With min/max the
-score is Quest's upper bound on any q.k in the block, sum_d max(q_d min_d, q_d max_d); with the mean it
-is q.mean. Under grouped-query attention the query heads of a group share their blocks (the group's
-highest score wins), so each KV head fetches one set of blocks, as NSA does. Selection reads only the
-summaries, [batch, kv_heads, blocks, head_dim] per statistic, so a cache held in CPU memory needs
-only its summaries on the device and sends the chosen blocks over.
+The summaries of a block are channel-wise statistics of its keys: min and max, the mean, or the mean
+and variance ("moments"). Scores:
+- "minmax": Quest's upper bound on any q.k in the block, sum_d max(q_d min_d, q_d max_d);
+- "mean": q.mean;
+- "lognormal": an estimate of the block's attention mass. If a block's keys are roughly Gaussian per
+  channel, sum over the block of exp(s q.k) ~ exp(s q.mean + s^2/2 sum_d q_d^2 var_d) (the moment
+  generating function), so log-mass = s q.mean + s^2/2 (q*q).var, up to the block size.
+Under grouped-query attention the query heads of a group share their blocks, so each KV head fetches
+one set of blocks, as NSA does: for "minmax" and "mean" the group's highest score wins; for
+"lognormal" each head's estimated masses are normalised over the candidate blocks (a softmax) and
+summed over the group, so a block that one head needs and a block several heads share both count by
+the share of attention they would hold. Selection reads only the summaries, [batch, kv_heads, blocks,
+head_dim] per statistic, so a cache held in CPU memory needs only its summaries on the device and sends
+the chosen blocks over.
 
 Formulations:
 - `dense_decode_attention`: plain attention over everything (what sparse attention approximates);
@@ -43,7 +51,10 @@ __all__ = [
     "sparse_decode_attention_reference",
 ]
 
-SUMMARY_KINDS = ("minmax", "mean")
+SUMMARY_KINDS = ("minmax", "mean", "moments")
+SCORES = ("minmax", "mean", "lognormal")
+# The summaries each score reads.
+SCORE_KINDS = {"minmax": ("minmax",), "mean": ("mean",), "lognormal": ("moments",)}
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,7 @@ class BlockSummaries:
     mean: torch.Tensor | None = None
     kmin: torch.Tensor | None = None
     kmax: torch.Tensor | None = None
+    var: torch.Tensor | None = None  # per-channel variance, with the mean ("moments")
 
     @property
     def n_blocks(self) -> int:
@@ -67,7 +79,18 @@ class BlockSummaries:
 
     def to(self, device) -> BlockSummaries:
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return BlockSummaries(self.block_size, move(self.mean), move(self.kmin), move(self.kmax))
+        return BlockSummaries(self.block_size, move(self.mean), move(self.kmin), move(self.kmax), move(self.var))
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        kinds = ("minmax",) if self.kmin is not None else ()
+        if self.var is not None:
+            return (*kinds, "moments")
+        return (*kinds, "mean") if self.mean is not None else kinds
+
+    @property
+    def kv_heads(self) -> int:
+        return next(t for t in (self.mean, self.kmin) if t is not None).shape[1]
 
 
 def _summarise(keys: torch.Tensor, block_size: int, kinds: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -75,8 +98,10 @@ def _summarise(keys: torch.Tensor, block_size: int, kinds: tuple[str, ...]) -> d
     blocks = keys[:, :, : seq // block_size * block_size].float()
     blocks = blocks.reshape(batch, heads, seq // block_size, block_size, dim)  # [b, h, blocks, bs, d]
     out = {}
-    if "mean" in kinds:
+    if "mean" in kinds or "moments" in kinds:
         out["mean"] = blocks.mean(dim=3)
+    if "moments" in kinds:
+        out["var"] = blocks.var(dim=3, unbiased=False)
     if "minmax" in kinds:
         out["kmin"], out["kmax"] = blocks.amin(dim=3), blocks.amax(dim=3)
     return out
@@ -106,8 +131,7 @@ def extend_block_summaries(summaries: BlockSummaries, keys: torch.Tensor) -> Blo
     full = keys.shape[2] // summaries.block_size * summaries.block_size
     if full == done:
         return summaries
-    kinds = tuple(k for k, t in (("mean", summaries.mean), ("minmax", summaries.kmin)) if t is not None)
-    new = _summarise(keys[:, :, done:full], summaries.block_size, kinds)
+    new = _summarise(keys[:, :, done:full], summaries.block_size, summaries.kinds)
     grown = {name: torch.cat((getattr(summaries, name), t), dim=2) for name, t in new.items()}
     return BlockSummaries(summaries.block_size, **grown)
 
@@ -143,8 +167,11 @@ def select_blocks(
     window: int,
     top_k: int,
     score: str = "minmax",
+    scale: float | None = None,
 ) -> SparsePlan:
-    """Choose the top-k middle blocks for `query` [batch, q_heads, head_dim] from the summaries alone."""
+    """Choose the top-k middle blocks for `query` [batch, q_heads, head_dim] from the summaries alone.
+
+    `scale`: the attention's softmax scale (default head_dim ** -0.5), which "lognormal" needs."""
     bs = summaries.block_size
     sink_end, window_start = _regions(seq_len, bs, sinks, window)
     if window_start > summaries.covered:
@@ -152,16 +179,17 @@ def select_blocks(
     first, last = sink_end // bs, window_start // bs  # middle blocks [first, last)
     k = min(top_k, last - first)
     if k <= 0:
-        kv_heads = (summaries.kmin if summaries.kmin is not None else summaries.mean).shape[1]
-        empty = torch.empty(query.shape[0], kv_heads, 0, dtype=torch.long, device=query.device)
+        empty = torch.empty(query.shape[0], summaries.kv_heads, 0, dtype=torch.long, device=query.device)
         return SparsePlan(seq_len, bs, sink_end, window_start, empty)
-    scores = _block_scores(query, summaries, first, last, score)  # [b, kv_heads, middle blocks]
+    scores = _block_scores(query, summaries, first, last, score, scale)  # [b, kv_heads, middle blocks]
     chosen = scores.topk(k, dim=-1).indices + first
     return SparsePlan(seq_len, bs, sink_end, window_start, chosen.sort(dim=-1).values)
 
 
-def _block_scores(query, summaries: BlockSummaries, first: int, last: int, score: str) -> torch.Tensor:
-    kv_heads = (summaries.kmin if summaries.kmin is not None else summaries.mean).shape[1]
+def _block_scores(
+    query, summaries: BlockSummaries, first: int, last: int, score: str, scale: float | None = None
+) -> torch.Tensor:
+    kv_heads = summaries.kv_heads
     batch, q_heads, dim = query.shape
     if q_heads % kv_heads:
         raise ValueError(f"{q_heads} query heads do not group over {kv_heads} kv heads")
@@ -177,8 +205,16 @@ def _block_scores(query, summaries: BlockSummaries, first: int, last: int, score
         if summaries.mean is None:
             raise ValueError("score 'mean' needs mean summaries")
         s = q @ summaries.mean[:, :, first:last].transpose(-1, -2)
+    elif score == "lognormal":
+        if summaries.var is None:
+            raise ValueError("score 'lognormal' needs moments summaries (mean and variance)")
+        scale = dim**-0.5 if scale is None else scale
+        mean = summaries.mean[:, :, first:last]
+        var = summaries.var[:, :, first:last]
+        log_mass = scale * (q @ mean.transpose(-1, -2)) + 0.5 * scale**2 * ((q * q) @ var.transpose(-1, -2))
+        return log_mass.softmax(dim=-1).sum(dim=2)  # [b, kv, blocks]: the group's share of attention
     else:
-        raise ValueError(f"unknown score {score!r}; expected 'minmax' or 'mean'")
+        raise ValueError(f"unknown score {score!r}; expected one of {SCORES}")
     return s.amax(dim=2)  # [b, kv, blocks]: the group's best
 
 
@@ -192,13 +228,15 @@ def plan_sparse_attention(
     block_size: int,
     score: str = "minmax",
     summaries: BlockSummaries | None = None,
+    scale: float | None = None,
 ) -> SparsePlan:
     """`select_blocks`, building the summaries from `keys` when none are given."""
     if summaries is None:
-        kinds = ("mean",) if score == "mean" else ("minmax",)
-        summaries = build_block_summaries(keys, block_size, kinds=kinds)
+        summaries = build_block_summaries(keys, block_size, kinds=SCORE_KINDS.get(score, ("minmax",)))
     seq = keys.shape[2]
-    return select_blocks(query, summaries, seq, sinks=sinks, window=window, top_k=top_k, score=score)
+    return select_blocks(
+        query, summaries, seq, sinks=sinks, window=window, top_k=top_k, score=score, scale=scale
+    )
 
 
 def dense_decode_attention(query, keys, values, *, scale: float | None = None, mask=None) -> torch.Tensor:
