@@ -42,8 +42,16 @@ from kernels.rope import rope_shift, rope_shift_naive  # noqa: E402
 VOCAB, HIDDEN = 49_152, 576  # SmolLM2-135M's head
 Q_HEADS, KV_HEADS, HEAD_DIM, LAYERS = 9, 3, 64, 30
 STDLIB_FILES = ("argparse.py", "dataclasses.py", "inspect.py", "typing.py", "functools.py")
-# (sinks, window, top_k, block): the first is the ModelConfig default.
-SETTINGS = ((64, 512, 16, 64), (64, 256, 8, 64), (64, 512, 32, 32), (64, 512, 64, 32), (64, 1024, 64, 32))
+# (score, sinks, window, top_k, block): the first is the ModelConfig default; the last two were the
+# Quest-style scores before "mass" (docs/benchmarks.md).
+SETTINGS = (
+    ("mass", 64, 512, 24, 64),
+    ("mass", 64, 512, 16, 64),
+    ("mass", 64, 1024, 16, 64),
+    ("mass", 64, 512, 32, 64),
+    ("minmax", 64, 512, 16, 64),
+    ("minmax", 64, 1024, 64, 32),
+)
 
 
 def log(*parts) -> None:
@@ -250,7 +258,7 @@ def _prefill(model, ids: list[int]):
     return cache
 
 
-def bench_sparse_quality(contexts: list[int], steps: int) -> list[dict]:
+def bench_sparse_quality(contexts: list[int], steps: int, settings_list=SETTINGS) -> list[dict]:
     from context.config import ModelConfig
     from context.runtime import get_runtime
     from context.sparse_attention import (
@@ -267,16 +275,17 @@ def bench_sparse_quality(contexts: list[int], steps: int) -> list[dict]:
         began = time.perf_counter()
         cache = _prefill(model, ids[:context])
         log(f"\nprefilled {context} tokens in {time.perf_counter() - began:.0f} s (load {load_average()})")
-        for sinks, window, top_k, block in SETTINGS:
+        for score, sinks, window, top_k, block in settings_list:
             settings = SparseAttentionSettings(min_context=1024, sinks=sinks, window=window, top_k=top_k,
-                                               block_size=block)
+                                               block_size=block, score=score)
             stats = install_sparse_attention(model, settings)
             pair = _decode_pair(model, cache, ids, context, steps, settings)
             dense, sparse, dense_times, sparse_times = pair
             uninstall_sparse_attention(model)
             kl = (dense.exp() * (dense - sparse)).sum(-1)  # KL(dense || sparse) per step
             row = {
-                "context": context, "sinks": sinks, "window": window, "top_k": top_k, "block": block,
+                "context": context, "score": score, "sinks": sinks, "window": window, "top_k": top_k,
+                "block": block,
                 "attended": stats.attended_tokens / max(stats.sparse_calls, 1),
                 "top1_agreement": float((dense.argmax(-1) == sparse.argmax(-1)).float().mean()),
                 "mean_kl": float(kl.mean()),
@@ -285,7 +294,8 @@ def bench_sparse_quality(contexts: list[int], steps: int) -> list[dict]:
                 "load": load_average(),
             }
             rows.append(row)
-            log(f"  sinks {sinks} window {window} top_k {top_k} block {block}: attends {row['attended']:.0f} "
+            log(f"  {score} sinks {sinks} window {window} top_k {top_k} block {block}: attends "
+                f"{row['attended']:.0f} "
                 f"tokens, top-1 {row['top1_agreement']:.3f}, KL {row['mean_kl']:.4f}, decode "
                 f"{row['sparse_ms']:.0f} ms/token vs dense {row['dense_ms']:.0f} "
                 f"({row['dense_ms'] / row['sparse_ms']:.2f}x)")
@@ -309,16 +319,16 @@ class _AttentionLayer(torch.nn.Module):
         self._squid_sparse_summaries = None
 
 
-def _attention_step_fns(context: int, setting: tuple[int, int, int, int]):
+def _attention_step_fns(context: int, setting: tuple[str, int, int, int, int]):
     """One decode step's attention over all layers, through the runtime's two attention functions:
     transformers' SDPA one (dense) and context.sparse_attention's (summaries kept per layer)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from context.sparse_attention import SparseAttentionSettings, sparse_attention_forward
 
-    sinks, window, top_k, block = setting
+    score, sinks, window, top_k, block = setting
     settings = SparseAttentionSettings(
-        min_context=1024, sinks=sinks, window=window, top_k=top_k, block_size=block
+        min_context=1024, sinks=sinks, window=window, top_k=top_k, block_size=block, score=score
     )
     gen = torch.Generator().manual_seed(context)
     q = torch.randn(1, Q_HEADS, 1, HEAD_DIM, generator=gen)  # [b, heads, q_len, d] as the model passes it
@@ -336,19 +346,19 @@ def _attention_step_fns(context: int, setting: tuple[int, int, int, int]):
     return dense, sparse
 
 
-def bench_sparse_attention_op(contexts: list[int], runs: int) -> list[dict]:
+def bench_sparse_attention_op(contexts: list[int], runs: int, settings_list=SETTINGS) -> list[dict]:
     """Attention per decode step as the context grows (default setting), and every setting at the end."""
     rows = []
     log(f"\nattention of one decode step, {LAYERS} layers, {Q_HEADS} query / {KV_HEADS} kv heads "
         f"(load {load_average()})")
-    jobs = [(c, SETTINGS[0]) for c in contexts] + [(max(contexts), s) for s in SETTINGS[1:]]
+    jobs = [(c, settings_list[0]) for c in contexts] + [(max(contexts), s) for s in settings_list[1:]]
     for context, setting in jobs:
         dense, sparse = _attention_step_fns(context, setting)
         times = interleaved_times({"dense": dense, "sparse": sparse}, runs)
         dense_ms, sparse_ms = times["dense"] * 1e3, times["sparse"] * 1e3
         rows.append({"context": context, "setting": setting, "dense_ms": dense_ms, "sparse_ms": sparse_ms})
-        log(f"  {context:>6} tokens, (sinks, window, top_k, block) {setting}: dense {dense_ms:.2f} ms, "
-            f"sparse {sparse_ms:.2f} ms ({dense_ms / sparse_ms:.2f}x)")
+        log(f"  {context:>6} tokens, (score, sinks, window, top_k, block) {setting}: "
+            f"dense {dense_ms:.2f} ms, sparse {sparse_ms:.2f} ms ({dense_ms / sparse_ms:.2f}x)")
     return rows
 
 
@@ -359,15 +369,16 @@ def summarise_sparse(quality: list[dict], op_rows: list[dict]) -> dict:
     op = {r["setting"]: r for r in op_rows if r["context"] == context}
     at = [r for r in quality if r["context"] == context]
     for r in at:
-        timing = op[(r["sinks"], r["window"], r["top_k"], r["block"])]
+        timing = op[(r["score"], r["sinks"], r["window"], r["top_k"], r["block"])]
         r["attention_speedup"] = timing["dense_ms"] / timing["sparse_ms"]
     good = [r for r in at if r["top1_agreement"] >= 0.97]
     if good:
         best = max(good, key=lambda r: r["attention_speedup"])
     else:
         best = max(at, key=lambda r: r["top1_agreement"])
-    log(f"\nheadline at {context}: sinks {best['sinks']} window {best['window']} top_k {best['top_k']} "
-        f"block {best['block']}: attention {best['attention_speedup']:.2f}x faster, whole-model decode "
+    log(f"\nheadline at {context}: {best['score']} sinks {best['sinks']} window {best['window']} "
+        f"top_k {best['top_k']} block {best['block']}: attention {best['attention_speedup']:.2f}x faster, "
+        f"whole-model decode "
         f"{best['dense_ms'] / best['sparse_ms']:.2f}x, top-1 {best['top1_agreement']:.3f}, "
         f"KL {best['mean_kl']:.4f}")
     return {
@@ -376,6 +387,16 @@ def summarise_sparse(quality: list[dict], op_rows: list[dict]) -> dict:
         "top1_agreement": best["top1_agreement"],
         "mean_kl": best["mean_kl"],
     }
+
+
+def _parse_settings(text: str) -> tuple:
+    settings = []
+    for item in text.split(","):
+        score, *numbers = item.split(":")
+        if len(numbers) != 4:
+            raise argparse.ArgumentTypeError(f"{item!r} is not score:sinks:window:top_k:block")
+        settings.append((score, *map(int, numbers)))
+    return tuple(settings)
 
 
 def main() -> None:
@@ -389,20 +410,26 @@ def main() -> None:
     parser.add_argument("--contexts", default="4096,8192")
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1k/2k contexts, 8 steps")
+    parser.add_argument("--settings", type=_parse_settings, default=SETTINGS,
+                        help="sparse settings to compare, score:sinks:window:top_k:block,... (the first is "
+                             "also timed against the context length)")
+    parser.add_argument("--only-sparse", action="store_true", help="skip rope_shift and selective_logprob")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     contexts = [1024, 2048] if args.quick else [int(c) for c in args.contexts.split(",")]
     steps = 8 if args.quick else args.steps
     log(f"kernels benchmark, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {args.threads} thread(s), "
         f"{os.cpu_count()} cores, load {load_average()}")
-    result = {
+    result = {} if args.only_sparse else {
         "rope_shift": bench_rope(args.runs, 4096 if not args.quick else 1024),
         "selective_logprob": bench_logprob(),
     }
-    op_rows = bench_sparse_attention_op(sorted({1024, 2048, 4096, 8192} | set(contexts)), args.runs)
-    quality = bench_sparse_quality(contexts, steps)
+    op_rows = bench_sparse_attention_op(sorted({1024, 2048, 4096, 8192} | set(contexts)), args.runs,
+                                        args.settings)
+    quality = bench_sparse_quality(contexts, steps, args.settings)
     result["sparse_attention"] = summarise_sparse(quality, op_rows)
-    result = {key: result[key] for key in ("rope_shift", "sparse_attention", "selective_logprob")}
+    order = ("rope_shift", "sparse_attention", "selective_logprob")
+    result = {key: result[key] for key in order if key in result}
     if args.json:
         print(json.dumps(result))
     else:

@@ -11,6 +11,13 @@ completed since (O(new tokens) per step). A different cache (another request) is
 first and last summarised key rows and gets fresh summaries; a stale summary could only change which
 blocks are chosen, never what the chosen tokens contribute.
 
+Each layer also keeps its chosen blocks copied out of the cache (`kernels.sparse_attention.
+GatheredBlocks`), so a step copies only the blocks it did not choose the step before. Those copies
+are values, so they are dropped whenever the cache may be another one: when the summaries are rebuilt,
+and at every step of the first layer, whose keys depend only on each token and its position (two
+caches that differ in the middle can share their first and last rows there; from the second layer on
+every key depends on all the tokens before it, so the last row tells them apart).
+
 Settings are the `sparse_*` fields of `ModelConfig` (the `[model]` section); off by default.
 """
 
@@ -26,6 +33,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from kernels.sparse_attention import (
     SCORE_KINDS,
     BlockSummaries,
+    GatheredBlocks,
     build_block_summaries,
     extend_block_summaries,
     select_blocks,
@@ -56,10 +64,10 @@ class SparseAttentionSettings:
 
     min_context: int = 8192
     sinks: int = 64
-    window: int = 1024
-    top_k: int = 64
+    window: int = 512
+    top_k: int = 24
     block_size: int = 64
-    score: str = "lognormal"
+    score: str = "mass"
 
     @classmethod
     def from_model_config(cls, config: ModelConfig) -> SparseAttentionSettings:
@@ -89,8 +97,11 @@ def _visible_everywhere(mask: torch.Tensor | None) -> bool:
     return bool((mask == 0).all())
 
 
-def _current_summaries(module, keys: torch.Tensor, settings: SparseAttentionSettings) -> BlockSummaries:
-    """The layer's summaries of `keys` [b, kv, s, d], extended or rebuilt as the cache demands."""
+def _current_summaries(
+    module, keys: torch.Tensor, settings: SparseAttentionSettings
+) -> tuple[BlockSummaries, bool]:
+    """The layer's summaries of `keys` [b, kv, s, d], extended or rebuilt as the cache demands, and
+    whether they were rebuilt (the cache may be another one)."""
     state = getattr(module, "_squid_sparse_summaries", None)
     if state is not None:
         summaries, first, last = state
@@ -106,12 +117,22 @@ def _current_summaries(module, keys: torch.Tensor, settings: SparseAttentionSett
             summaries = extend_block_summaries(summaries, keys)
         else:
             state = None
-    if state is None:
+    rebuilt = state is None
+    if rebuilt:
         summaries = build_block_summaries(keys, settings.block_size, kinds=SCORE_KINDS[settings.score])
     done = summaries.covered
     if done:
         module._squid_sparse_summaries = (summaries, keys[:, :, 0].clone(), keys[:, :, done - 1].clone())
-    return summaries
+    return summaries, rebuilt
+
+
+def _gathered(module, rebuilt: bool) -> GatheredBlocks:
+    gathered = getattr(module, "_squid_sparse_gathered", None)
+    if gathered is None:
+        gathered = module._squid_sparse_gathered = GatheredBlocks()
+    if rebuilt or module.layer_idx == 0:
+        gathered.reset()
+    return gathered
 
 
 def sparse_attention_forward(
@@ -144,13 +165,14 @@ def sparse_attention_forward(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    summaries = _current_summaries(module, key, settings)
+    summaries, rebuilt = _current_summaries(module, key, settings)
     q = query[:, :, 0]  # [b, q_heads, d]
     plan = select_blocks(
         q, summaries, key.shape[2], sinks=settings.sinks, window=settings.window, top_k=settings.top_k,
         score=settings.score, scale=scaling,
     )
-    out = sparse_decode_attention(q, key, value, plan, scale=scaling)  # [b, q_heads, d]
+    gathered = _gathered(module, rebuilt)
+    out = sparse_decode_attention(q, key, value, plan, scale=scaling, gathered=gathered)  # [b, q_heads, d]
     if stats is not None:
         stats.sparse_calls += 1
         stats.attended_tokens += plan.n_tokens
@@ -191,6 +213,7 @@ def install_sparse_attention(
         module._squid_sparse_settings = config
         module._squid_sparse_stats = stats
         module._squid_sparse_summaries = None
+        module._squid_sparse_gathered = None
     log.info("sparse decode attention above %d cached tokens: %s", config.min_context, config)
     return stats
 
@@ -202,7 +225,8 @@ def uninstall_sparse_attention(model) -> None:
     for module in modules:
         stats = getattr(module, "_squid_sparse_stats", None)
         previous = stats.previous if stats is not None else previous
-        for name in ("_squid_sparse_settings", "_squid_sparse_stats", "_squid_sparse_summaries"):
+        for name in ("_squid_sparse_settings", "_squid_sparse_stats", "_squid_sparse_summaries",
+                     "_squid_sparse_gathered"):
             if hasattr(module, name):
                 delattr(module, name)
     if getattr(model.config, "_attn_implementation", None) == ATTENTION_NAME:

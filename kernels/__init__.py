@@ -9,6 +9,7 @@ from .logprob import (
 from .rope import ROPE_LAYOUTS, rope_shift, rope_shift_naive, rope_shift_reference, rope_shift_triton
 from .sparse_attention import (
     BlockSummaries,
+    GatheredBlocks,
     SparsePlan,
     build_block_summaries,
     dense_decode_attention,
@@ -22,6 +23,7 @@ from .sparse_attention import (
 
 __all__ = [
     "BlockSummaries",
+    "GatheredBlocks",
     "SparsePlan",
     "build_block_summaries",
     "dense_decode_attention",

@@ -117,21 +117,28 @@ def test_sparse_decode_attends_a_fraction_and_keeps_the_top_token(sparse_runtime
     keys = cache.layers[3].keys
     summaries = layer._squid_sparse_summaries[0]
     assert summaries.covered == keys.shape[2] // 16 * 16
-    torch.testing.assert_close(summaries.kmax, build_block_summaries(keys, 16).kmax)
+    torch.testing.assert_close(summaries.mean, build_block_summaries(keys, 16, kinds=("mean",)).mean)
+    # Its chosen blocks stayed copied across the steps: fewer copies than blocks attended.
+    gathered = layer._squid_sparse_gathered
+    assert 0 < gathered.copied_blocks < STEPS * 3 * 4
     # Another request: a different cache of the same length gets summaries of its own.
     other = copy.deepcopy(cache)
     other.layers[3].keys.mul_(-1)
     with torch.inference_mode():
         model(input_ids=torch.tensor([[code_ids[PREFIX + STEPS]]]), cache=other, use_cache=True)
     mine = layer._squid_sparse_summaries[0]
-    torch.testing.assert_close(mine.kmax, build_block_summaries(other.layers[3].keys, 16).kmax)
+    other_keys = other.layers[3].keys
+    torch.testing.assert_close(mine.mean, build_block_summaries(other_keys, 16, kinds=("mean",)).mean)
+    assert gathered.copied_blocks == 3 * 4  # its copies were dropped and every block copied again
 
 
 def test_sparse_settings_validate_in_the_model_section():
     config, problems = config_from_mapping({"model": {"sparse_attention": True, "sparse_top_k": 8}})
     assert problems == [] and config.model.sparse_attention and config.model.sparse_top_k == 8
     config, problems = config_from_mapping({"model": {"sparse_block_size": 0, "sparse_attention": "yes"}})
-    assert len(problems) == 2 and not config.model.sparse_attention and config.model.sparse_block_size == 32
+    assert len(problems) == 2 and not config.model.sparse_attention and config.model.sparse_block_size == 64
+    config, problems = config_from_mapping({"model": {"sparse_score": "best"}})
+    assert len(problems) == 1 and "sparse_score" in problems[0] and config.model.sparse_score == "mass"
 
 
 class RefusingModelDouble(torch.nn.Module):

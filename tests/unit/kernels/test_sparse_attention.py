@@ -55,6 +55,26 @@ def test_summaries_hold_each_full_block_and_extend_incrementally():
         extend_block_summaries(full, keys)
 
 
+def test_mass_weighs_a_block_by_the_attention_of_the_whole_group():
+    """Two query heads of a group want block 1 moderately, one head wants block 2 a little more
+    sharply: the group's highest score (mean) takes block 2, the summed shares (mass) block 1."""
+    from kernels.sparse_attention import _block_scores
+
+    dim = 4
+    keys = torch.zeros(1, 1, 3 * 8, dim)
+    keys[0, 0, 8:16, 0] = 2.0  # block 1: along channel 0
+    keys[0, 0, 16:24, 1] = 2.6  # block 2: along channel 1
+    q = torch.zeros(1, 3, dim)
+    q[0, 0, 0] = q[0, 1, 0] = 2.0  # heads 0 and 1 look along channel 0
+    q[0, 2, 1] = 2.0  # head 2 along channel 1
+    s = build_block_summaries(keys, 8, kinds=("mean",))
+    shares = _block_scores(q, s, 0, 3, "mass", 0.5)[0, 0]
+    assert shares.argmax() == 1 and abs(float(shares.sum()) - 3) < 1e-5  # three heads, one share each
+    assert _block_scores(q, s, 0, 3, "mean")[0, 0].argmax() == 2
+    plan = select_blocks(q, s, 24, sinks=0, window=0, top_k=1, score="mass", scale=0.5)
+    assert plan.blocks.tolist() == [[[1]]]
+
+
 def test_minmax_score_bounds_every_key_in_the_block():
     q, k, _ = _qkv(1, 4, 2, 256, 16, seed=3)
     s = build_block_summaries(k, 16)
@@ -67,7 +87,7 @@ def test_minmax_score_bounds_every_key_in_the_block():
     assert (bound >= true - 1e-5).all()
 
 
-@pytest.mark.parametrize("score", ["minmax", "mean"])
+@pytest.mark.parametrize("score", ["minmax", "mean", "mass"])
 def test_a_planted_needle_block_is_chosen_for_the_one_head_that_wants_it(score):
     q, k, v = _qkv(1, 6, 2, 400, 32, seed=7)
     k = k * 0.1
@@ -95,7 +115,7 @@ def test_plan_regions_are_block_aligned_and_cover_sinks_window_and_tail():
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("score", ["minmax", "mean"])
+@pytest.mark.parametrize("score", ["minmax", "mean", "mass"])
 def test_torch_path_matches_the_masked_dense_oracle(case, score):
     q, k, v = _qkv(*case[:5], seed=sum(case))
     plan = _plan(q, k, case, score)
@@ -128,6 +148,8 @@ def test_bad_input_gets_a_clear_error():
         plan_sparse_attention(q, k, sinks=8, window=16, top_k=2, block_size=8, score="max")
     with pytest.raises(ValueError, match="needs mean"):
         select_blocks(q, build_block_summaries(k, 8), 100, sinks=8, window=16, top_k=2, score="mean")
+    with pytest.raises(ValueError, match="'mass' needs mean"):
+        select_blocks(q, build_block_summaries(k, 8), 100, sinks=8, window=16, top_k=2, score="mass")
     with pytest.raises(ValueError, match="block_size"):
         build_block_summaries(k, 0)
 
@@ -155,3 +177,29 @@ def test_triton_kernel_on_strided_caches():
     plan = _plan(q, k, case)
     got = sparse_decode_triton(q, k_strided, v, plan, split_len=64, poison_scratch=True)
     assert max_rel_err(got, sparse_decode_attention_reference(q, k, v, plan)) < 1e-5
+
+
+def test_gathered_blocks_copy_only_what_came_in_and_match_the_oracle_at_every_step():
+    from kernels.sparse_attention import GatheredBlocks
+
+    gen = torch.Generator().manual_seed(11)
+    keys = torch.randn(2, 2, 900, 16, generator=gen)
+    values = torch.randn(2, 2, 900, 16, generator=gen)
+    query = torch.randn(2, 6, 16, generator=gen)
+    gathered = GatheredBlocks()
+    copied = []
+    for step, seq in enumerate(range(800, 812)):  # a decode loop: the cache grows by one token a step
+        q = query + 0.05 * step * torch.randn(2, 6, 16, generator=gen)  # the query drifts
+        k, v = keys[:, :, :seq], values[:, :, :seq]
+        plan = plan_sparse_attention(q, k, sinks=16, window=64, top_k=6, block_size=16, score="mass")
+        got = sparse_decode_attention(q, k, v, plan, backend="torch", gathered=gathered)
+        assert max_rel_err(got, sparse_decode_attention_reference(q, k, v, plan)) < 1e-5
+        copied.append(gathered.copied_blocks)
+    assert copied[0] == 2 * 2 * 6  # the first step copies every chosen block of every head
+    assert copied[-1] < 12 * copied[0]  # later steps copy only the blocks that changed
+    assert copied[1] - copied[0] < copied[0]
+    # A plan of another shape (more blocks) starts over.
+    plan = plan_sparse_attention(query, keys, sinks=16, window=64, top_k=8, block_size=16, score="mass")
+    got = sparse_decode_attention(query, keys, values, plan, backend="torch", gathered=gathered)
+    assert gathered.copied_blocks == 2 * 2 * 8
+    assert max_rel_err(got, sparse_decode_attention_reference(query, keys, values, plan)) < 1e-5
