@@ -45,10 +45,10 @@ STDLIB_FILES = ("argparse.py", "dataclasses.py", "inspect.py", "typing.py", "fun
 # (score, sinks, window, top_k, block): the first is the ModelConfig default; the last two were the
 # Quest-style scores before "mass" (docs/benchmarks.md).
 SETTINGS = (
+    ("mass", 64, 1024, 12, 64),
+    ("mass", 64, 1024, 16, 64),
     ("mass", 64, 512, 24, 64),
     ("mass", 64, 512, 16, 64),
-    ("mass", 64, 1024, 16, 64),
-    ("mass", 64, 512, 32, 64),
     ("minmax", 64, 512, 16, 64),
     ("minmax", 64, 1024, 64, 32),
 )
@@ -258,7 +258,11 @@ def _prefill(model, ids: list[int]):
     return cache
 
 
-def bench_sparse_quality(contexts: list[int], steps: int, settings_list=SETTINGS) -> list[dict]:
+def bench_sparse_quality(
+    contexts: list[int], steps: int, settings_list=SETTINGS, trace_steps: int = 32
+) -> tuple[list[dict], list[dict]]:
+    """Quality and whole-model decode time per setting and context, and the attention-alone timing
+    on each context's real decode trace (`bench_sparse_trace`): (quality rows, trace rows)."""
     from context.config import ModelConfig
     from context.runtime import get_runtime
     from context.sparse_attention import (
@@ -270,11 +274,13 @@ def bench_sparse_quality(contexts: list[int], steps: int, settings_list=SETTINGS
     runtime = get_runtime(ModelConfig())
     model = runtime.model
     ids = real_code_ids(runtime, max(contexts) + steps)
-    rows = []
+    rows, trace_rows = [], []
     for context in contexts:
         began = time.perf_counter()
         cache = _prefill(model, ids[:context])
         log(f"\nprefilled {context} tokens in {time.perf_counter() - began:.0f} s (load {load_average()})")
+        if trace_steps:
+            trace_rows += bench_sparse_trace(model, cache, ids, context, trace_steps, settings_list)
         for score, sinks, window, top_k, block in settings_list:
             settings = SparseAttentionSettings(min_context=1024, sinks=sinks, window=window, top_k=top_k,
                                                block_size=block, score=score)
@@ -300,7 +306,7 @@ def bench_sparse_quality(contexts: list[int], steps: int, settings_list=SETTINGS
                 f"{row['sparse_ms']:.0f} ms/token vs dense {row['dense_ms']:.0f} "
                 f"({row['dense_ms'] / row['sparse_ms']:.2f}x)")
         del cache
-    return rows
+    return rows, trace_rows
 
 
 class _AttentionLayer(torch.nn.Module):
@@ -341,9 +347,78 @@ def _attention_step_fns(context: int, setting: tuple[str, int, int, int, int]):
 
     def sparse():
         for module, k, v in layers:
+            module._squid_sparse_gathered = None  # a fixed query would copy nothing after the first call
             sparse_attention_forward(module, q, k, v, None, scaling=HEAD_DIM**-0.5)
 
     return dense, sparse
+
+
+def _record_decode(model, cache, ids: list[int], start: int, steps: int):
+    """Dense teacher-forced decode from `cache`, recording every layer's query at every step:
+    ([step][layer] query [1, q_heads, 1, d], the grown cache's [layer] (keys, values))."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    queries: list[list[torch.Tensor]] = []
+
+    def recording(module, query, key, value, attention_mask, **kwargs):
+        if module.layer_idx == 0:
+            queries.append([])
+        queries[-1].append(query.detach().clone())
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("squid_record", recording)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("squid_record")
+    cache = copy.deepcopy(cache)
+    try:
+        with torch.inference_mode():
+            for t in range(start, start + steps):
+                cache = model(input_ids=torch.tensor([[ids[t]]]), cache=cache, use_cache=True).cache
+    finally:
+        model.set_attn_implementation(previous)
+    return queries, [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def bench_sparse_trace(model, cache, ids: list[int], context: int, steps: int, settings_list) -> list[dict]:
+    """Attention alone on a real decode trace: the model's own queries and growing cache, replayed
+    step by step through the runtime's two attention functions, dense (SDPA) and sparse, in turns.
+    The sparse side keeps its summaries and copied blocks across steps as the runtime does, so the
+    blocks that change from one step to the next are what it pays for."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from context.sparse_attention import SparseAttentionSettings, sparse_attention_forward
+
+    queries, layers = _record_decode(model, cache, ids, context, steps)
+    rows = []
+    for setting in settings_list:
+        score, sinks, window, top_k, block = setting
+        settings = SparseAttentionSettings(min_context=1024, sinks=sinks, window=window, top_k=top_k,
+                                           block_size=block, score=score)
+        modules = [_AttentionLayer(i, settings) for i in range(len(layers))]
+        dense_times, sparse_times = [], []
+        with torch.inference_mode():
+            for t in range(steps):
+                n = context + t + 1  # the cache at step t holds the step's own token
+                views = [(k[:, :, :n], v[:, :, :n]) for k, v in layers]
+                began = time.perf_counter()
+                for module, q, (k, v) in zip(modules, queries[t], views, strict=True):
+                    sdpa_attention_forward(module, q, k, v, None, scaling=HEAD_DIM**-0.5)
+                middle = time.perf_counter()
+                for module, q, (k, v) in zip(modules, queries[t], views, strict=True):
+                    sparse_attention_forward(module, q, k, v, None, scaling=HEAD_DIM**-0.5)
+                dense_times.append(middle - began)
+                sparse_times.append(time.perf_counter() - middle)
+        copied = sum(m._squid_sparse_gathered.copied_blocks for m in modules[1:])  # layer 0 starts over
+        chosen = (len(modules) - 1) * KV_HEADS * top_k * steps
+        warm = slice(1, None)  # the first step copies every block
+        row = {"context": context, "setting": setting, "dense_ms": statistics.median(dense_times[warm]) * 1e3,
+               "sparse_ms": statistics.median(sparse_times[warm]) * 1e3, "copied_share": copied / chosen}
+        rows.append(row)
+        log(f"  trace at {context}: {setting}: dense {row['dense_ms']:.2f} ms, "
+            f"sparse {row['sparse_ms']:.2f} ms "
+            f"({row['dense_ms'] / row['sparse_ms']:.2f}x), {row['copied_share']:.0%} of chosen blocks copied")
+    return rows
 
 
 def bench_sparse_attention_op(contexts: list[int], runs: int, settings_list=SETTINGS) -> list[dict]:
@@ -364,9 +439,10 @@ def bench_sparse_attention_op(contexts: list[int], runs: int, settings_list=SETT
 
 def summarise_sparse(quality: list[dict], op_rows: list[dict]) -> dict:
     """The headline: at the longest context, the setting with the fastest attention among those whose
-    top-1 agreement is at least 97% (else the most faithful one), its speed-up and its quality."""
+    top-1 agreement is at least 97% (else the most faithful one), its speed-up and its quality.
+    `op_rows`: attention timings per setting (the real decode trace's when measured)."""
     context = max(r["context"] for r in quality)
-    op = {r["setting"]: r for r in op_rows if r["context"] == context}
+    op = {tuple(r["setting"]): r for r in op_rows if r["context"] == context}
     at = [r for r in quality if r["context"] == context]
     for r in at:
         timing = op[(r["score"], r["sinks"], r["window"], r["top_k"], r["block"])]
@@ -414,6 +490,9 @@ def main() -> None:
                         help="sparse settings to compare, score:sinks:window:top_k:block,... (the first is "
                              "also timed against the context length)")
     parser.add_argument("--only-sparse", action="store_true", help="skip rope_shift and selective_logprob")
+    parser.add_argument("--trace-steps", type=int, default=32,
+                        help="decode steps of the real trace that attention alone is timed on (0: the "
+                             "synthetic per-call timing instead)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     contexts = [1024, 2048] if args.quick else [int(c) for c in args.contexts.split(",")]
@@ -426,8 +505,8 @@ def main() -> None:
     }
     op_rows = bench_sparse_attention_op(sorted({1024, 2048, 4096, 8192} | set(contexts)), args.runs,
                                         args.settings)
-    quality = bench_sparse_quality(contexts, steps, args.settings)
-    result["sparse_attention"] = summarise_sparse(quality, op_rows)
+    quality, trace_rows = bench_sparse_quality(contexts, steps, args.settings, args.trace_steps)
+    result["sparse_attention"] = summarise_sparse(quality, trace_rows or op_rows)
     order = ("rope_shift", "sparse_attention", "selective_logprob")
     result = {key: result[key] for key in order if key in result}
     if args.json:

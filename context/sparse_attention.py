@@ -64,8 +64,8 @@ class SparseAttentionSettings:
 
     min_context: int = 8192
     sinks: int = 64
-    window: int = 512
-    top_k: int = 24
+    window: int = 1024
+    top_k: int = 12
     block_size: int = 64
     score: str = "mass"
 
@@ -114,7 +114,10 @@ def _current_summaries(
             and torch.equal(keys[:, :, done - 1], last)
         )
         if same_cache:
-            summaries = extend_block_summaries(summaries, keys)
+            grown = extend_block_summaries(summaries, keys)
+            if grown is summaries:  # no block completed since: the state stands as it is
+                return summaries, False
+            summaries = grown
         else:
             state = None
     rebuilt = state is None

@@ -299,6 +299,15 @@ def _planned_parts(keys: torch.Tensor, plan: SparsePlan) -> tuple[torch.Tensor, 
     return keys[:, :, : plan.sink_end], picked, window
 
 
+def _block_rows(keys: torch.Tensor, n_blocks: int, bs: int) -> torch.Tensor:
+    """`keys` [b, kv, s, d] (rows contiguous) as [b * kv, n_blocks, bs * d]: block j of head h is one row."""
+    batch, kv_heads, _, dim = keys.shape
+    stride_b, stride_h, stride_s, _ = keys.stride()
+    if batch == 1 or stride_b == kv_heads * stride_h:
+        return keys.as_strided((batch * kv_heads, n_blocks, bs * dim), (stride_h, bs * stride_s, 1))
+    return keys.reshape(batch * kv_heads, -1, dim)[:, : n_blocks * bs].reshape(batch * kv_heads, n_blocks, -1)
+
+
 class GatheredBlocks:
     """The chosen blocks of one layer's keys and values, copied once and kept across decode steps.
 
@@ -342,26 +351,29 @@ class GatheredBlocks:
             self._keys[:, :, : plan.sink_end] = keys[:, :, : plan.sink_end]
             self._values[:, :, : plan.sink_end] = values[:, :, : plan.sink_end]
             self._slots = [[[-1] * k for _ in range(kv_heads)] for _ in range(batch)]
-        n_blocks = plan.window_start // bs
         wanted = plan.blocks.tolist()
+        heads, slots, blocks = [], [], []  # one entry per block to copy: (b * kv + h, slot, block id)
         for b in range(batch):
             for h in range(kv_heads):
-                slots = self._slots[b][h]
+                held = self._slots[b][h]
                 want = set(wanted[b][h])
-                free = [i for i, block in enumerate(slots) if block not in want]
+                free = [i for i, block in enumerate(held) if block not in want]
                 if not free:
                     continue
-                kept = set(slots)
+                kept = set(held)
                 incoming = [block for block in wanted[b][h] if block not in kept]
-                slot_index = torch.tensor(free, device=keys.device)
-                block_index = torch.tensor(incoming, device=keys.device)
-                for source, buffer in ((keys, self._keys), (values, self._values)):
-                    blocks = source[b, h, : n_blocks * bs].view(n_blocks, bs, dim)
-                    target = buffer[b, h, plan.sink_end :].view(k, bs, dim)
-                    target.index_copy_(0, slot_index, blocks.index_select(0, block_index))
                 for i, block in zip(free, incoming, strict=True):
-                    slots[i] = block
-                self.copied_blocks += len(incoming)
+                    held[i] = block
+                heads += [b * kv_heads + h] * len(free)
+                slots += free
+                blocks += incoming
+        if blocks:
+            index = torch.tensor([heads, slots, blocks], device=keys.device)
+            for source, buffer in ((keys, self._keys), (values, self._values)):
+                source_blocks = _block_rows(source, plan.window_start // bs, bs)  # [b * kv, blocks, bs * d]
+                target = buffer[:, :, plan.sink_end :].reshape(batch * kv_heads, k, bs * dim)  # a view
+                target[index[0], index[1]] = source_blocks[index[0], index[2]]
+            self.copied_blocks += len(blocks)
         window = plan.window_start
         return (self._keys, keys[:, :, window:]), (self._values, values[:, :, window:])
 
