@@ -67,6 +67,9 @@ class TrainingExample:
     prompt_text: str | None = None
     max_lines: int = 8
     prompt_tokens: int = 1024  # the completion's prompt budget (completion.prefix_tokens) then
+    # What the example is about (a file's function, a file): the held-out split keeps a group whole,
+    # so the gate never scores the model on code it was trained on. "" = a group of its own.
+    group: str = ""
 
 
 class EpisodeSource(Protocol):
@@ -105,7 +108,7 @@ def example_from_episode(episode: Any) -> TrainingExample | None:
         reverted_text=reverted_text, verification=verification,
         test_asserts=tuple(verification.get("test_asserts", ())), language=get("language") or "python",
         prompt_text=get("prompt_text"), max_lines=int(get("max_lines", 8) or 8),
-        prompt_tokens=int(get("prompt_tokens", 1024) or 1024),
+        prompt_tokens=int(get("prompt_tokens", 1024) or 1024), group=str(get("group", "") or ""),
     )
 
 
@@ -142,15 +145,34 @@ def load_task_set(path: Path) -> list[TrainingExample]:
 def split_by_time(
     examples: Sequence[TrainingExample], holdout_fraction: float
 ) -> tuple[list[TrainingExample], list[TrainingExample]]:
-    """(train, held_out): the newest `holdout_fraction` of the examples are held out."""
+    """(train, held_out): about the newest `holdout_fraction` of the examples are held out, a whole
+    group at a time.
+
+    Groups (`TrainingExample.group`: the function or file an episode was about) are ordered by their
+    newest example and held out from the newest on, with all their examples, until the fraction is
+    reached; so no held-out example shares its code with a training one. A user who keeps coming back
+    to the same functions would otherwise have the gate score memorised answers, and promote them.
+    Training keeps at least one group.
+    """
     if not 0.0 <= holdout_fraction < 1.0:
         raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
     ordered = sorted(examples, key=lambda ex: (ex.created_at, ex.id))
-    held = round(len(ordered) * holdout_fraction)
+    want = round(len(ordered) * holdout_fraction)
     if holdout_fraction > 0 and len(ordered) > 1:
-        held = max(held, 1)
-    cut = len(ordered) - held
-    return ordered[:cut], ordered[cut:]
+        want = max(want, 1)
+    groups: dict[str, list[TrainingExample]] = {}
+    for ex in ordered:
+        groups.setdefault(ex.group or f"\x00{ex.id}", []).append(ex)
+    newest_first = sorted(groups.values(), key=lambda g: (g[-1].created_at, g[-1].id), reverse=True)
+    held_groups: list[list[TrainingExample]] = []
+    held = 0
+    for group in newest_first[:-1]:  # the oldest group always trains
+        if held >= want:
+            break
+        held_groups.append(group)
+        held += len(group)
+    held_ids = {ex.id for g in held_groups for ex in g}
+    return [ex for ex in ordered if ex.id not in held_ids], [ex for ex in ordered if ex.id in held_ids]
 
 
 def prompt_messages(example: TrainingExample) -> list[dict[str, str]]:

@@ -11,11 +11,12 @@ nothing and are left out (`example_from_episode` skips an episode without refere
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FeedbackStoreSource", "COMPLETION_INSTRUCTION", "episode_as_example_fields"]
+__all__ = ["FeedbackStoreSource", "COMPLETION_INSTRUCTION", "episode_as_example_fields", "episode_group"]
 
 COMPLETION_INSTRUCTION = "Continue this code from where it stops. Answer with the code only."
 _KEPT = ("unchanged", "mostly_unchanged", "modified")
@@ -56,7 +57,22 @@ def episode_as_example_fields(record: Any) -> dict[str, Any] | None:
         "prompt_text": prompt_text,
         "max_lines": max_lines,
         "prompt_tokens": budget,
+        "group": episode_group(episode.get("uri") or "", prompt_text),
     }
+
+
+_DEFINITION = re.compile(
+    r"^[ \t]*(?:async[ \t]+)?(?:def|class|function|fn|func)[ \t]+([A-Za-z_$][\w$]*)", re.M
+)
+
+
+def episode_group(uri: str, prompt_text: str | None) -> str:
+    """What an episode was about, for the held-out split: its file, and for a completion the last
+    definition opened before the cursor (the function being written)."""
+    if not prompt_text:
+        return uri
+    names = _DEFINITION.findall(prompt_text[-20_000:])
+    return f"{uri}#{names[-1]}" if names else uri
 
 
 class FeedbackStoreSource:

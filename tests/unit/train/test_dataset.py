@@ -32,6 +32,7 @@ class Episode:
     context_documents: list = field(default_factory=list)
     candidates: tuple = ()
     verification: dict = field(default_factory=dict)
+    group: str = ""
 
 
 class ListSource:
@@ -120,6 +121,37 @@ def test_split_by_time_holds_out_the_newest():
     assert split_by_time(examples[:1], 0.2) == (examples[:1], [])
     with pytest.raises(ValueError):
         split_by_time(examples, 1.0)
+
+
+def test_split_by_time_holds_out_whole_groups_so_no_held_out_code_was_trained_on():
+    # A user comes back to functions f0..f4 in three sessions; the newest episodes touch f3 and f4.
+    episodes = [
+        Episode(f"{s}-{f}", 100.0 * s + f, "q", "", "o", "kept", kept_text="k", group=f"a.py#f{f}")
+        for s in range(3) for f in range(5)
+    ]
+    train, held = split_by_time(examples_from_source(ListSource(episodes)), 0.2)
+    held_groups, train_groups = {e.group for e in held}, {e.group for e in train}
+    assert held_groups == {"a.py#f4"} and len(held) == 3  # f4 in all three sessions, none of it trained
+    assert held_groups.isdisjoint(train_groups) and len(train) == 12
+    # A bigger fraction takes the next newest group too, whole.
+    train, held = split_by_time(examples_from_source(ListSource(episodes)), 0.3)
+    assert {e.group for e in held} == {"a.py#f4", "a.py#f3"} and len(train) == 9
+    # One group only: it trains; nothing can be held out without leaking.
+    same = [Episode(str(i), float(i), "q", "", "o", "kept", kept_text="k", group="g") for i in range(5)]
+    train, held = split_by_time(examples_from_source(ListSource(same)), 0.2)
+    assert len(train) == 5 and held == []
+
+
+def test_episode_group_is_the_file_and_the_function_being_written():
+    from feedback.train.store_source import episode_group
+
+    prefix = (
+        "import os\n\n\nclass Store:\n    def load(self, path):\n        return 1\n\n"
+        "    async def save(self):\n        "
+    )
+    assert episode_group("file:///p/a.py", prefix) == "file:///p/a.py#save"
+    assert episode_group("file:///p/a.py", "x = 1\n") == "file:///p/a.py"
+    assert episode_group("file:///p/a.py", None) == "file:///p/a.py"
 
 
 def test_bundled_task_set_is_verifiable():
