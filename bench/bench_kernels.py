@@ -45,6 +45,7 @@ STDLIB_FILES = ("argparse.py", "dataclasses.py", "inspect.py", "typing.py", "fun
 # (score, sinks, window, top_k, block): the first is the ModelConfig default; the last two were the
 # Quest-style scores before "mass" (docs/benchmarks.md).
 SETTINGS = (
+    ("mass", 64, 1024, 10, 64),
     ("mass", 64, 1024, 12, 64),
     ("mass", 64, 1024, 16, 64),
     ("mass", 64, 512, 24, 64),
@@ -273,7 +274,7 @@ def bench_sparse_quality(
 
     runtime = get_runtime(ModelConfig())
     model = runtime.model
-    ids = real_code_ids(runtime, max(contexts) + steps)
+    ids = real_code_ids(runtime, max(contexts) + max(steps, trace_steps))
     rows, trace_rows = [], []
     for context in contexts:
         began = time.perf_counter()

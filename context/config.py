@@ -76,7 +76,7 @@ class ModelConfig:
     sparse_min_context: int = field(default=8192, metadata=_range(1, 10_000_000))
     sparse_sinks: int = field(default=64, metadata=_range(0, 1_000_000))
     sparse_window: int = field(default=1024, metadata=_range(0, 1_000_000))
-    sparse_top_k: int = field(default=12, metadata=_range(0, 100_000))
+    sparse_top_k: int = field(default=10, metadata=_range(0, 100_000))
     sparse_block_size: int = field(default=64, metadata=_range(1, 4096))
     # How blocks are chosen (kernels/sparse_attention.py): "mass" = each block's share of the query
     # group's attention, estimated from its mean key; "minmax" = Quest's bound; "mean" = q.mean.

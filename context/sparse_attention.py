@@ -65,7 +65,7 @@ class SparseAttentionSettings:
     min_context: int = 8192
     sinks: int = 64
     window: int = 1024
-    top_k: int = 12
+    top_k: int = 10
     block_size: int = 64
     score: str = "mass"
 
