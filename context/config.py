@@ -183,6 +183,9 @@ class TrainConfig:
     steps: int = field(default=50, metadata=_range(1, 1_000_000))
     checkpoint_every: int = field(default=1, metadata=_range(1, 1_000_000))
     holdout_fraction: float = field(default=0.2, metadata=_range(0.0, 0.9))
+    # Weight of the learned preference in an episode's reward (`feedback.preference`): P(kept) from
+    # the user's kept and undone answers. 0 = similarity to each episode's own outcome only.
+    preference_weight: float = field(default=0.3, metadata=_range(0.0, 10.0))
     # Promotion: held-out and regression rewards may fall at most this much; KL must stay below.
     promote_tolerance: float = field(default=0.02, metadata=_range(0.0, 2.0))
     promote_max_kl: float = field(default=0.1, metadata=_range(0.0, 100.0))

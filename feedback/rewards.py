@@ -5,7 +5,9 @@ A reward is a weighted sum of parts, each in [0, 1]:
 - verifiable: `format` (the output holds code: a fenced block, or bare code), `parses` (ast for
   Python, tree-sitter for the other languages), `lint` (real ruff, errors only, on Python), `tests`
   (the share of tests passing in a sandboxed temporary copy: never the user's files);
-- outcome: `kept` (similarity to the code the user finally kept at the last checkpoint);
+- outcome: `kept` (similarity to the code the user finally kept at the last checkpoint), and
+  `preference` (how likely this user is to keep such an answer, from a model fitted on all their
+  recorded outcomes: `feedback.preference`; only when one was fitted and predicts them);
 
 minus `reverted` (similarity to what the user reverted, weighted by its own penalty weight).
 An inline completion (`RewardContext.bare`) is a fragment indented as the code around it: it is
@@ -35,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,17 +62,16 @@ TEST_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class RewardWeights:
-    """Weights of the parts; the positive ones sum to 1 so the total stays in [-1, 1]."""
+    """Weights of the parts. The positive parts are averaged by weight over the parts checked, so
+    their total stays in [0, 1], and the reverted penalty brings it down to at least -1."""
 
     format: float = 0.1
     parses: float = 0.15
     lint: float = 0.1
     tests: float = 0.4
     kept: float = 0.25
+    preference: float = 0.3  # the learned P(kept), when a preference model is in use
     reverted: float = 0.5  # the penalty for resembling reverted text
-
-    def positive_total(self) -> float:
-        return self.format + self.parses + self.lint + self.tests + self.kept
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class RewardContext:
     # An inline completion: bare code inserted at the cursor (a fence is chat drift, not format),
     # indented as the code around it; it and the reference texts are dedented before the checks.
     bare: bool = False
+    # The user's learned preference (`feedback.preference.PreferenceModel.score`): P(kept) of a code text.
+    preference: Callable[[str], float] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -286,10 +289,12 @@ def score_output(
         parts["tests"] = share or 0.0
     if kept_text is not None:
         parts["kept"] = similarity(code, kept_text)
+    if context.preference is not None and weights.preference > 0:
+        parts["preference"] = context.preference(code)
     positive = sum(getattr(weights, name) * value for name, value in parts.items())
     # Parts that could not be checked do not count against the output: rescale to the checked ones.
     available = sum(getattr(weights, name) for name in parts)
-    total = positive / available * weights.positive_total() if available else 0.0
+    total = positive / available if available else 0.0
     if context.bare and not parts["parses"]:
         # A completion that leaves broken code earns nothing, however close it comes to what was
         # kept: it is the text a user deletes again.

@@ -13,7 +13,7 @@ evaluation never scores the model on episodes older than some it was trained on.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -182,11 +182,13 @@ def prompt_messages(example: TrainingExample) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
-def reward_context(example: TrainingExample) -> RewardContext:
+def reward_context(
+    example: TrainingExample, preference: Callable[[str], float] | None = None
+) -> RewardContext:
     """What `feedback.rewards.score_output` compares a fresh sample for this example with."""
     return RewardContext(
         language=example.language, original=example.original, kept_text=example.kept_text,
         reverted_text=example.reverted_text, test_asserts=example.test_asserts,
         files={doc.path: doc.text for doc in example.context_documents},
-        bare=example.prompt_text is not None,
+        bare=example.prompt_text is not None, preference=preference,
     )

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from context.config import ModelConfig, SquidConfig, TrainConfig
 from context.errors import TrainingError
-from feedback.rewards import score_output
+from feedback.preference import PreferenceFit, fit_preference
+from feedback.rewards import RewardWeights, score_output
 
 from .adapters import AdapterRegistry
 from .dataset import (
@@ -27,7 +28,7 @@ from .dataset import (
 )
 from .status import TrainPaths, train_paths, write_status
 
-__all__ = ["BUNDLED_TASKS", "RoundResult", "load_training_data", "run_round", "task_reward"]
+__all__ = ["BUNDLED_TASKS", "RoundResult", "episode_reward", "load_training_data", "run_round", "task_reward"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,19 @@ class RoundResult:
 
 def task_reward(text: str, example: TrainingExample) -> float:
     return score_output(text, reward_context(example)).total
+
+
+def episode_reward(fit: PreferenceFit | None, weight: float) -> Callable[[str, TrainingExample], float]:
+    """The reward of a sample for a recorded episode: `task_reward`, plus the user's learned
+    preference when one was fitted and predicts them."""
+    if fit is None or fit.model is None or weight <= 0:
+        return task_reward
+    scorer, weights = fit.model.score, RewardWeights(preference=weight)
+
+    def reward(text: str, example: TrainingExample) -> float:
+        return score_output(text, reward_context(example, preference=scorer), weights).total
+
+    return reward
 
 
 def load_training_data(
@@ -95,11 +109,17 @@ def run_round(
     train, held_out, regression = load_training_data(cfg, source)
     if not train:
         raise TrainingError("no training examples: record some episodes or configure train.task_set")
+    from_episodes = held_out is not regression
+    # The preference is fitted on the training split only: the gate's held-out episodes stay unseen.
+    fit = fit_preference(train) if from_episodes and cfg.preference_weight > 0 else None
+    if fit is not None:
+        log.info("preference: %s", fit.reason)
+    reward_fn = episode_reward(fit, cfg.preference_weight)
     runtime = _load_model(config)
     promoted = registry.current()
     model = attach_lora(runtime.model, cfg.lora_rank, cfg.lora_alpha,
                         adapter_path=str(promoted.path) if promoted else None)
-    trainer = GrpoTrainer(model, runtime.tokenizer, cfg, train, task_reward, paths.run_dir)
+    trainer = GrpoTrainer(model, runtime.tokenizer, cfg, train, reward_fn, paths.run_dir)
     resumed = trainer.resume()
     target = (trainer.step_count if resumed else 0) + (steps or cfg.steps)
     log.info("training (%s) to step %d on %d examples", "resumed" if resumed else "new", target, len(train))
@@ -122,10 +142,13 @@ def run_round(
         return RoundResult("stopped", trainer.step_count, registry.current_id(), message)
     write_status(paths.status, "evaluating", step=trainer.step_count, steps=target,
                  adapter=registry.current_id())
-    decision, metrics = _gate(model, runtime.tokenizer, cfg, held_out, regression, promoted, decide_promotion)
+    decision, metrics = _gate(model, runtime.tokenizer, cfg, held_out, regression, promoted, decide_promotion,
+                              reward_fn)
     # Too few recorded episodes: the task set trained, and its regression part was the held-out set.
-    metrics["data"] = {"source": "task set" if held_out is regression else "episodes", "train": len(train),
+    metrics["data"] = {"source": "episodes" if from_episodes else "task set", "train": len(train),
                        "held_out": len(held_out), "regression": len(regression)}
+    if fit is not None:
+        metrics["preference"] = fit.summary()
     metrics["steps"] = [{"step": r.step, "reward": round(r.mean_reward, 4), "kl": round(r.kl, 5),
                          "seconds": round(r.seconds, 2)} for r in trainer.history]
     result = _finish(registry, model, paths, decision, metrics, trainer.step_count)
@@ -134,11 +157,14 @@ def run_round(
     return result
 
 
-def _gate(model, tokenizer, cfg: TrainConfig, held_out, regression, promoted, decide):
+def _gate(model, tokenizer, cfg: TrainConfig, held_out, regression, promoted, decide, reward_fn):
+    """Held-out episodes are scored as training scores them; the regression tasks by their tests
+    and solutions alone (the user's preference is not what they check)."""
     from .gate import evaluate
 
     def on(examples, adapter=True):
-        return evaluate(model, tokenizer, examples, task_reward, cfg.max_new_tokens, adapter=adapter)
+        fn = task_reward if examples is regression else reward_fn
+        return evaluate(model, tokenizer, examples, fn, cfg.max_new_tokens, adapter=adapter)
 
     candidate, candidate_reg = on(held_out), on(regression)
     if promoted is None:
