@@ -552,7 +552,8 @@ class ModelRuntime:
         common = 0
         if self.config.reuse_prefix:
             common = _common_prefix(cache.ids, prompt_ids)
-            if past is None and common < len(prompt_ids) // 2:
+            # Behind a composed `past` too: references stay put while the window slides.
+            if common < len(prompt_ids) // 2:
                 head = _slid_head(cache.ids, prompt_ids, self.config.reuse_slack_tokens)
                 if head:
                     common = len(head) + _common_prefix(cache.ids[len(head) :], prompt_ids)

@@ -162,6 +162,21 @@ def test_a_prefilled_past_is_recognised_and_the_query_reused(runtime):
     assert other.reused_tokens == 0
 
 
+def test_a_window_sliding_behind_a_held_past_keeps_its_earlier_tokens(runtime):
+    # Squid references are the `past` of an inline completion; the window after them follows the
+    # cursor, and a keystroke must not re-prefill it.
+    ids = runtime.encode(STORE_PROMPT)
+    context_ids, window = ids[:100], ids[100:]
+    runtime.forget_prefix()
+    runtime.generate(window[:300], max_new_tokens=4, past=_past_for(runtime, context_ids))
+    slid = runtime.generate(window[20:320], max_new_tokens=12, past=_past_for(runtime, context_ids))
+    assert slid.head_tokens == 20
+    assert slid.reused_tokens >= 280
+    runtime.forget_prefix()
+    cold = runtime.generate(window[:320], max_new_tokens=12, past=_past_for(runtime, context_ids))
+    assert slid.text == cold.text
+
+
 def test_batched_greedy_candidates_equal_the_single_generation(runtime):
     ids = runtime.encode(CONFIG_PROMPT)
     runtime.forget_prefix()
