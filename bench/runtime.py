@@ -9,13 +9,14 @@ Measured in one run, interleaved, medians over `--runs`:
   2. keystroke-to-completion latency while typing through a real ~1,000-line file (the
      standard library's `ftplib.py`, 981 lines): at sites spread over the file a line is retyped
      character by character and each keystroke asks `agent.completion.complete` for a 24-token
-     completion, as the editor does;
+     completion, as the editor does, with `--references` other standard-library files open and
+     their Squid caches warm (the completion continues from their composed cache);
   3. prompt-lookup speculative decoding against plain decoding on agent-style edits of real code
      (the output must be identical);
   4. the quality of int8, int4 and bfloat16 weights against float32 (top-1 agreement, KL) on real code.
 
 Usage: python bench/runtime.py [--json] [--runs N] [--threads N] [--quick] [--save FILE]
-       [--llama-python /tmp/llamavenv/bin/python] [--weights none|int8|int4]
+       [--llama-python /tmp/llamavenv/bin/python] [--weights none|int8|int4] [--references N]
 
 `--json` prints exactly {"prefill_tok_s", "decode_tok_s", "keystroke_p50_s", "keystroke_p95_s",
 "speculative_speedup", "vs_llama_cpp", "vs_generate"} for the configuration `--weights` names;
@@ -46,6 +47,8 @@ NEW_TOKENS = 64
 WEIGHTS = ("none", "int8", "int4")  # the runtime's `model.quantize` settings
 KEYSTROKE_TOKENS = 24
 TYPED_FILE = Path(sysconfig.get_paths()["stdlib"]) / "ftplib.py"
+# Open beside it while typing, so their Squid caches are the completion's references (warm).
+REFERENCE_FILES = ("socket.py", "ssl.py", "netrc.py", "shlex.py")
 # Agent-style edits: a function from this repository, to be rewritten with one name changed.
 EDIT_SOURCES = [
     ("context/boundary.py", "def cursor_context(", ("offset", "cursor")),
@@ -185,13 +188,32 @@ def typing_sites(text: str, sites: int, chars: int) -> list[tuple[int, str]]:
     return picked
 
 
-def measure_keystrokes(runtime, sites: int, chars: int) -> dict:
+def warm_references(runtime, count: int):
+    """`CompletionReferences` over `count` standard-library files open beside the typed one, every
+    document already encoded (memory tiers only), as the server has them once they were open a while."""
+    from context.config import SquidCacheConfig
+    from context.squid.references import CompletionReferences, file_document
+    from context.squid.service import SquidService
+
+    if count <= 0:
+        return None
+    config = SquidCacheConfig()
+    service = SquidService(runtime, config, None, start_thread=False)
+    opened = {str(TYPED_FILE.parent / name): (TYPED_FILE.parent / name).read_text()
+              for name in REFERENCE_FILES[:count]}
+    service.context_for([file_document(path, text, config.document_tokens) for path, text in opened.items()],
+                        wait=True)
+    return CompletionReferences(service, current_path=str(TYPED_FILE), open_documents=opened, search=None)
+
+
+def measure_keystrokes(runtime, sites: int, chars: int, references: int = 0) -> dict:
     from agent.completion import CompletionRequest, complete
     from context.config import CompletionConfig
 
     text = TYPED_FILE.read_text()
     config = CompletionConfig(max_tokens=KEYSTROKE_TOKENS, debounce_ms=0)
-    latencies, jumps, offered = [], [], 0
+    refs = warm_references(runtime, references)
+    latencies, jumps, offered, reference_tokens = [], [], 0, set()
     runtime.forget_prefix()
     for start, line in typing_sites(text, sites, chars):
         indent = len(line) - len(line.lstrip())
@@ -199,16 +221,20 @@ def measure_keystrokes(runtime, sites: int, chars: int) -> dict:
         for typed in range(1, chars + 1):
             cursor = start + indent + typed
             document = text[:cursor] + rest  # the line being retyped, up to the cursor
+            request = CompletionRequest(document, cursor, "python", path=str(TYPED_FILE))
             began = time.perf_counter()
-            completion = complete(runtime, CompletionRequest(document, cursor, "python"), config)
+            completion = complete(runtime, request, config, references=refs)
             elapsed = time.perf_counter() - began
             (jumps if typed == 1 else latencies).append(elapsed)
             offered += completion is not None
+            if completion is not None:
+                reference_tokens.add(completion.reference_tokens)
     everything = latencies + jumps
     return {"keystrokes": len(everything), "p50_s": percentile(everything, 50),
             "p95_s": percentile(everything, 95), "typing_p50_s": percentile(latencies, 50),
             "typing_p95_s": percentile(latencies, 95), "jump_median_s": statistics.median(jumps),
-            "offered": offered, "file": str(TYPED_FILE), "sites": sites, "chars_per_site": chars}
+            "offered": offered, "file": str(TYPED_FILE), "sites": sites, "chars_per_site": chars,
+            "references": references, "reference_tokens": sorted(reference_tokens)}
 
 
 # -- 3. prompt lookup -----------------------------------------------------------------------------
@@ -323,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="weight formats measured for keystrokes and prompt lookup")
     parser.add_argument("--sites", type=int, default=5)
     parser.add_argument("--chars", type=int, default=12)
+    parser.add_argument("--references", type=int, default=2, choices=range(0, len(REFERENCE_FILES) + 1),
+                        help="files open beside the typed one, their Squid caches warm (0 = none)")
     parser.add_argument("--quick", action="store_true", help="1 run, 2 typing sites, short edits")
     parser.add_argument("--save")
     args = parser.parse_args(argv)
@@ -368,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         runtime = runtimes[weights]
         runtime.config = dataclasses.replace(runtime.config, draft_tokens=8)
         progress(f"keystrokes ({weights})")
-        record[f"keystrokes_{weights}"] = measure_keystrokes(runtime, args.sites, args.chars)
+        record[f"keystrokes_{weights}"] = measure_keystrokes(runtime, args.sites, args.chars, args.references)
         progress(f"prompt lookup ({weights})")
         record[f"speculative_{weights}"] = measure_speculative(runtime, 48 if args.quick else 128)
     progress("quality")

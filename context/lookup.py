@@ -4,11 +4,19 @@ Code that an edit or a completion writes often repeats text already in the promp
 rewrites most of the original lines; a call repeats a signature). When the last few tokens occurred
 before, the tokens that followed them then are a cheap draft; the model checks a whole draft in one
 forward pass and keeps the part it agrees with, so the output is the greedy output either way.
+
+An edit that renames something writes a new token where the earlier text had another one; the
+n-grams ending in it occurred nowhere before, so an exact lookup would find nothing until n tokens
+later. The lookup therefore follows the text it is copying: when no n-gram matches, the newest
+token is taken to have replaced the one the copy expected, and the draft goes on after that one.
+A few such misses in a row end the copy (the output is new text, not an edit).
 """
 
 from __future__ import annotations
 
 __all__ = ["PromptLookup"]
+
+MAX_SUBSTITUTIONS = 2  # consecutive tokens that differ from the copied text before the copy ends
 
 
 class PromptLookup:
@@ -20,6 +28,8 @@ class PromptLookup:
         self.max_draft = max_draft
         # n -> {n-gram: the position right after its latest occurrence}
         self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
+        self._follow: int | None = None  # where the text being copied goes on (the next draft)
+        self._misses = 0
         for token in ids:
             self.append(token)
 
@@ -31,17 +41,30 @@ class PromptLookup:
             if end >= n:
                 self._index[n][tuple(history[end - n :])] = end
         history.append(token)
+        self._follow = self._next_follow(token)
+
+    def _next_follow(self, token: int) -> int | None:
+        history = self.history
+        # The suffix ending in the new token is not indexed yet: what is found is an earlier occurrence.
+        for n in self.sizes:
+            if len(history) > n:
+                follow = self._index[n].get(tuple(history[-n:]))
+                if follow is not None:
+                    self._misses = 0
+                    return follow
+        if self._follow is None:
+            return None
+        # No earlier text ends like this: the token took the place of the one the copy expected.
+        self._misses = self._misses + 1 if history[self._follow] != token else 0
+        follow = self._follow + 1
+        if self._misses > MAX_SUBSTITUTIONS or follow >= len(history) - 1:
+            return None
+        return follow
 
     def draft(self, limit: int | None = None) -> list[int]:
-        """Tokens that followed the longest earlier occurrence of the current suffix ([] if none)."""
+        """Tokens that followed the longest earlier occurrence of the current suffix, or, after a
+        replaced token, those after the token it replaced in the text being copied ([] if none)."""
         limit = self.max_draft if limit is None else min(limit, self.max_draft)
-        if limit <= 0:
+        if limit <= 0 or self._follow is None:
             return []
-        history = self.history
-        for n in self.sizes:
-            if len(history) < n:
-                continue
-            follow = self._index[n].get(tuple(history[-n:]))
-            if follow is not None:
-                return history[follow : follow + limit]
-        return []
+        return self.history[self._follow : self._follow + limit]

@@ -11,6 +11,12 @@ cache handed out (`ComposedContext.new_cache`) is a fresh transformers cache ove
 `generate()` extending it in place cannot reach them.
 
 `Recovery` chooses how much of the lost cross-document attention to recompute (see `recompute`).
+
+Consecutive requests mostly compose the same documents. Given the `previous` composition, a
+document found there at the same positions is copied from it instead of re-rotated, and with
+first-k recovery only the documents from the first changed one on are recomputed (a token's
+recomputed keys depend only on the positions before it). Swapping one reference document then costs
+its encode, one re-rotation and the recovery after it, not a composition of all of them.
 """
 
 from __future__ import annotations
@@ -64,6 +70,11 @@ class ComposedContext:
     timings: dict[str, float] = field(default_factory=dict)
     cache: object = None
     logits: torch.Tensor | None = None
+    # What the context was made of, so that the next composition can copy what is unchanged.
+    document_keys: tuple = ()
+    prefix_hash: str = ""
+    recovery: Recovery | None = None
+    reused_documents: int = 0
 
     @property
     def offset(self) -> int:
@@ -86,29 +97,65 @@ def _check(prefix: PrefixKV, documents: list[DocumentKV]) -> None:
             raise ValueError(f"document {doc.source or doc.key.content} was encoded by another model")
 
 
-def _concatenate(runtime, prefix: PrefixKV, documents: list[DocumentKV]):
-    """Prefix + re-rotated documents as [layers, kv_heads, S, head_dim] tensors, with the spans."""
+def _reusable(previous: ComposedContext | None, prefix: PrefixKV, documents: list[DocumentKV],
+              spans: list[tuple[int, int]], recovery: Recovery) -> list[bool]:
+    """Per document: whether `previous` holds it at the same positions, its tensors reusable.
+
+    CacheBlend picks its tokens over all documents at once, so a change anywhere may change what it
+    recomputed anywhere: nothing is reused then.
+    """
+    if (previous is None or previous.prefix_hash != prefix.hash or previous.recovery != recovery
+            or recovery.blend_ratio):
+        return [False] * len(documents)
+    held = dict(zip(previous.spans, previous.document_keys, strict=True))
+    return [held.get(span) == doc.key for span, doc in zip(spans, documents, strict=True)]
+
+
+def _concatenate(runtime, prefix: PrefixKV, documents: list[DocumentKV], recovery: Recovery,
+                 previous: ComposedContext | None):
+    """Prefix + re-rotated documents as [layers, kv_heads, S, head_dim] tensors, the spans, and
+    which documents were copied from `previous`."""
     device = runtime.device
-    spans, deltas, cursor = [], [], prefix.length
+    spans, cursor = [], prefix.length
     for doc in documents:
         spans.append((cursor, cursor + doc.length))
-        deltas.append(torch.full((doc.length,), cursor - doc.start, dtype=torch.long))
         cursor += doc.length
-    keys = [prefix.keys.to(device)]
-    values = [prefix.values.to(device)]
-    if documents:
-        doc_keys = torch.cat([d.keys.to(device) for d in documents], dim=2)  # [layers, kv, S_docs, hd]
+    reused = _reusable(previous, prefix, documents, spans, recovery)
+    layers, kv_heads, _, head_dim = prefix.keys.shape
+    shape = (layers, kv_heads, cursor, head_dim)
+    keys = torch.empty(shape, dtype=prefix.keys.dtype, device=device)
+    values = torch.empty(shape, dtype=prefix.values.dtype, device=device)
+    keys[:, :, : prefix.length] = prefix.keys.to(device)
+    values[:, :, : prefix.length] = prefix.values.to(device)
+    moved = [i for i, same in enumerate(reused) if not same]
+    for i, same in enumerate(reused):
+        if same:
+            start, end = spans[i]
+            keys[:, :, start:end] = previous.keys[:, :, start:end]
+            values[:, :, start:end] = previous.values[:, :, start:end]
+    if moved:
+        doc_keys = torch.cat([documents[i].keys.to(device) for i in moved], dim=2)  # [layers, kv, S', hd]
+        deltas = torch.cat([torch.full((documents[i].length,), spans[i][0] - documents[i].start,
+                                       dtype=torch.long) for i in moved])
         inv_freq = runtime.model.model.rotary_emb.inv_freq
         # Layers play the batch dimension: one call moves every document by its own delta.
-        keys.append(rope_shift(doc_keys, torch.cat(deltas).to(device), inv_freq,
-                               layout=_rotary_layout(runtime.model)))
-        values.append(torch.cat([d.values.to(device) for d in documents], dim=2))
+        shifted = rope_shift(doc_keys, deltas.to(device), inv_freq, layout=_rotary_layout(runtime.model))
+        at = 0
+        for i in moved:
+            start, end = spans[i]
+            keys[:, :, start:end] = shifted[:, :, at : at + end - start]
+            values[:, :, start:end] = documents[i].values.to(device)
+            at += end - start
     token_ids = prefix.token_ids + tuple(t for d in documents for t in d.token_ids)
-    return torch.cat(keys, dim=2), torch.cat(values, dim=2), token_ids, tuple(spans)
+    return keys, values, token_ids, tuple(spans), reused
 
 
-def _recover(runtime, keys, values, token_ids, spans, recovery: Recovery) -> float:
-    """Recompute per `recovery`, in place; returns the fraction of document token-layers recomputed."""
+def _recover(runtime, keys, values, token_ids, spans, recovery: Recovery, first_changed: int = 0) -> float:
+    """Recompute per `recovery`, in place; returns the fraction of document token-layers recomputed.
+
+    Documents before `first_changed` were copied already recovered from a composition with the same
+    documents in front of them, so first-k recovery starts at that document.
+    """
     total = sum(end - start for start, end in spans)
     if not total or not (recovery.first_k or recovery.blend_ratio) or len(spans) < 2:
         return 0.0
@@ -119,9 +166,10 @@ def _recover(runtime, keys, values, token_ids, spans, recovery: Recovery) -> flo
     n_layers = len(model.model.layers)
     work = 0
     if recovery.first_k:
-        chosen = [p for start, end in spans[1:] for p in range(start, min(end, start + recovery.first_k))]
-        selected = torch.tensor(chosen, device=device)
-        recompute_tokens(model, keys, values, ids, selected)
+        chosen = [p for start, end in spans[max(1, first_changed):]
+                  for p in range(start, min(end, start + recovery.first_k))]
+        if chosen:
+            recompute_tokens(model, keys, values, ids, torch.tensor(chosen, device=device))
         work += len(chosen) * n_layers
     if recovery.blend_ratio:
         candidates = torch.tensor([p for start, end in spans[1:] for p in range(start, end)], device=device)
@@ -151,21 +199,26 @@ def compose(
     query_ids: list[int] | None = None,
     *,
     recovery: Recovery = Recovery(),
+    previous: ComposedContext | None = None,
 ) -> ComposedContext:
     """Compose `documents` (in this order) after `prefix`; prefill `query_ids` when given.
 
-    The result is the caller's own: nothing in it shares storage with the stored entries.
+    `previous`: an earlier composition to copy unchanged documents from (it is only read). The
+    result is the caller's own: nothing in it shares storage with the stored entries or `previous`.
     """
     _check(prefix, documents)
     timings: dict[str, float] = {}
     with torch.inference_mode():
         started = time.perf_counter()
-        keys, values, token_ids, spans = _concatenate(runtime, prefix, documents)
+        keys, values, token_ids, spans, reused = _concatenate(runtime, prefix, documents, recovery, previous)
         timings["shift_s"] = time.perf_counter() - started
         started = time.perf_counter()
-        fraction = _recover(runtime, keys, values, token_ids, spans, recovery)
+        first_changed = reused.index(False) if False in reused else len(reused)
+        fraction = _recover(runtime, keys, values, token_ids, spans, recovery, first_changed)
         timings["recompute_s"] = time.perf_counter() - started
-        ctx = ComposedContext(keys, values, token_ids, spans, runtime.model.config, fraction, timings)
+        ctx = ComposedContext(keys, values, token_ids, spans, runtime.model.config, fraction, timings,
+                              document_keys=tuple(d.key for d in documents), prefix_hash=prefix.hash,
+                              recovery=recovery, reused_documents=sum(reused))
         if query_ids:
             started = time.perf_counter()
             ctx.cache = ctx.new_cache()

@@ -140,9 +140,12 @@ class SquidService:
         # tensors are never written; each request gets its own cache from `new_cache()`).
         signature = (prefix.hash, recovery, tuple(entry.key for entry in ready))
         with self._lock:
-            if self._last is not None and self._last[0] == signature:
-                return self._last[1]
-        composed = compose(self.runtime, prefix, ready, recovery=recovery)
+            last = self._last
+        if last is not None and last[0] == signature:
+            return last[1]
+        # A changed set mostly shares documents with the last one: those are copied, not re-rotated.
+        composed = compose(self.runtime, prefix, ready, recovery=recovery,
+                           previous=last[1] if last is not None else None)
         with self._lock:
             self._last = (signature, composed)
         return composed

@@ -132,3 +132,31 @@ def test_documents_of_another_prefix_are_refused(runtime, prefix, docs):
     other = encode_prefix(runtime, "# Another prefix\n")
     with pytest.raises(ValueError, match="another prefix"):
         compose(runtime, other, docs)
+
+
+@pytest.mark.parametrize("recovery", [Recovery(), Recovery(first_k=6)], ids=["rotation", "first6"])
+def test_a_swap_copies_unchanged_documents_from_the_previous_composition(runtime, prefix, docs, recovery):
+    # The middle document is replaced by another of the same length: the others keep their positions.
+    swapped_text = "import re\nprint(re.escape(\"a.b\"))\n"
+    ids = runtime.encode(swapped_text)[: docs[1].length]
+    ids += runtime.encode("# pad\n" * 8)[: docs[1].length - len(ids)]
+    swapped = encode_document(runtime, prefix, ids, document_key(runtime, prefix, "swapped"),
+                              source="/w/s.py")
+    query = runtime.encode("s = Stack()\n")
+    before = compose(runtime, prefix, docs, recovery=recovery)
+    before_keys = before.keys.clone()
+    again = compose(runtime, prefix, [docs[0], swapped, docs[2]], query, recovery=recovery, previous=before)
+    fresh = compose(runtime, prefix, [docs[0], swapped, docs[2]], query, recovery=recovery)
+    assert again.reused_documents == 2 and fresh.reused_documents == 0
+    assert torch.allclose(again.keys, fresh.keys, atol=1e-5)
+    assert torch.allclose(again.values, fresh.values, atol=1e-5)
+    assert torch.allclose(again.logits, fresh.logits, atol=1e-4)
+    # first-k recovery starts at the swapped document, the second: as much work as composing afresh.
+    assert again.recomputed_fraction == pytest.approx(fresh.recomputed_fraction)
+    assert torch.equal(before.keys, before_keys)  # the previous composition is only read
+    # Documents that moved are re-rotated, not copied; CacheBlend never copies.
+    moved = compose(runtime, prefix, [docs[1], docs[0], docs[2]], recovery=recovery, previous=before)
+    assert moved.reused_documents == 1  # only the last one sits where it was
+    blended = compose(runtime, prefix, docs, recovery=Recovery(blend_ratio=0.5),
+                      previous=compose(runtime, prefix, docs, recovery=Recovery(blend_ratio=0.5)))
+    assert blended.reused_documents == 0

@@ -1,0 +1,44 @@
+"""Prompt-lookup drafts (`context.lookup.PromptLookup`) on token sequences."""
+
+from __future__ import annotations
+
+from context.lookup import PromptLookup
+
+
+def test_a_repeated_suffix_drafts_what_followed_it():
+    lookup = PromptLookup([1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3], max_draft=3)
+    assert lookup.draft() == [4, 5, 6]
+    assert lookup.draft(limit=1) == [4]
+    assert PromptLookup([1, 2, 3], max_draft=4).draft() == []
+
+
+def test_the_longest_matching_ngram_wins():
+    # (2, 3) last led to 9, but (1, 2, 3) led to 4.
+    lookup = PromptLookup([1, 2, 3, 4, 8, 2, 3, 9, 5, 1, 2, 3], max_draft=2)
+    assert lookup.draft() == [4, 8]
+
+
+def test_a_renamed_token_resumes_after_the_token_it_replaced():
+    # The original: 10 11 OLD 12 13 14 ... and the rewrite so far: 10 11 NEW.
+    old, new = 50, 60
+    original = [7, 10, 11, old, 12, 13, 14, 15]
+    lookup = PromptLookup(original + [8, 7, 10, 11], max_draft=3)
+    assert lookup.draft() == [old, 12, 13]  # exact: the copy goes on as the original did
+    lookup.append(new)
+    assert lookup.draft() == [12, 13, 14]  # NEW replaced OLD: continue after it
+    lookup.append(12)
+    assert lookup.draft() == [13, 14, 15]  # and the copy goes on
+
+
+def test_nothing_to_copy_drafts_nothing():
+    lookup = PromptLookup([1, 2, 3], max_draft=3)
+    lookup.append(4)  # (2, 3) had no earlier occurrence: nothing to resume from
+    assert lookup.draft() == []
+
+
+def test_new_text_ends_the_copy():
+    lookup = PromptLookup([7, 10, 11, 12, 13, 14, 15, 16, 8, 10, 11], max_draft=2)
+    assert lookup.draft() == [12, 13]
+    for token in (90, 91, 92):  # three tokens in a row that the copied text does not have
+        lookup.append(token)
+    assert lookup.draft() == []
