@@ -17,6 +17,7 @@ Measured in one run, interleaved, medians over `--runs`:
 
 Usage: python bench/runtime.py [--json] [--runs N] [--threads N] [--quick] [--save FILE]
        [--llama-python /tmp/llamavenv/bin/python] [--weights none|int8|int4] [--references N]
+       [--keystroke-threads N]
 
 `--json` prints exactly {"prefill_tok_s", "decode_tok_s", "keystroke_p50_s", "keystroke_p95_s",
 "speculative_speedup", "vs_llama_cpp", "vs_generate"} for the configuration `--weights` names;
@@ -342,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch / llama.cpp threads (all phases)")
+    parser.add_argument("--keystroke-threads", type=int,
+                        help="model.threads while typing (0 = the server's default); default --threads")
     parser.add_argument("--weights", choices=WEIGHTS, default="none",
                         help="the weight format whose figures --json prints")
     parser.add_argument("--llama-python", default="/tmp/llamavenv/bin/python")
@@ -364,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     record: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_before": loadavg(),
-                    "threads": args.threads, "nproc": os.cpu_count(), "torch": torch.__version__}
+                    "threads": args.threads, "keystroke_threads": args.keystroke_threads,
+                    "nproc": os.cpu_count(), "torch": torch.__version__}
     runtimes = {w: runtime_for(w, args.threads) for w in WEIGHTS}
     text = PREFIX_FIXTURE.read_text()
     ids = runtimes["none"].encode(text)
@@ -396,7 +400,15 @@ def main(argv: list[str] | None = None) -> int:
         runtime = runtimes[weights]
         runtime.config = dataclasses.replace(runtime.config, draft_tokens=8)
         progress(f"keystrokes ({weights})")
+        speed_config = runtime.config
+        if args.keystroke_threads is not None:
+            # As the server runs: prefill on `threads` (0 = every core unless the machine is busy),
+            # decode on `decode_threads`.
+            runtime.config = dataclasses.replace(speed_config, threads=args.keystroke_threads)
+            torch.set_num_threads(args.keystroke_threads or os.cpu_count())
         record[f"keystrokes_{weights}"] = measure_keystrokes(runtime, args.sites, args.chars, args.references)
+        runtime.config = speed_config
+        torch.set_num_threads(args.threads)
         progress(f"prompt lookup ({weights})")
         record[f"speculative_{weights}"] = measure_speculative(runtime, 48 if args.quick else 128)
     progress("quality")

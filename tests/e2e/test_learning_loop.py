@@ -47,6 +47,10 @@ def test_the_loop_records_the_users_decisions_trains_on_them_and_swaps_the_adapt
     if recorded >= 8:  # feedback.train.service.MIN_EPISODES: fewer, and the task set trains instead
         assert gate["data"]["source"] == "episodes"
         assert gate["data"]["train"] + gate["data"]["held_out"] == recorded
+        # The learned preference was fitted on the training episodes (used or not, it says why).
+        preference = gate["preference"]
+        assert preference["kept"] + preference["not_kept"] >= gate["data"]["train"]
+        assert preference["reason"]
     assert gate["held_out"]["n"] >= 1 and gate["regression"]["n"] >= 1
     if train["state"] == "promoted":
         assert entry["swap_s"] >= 0
