@@ -39,6 +39,7 @@ MIN_BALANCED_ACCURACY = 0.65  # the cross-validated score it must reach to be us
 FOLDS = 4
 MAX_CHARS = 2000  # an answer's first characters decide; long texts would drown the opening
 UNCHANGED = 0.9  # an answer at least this similar to the kept text was kept as it was
+MAX_OUTCOMES = 2000  # the newest outcomes are fitted on (the fit holds them as a dense matrix)
 
 _TOKEN = re.compile(r"[A-Za-z_]\w*|\d+|[^\w\s]{1,3}")
 
@@ -160,8 +161,8 @@ def _balanced_accuracy(labels: Sequence[int], predicted: Sequence[int]) -> float
 
 
 def fit_preference(examples: Sequence) -> PreferenceFit:
-    """Fit the user's preference on training examples, if it can be learned from them."""
-    texts, labels, groups = labelled_texts(examples)
+    """Fit the user's preference on training examples (oldest first), if it can be learned from them."""
+    texts, labels, groups = (part[-MAX_OUTCOMES:] for part in labelled_texts(examples))
     kept, not_kept = sum(labels), len(labels) - sum(labels)
     if kept < MIN_PER_CLASS or not_kept < MIN_PER_CLASS:
         return PreferenceFit(None, kept, not_kept, None, f"too few outcomes ({kept} kept, {not_kept} not "
