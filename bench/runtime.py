@@ -3,7 +3,8 @@
 
 Measured in one run, interleaved, medians over `--runs`:
   1. prefill and decode speed on ~1,000 tokens of real code (`fixtures/foundation_prefix.txt`)
-     and 64 greedy tokens: the runtime (float32, int8 and int4 weights), transformers `generate()` on
+     and 64 greedy tokens: the runtime (float32, int8 and int4 weights; float32 again with the
+     exact output projection instead of the shortlist head), transformers `generate()` on
      the same torch model, and llama.cpp (llama-cpp-python, in its own venv, on the same GGUF file
      the runtime converts) in a worker process;
   2. keystroke-to-completion latency while typing through a real ~1,000-line file (the
@@ -101,14 +102,14 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')} load {loadavg()[0]}] {message}", file=sys.stderr, flush=True)
 
 
-def runtime_for(weights: str, threads: int):
+def runtime_for(weights: str, threads: int, **settings):
     """A runtime with its own engine (sharing the loaded weights) for one weight format."""
     from context.config import ModelConfig
     from context.runtime import get_runtime
 
     base = get_runtime(ModelConfig(threads=threads))
     clone = copy.copy(base)
-    clone.config = dataclasses.replace(base.config, quantize=weights)
+    clone.config = dataclasses.replace(base.config, quantize=weights, **settings)
     clone._engine = clone._cache = clone._engine_key = None
     import threading
 
@@ -370,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
                     "threads": args.threads, "keystroke_threads": args.keystroke_threads,
                     "nproc": os.cpu_count(), "torch": torch.__version__}
     runtimes = {w: runtime_for(w, args.threads) for w in WEIGHTS}
+    # The float32 engine again with an exact output projection, to show what the shortlist head buys.
+    exact_head = runtime_for("none", args.threads, shortlist_head=False)
     text = PREFIX_FIXTURE.read_text()
     ids = runtimes["none"].encode(text)
     record["prompt_tokens"] = len(ids)
@@ -381,12 +384,13 @@ def main(argv: list[str] | None = None) -> int:
             record["llama_cpp_error"] = str(exc)
     else:
         record["llama_cpp_error"] = f"{args.llama_python} not found (pip install llama-cpp-python there)"
-    rows: dict[str, list[dict]] = {w: [] for w in WEIGHTS} | {"generate": [], "llama_cpp": []}
+    rows: dict[str, list[dict]] = {w: [] for w in WEIGHTS} | {"exact_head": [], "generate": [], "llama_cpp": []}
     runtimes["none"].generate(ids[:64], max_new_tokens=2)  # touch the memory-mapped weights
     for run in range(args.runs):
         progress(f"speed run {run + 1}/{args.runs}")
         for weights, runtime in runtimes.items():
             rows[weights].append(measure_ours(runtime, ids))
+        rows["exact_head"].append(measure_ours(exact_head, ids))
         rows["generate"].append(measure_generate(runtimes["none"], ids))
         if llama is not None:
             rows["llama_cpp"].append(llama.measure(text))
@@ -394,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         llama.close()
     record["speed_rows"] = rows
     record["greedy_equal_to_generate"] = all(
-        a["text"] == b["text"] for a, b in zip(rows["none"], rows["generate"], strict=True)
+        a["text"] == b["text"] == c["text"]
+        for a, b, c in zip(rows["none"], rows["generate"], rows["exact_head"], strict=True)
     )
     for weights in args.detail:
         runtime = runtimes[weights]
@@ -414,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     progress("quality")
     record["quality"] = measure_quality(runtimes["none"], 256 if args.quick else 512)
     record["load_after"] = loadavg()
-    for weights in WEIGHTS:
+    for weights in (*WEIGHTS, "exact_head"):
         record[f"summary_{weights}"] = summarise(rows[weights], rows["generate"], rows["llama_cpp"])
     chosen = record[f"summary_{args.weights}"]
     keys = record[f"keystrokes_{args.weights}"]

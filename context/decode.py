@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .shortlist import ShortlistHead
+
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "DecodeEngine",
@@ -159,9 +161,10 @@ class DecodeEngine:
     """A Llama forward pass over `KVCache`, with the model's weights (or quantized copies)."""
 
     def __init__(self, model, linear: Callable[[torch.Tensor], Linear] | None = None,
-                 quantize_head: bool = True):
+                 quantize_head: bool = True, shortlist_head: bool = True):
         """`linear` turns a weight into a projection (default: the weight as it is); the output
-        projection uses it too unless `quantize_head` is False."""
+        projection uses it too unless `quantize_head` is False. `shortlist_head` lets greedy
+        forward passes use `ShortlistHead` where it pays (float32 on the CPU)."""
         config = model.config
         self.model = model
         base = model.model
@@ -169,6 +172,9 @@ class DecodeEngine:
         self.embed = base.embed_tokens.weight  # [vocab, hidden]
         self.final_norm = base.norm.weight
         self.lm_head = (make if quantize_head else _dense)(model.lm_head.weight)
+        # Greedy steps read the output matrix mostly in bfloat16 (same argmax, see context.shortlist).
+        head = model.lm_head.weight
+        self.greedy_head = ShortlistHead(head) if shortlist_head and ShortlistHead.supports(head) else None
         self._make = linear
         self.layers = [
             _Layer(
@@ -223,11 +229,14 @@ class DecodeEngine:
 
     # -- the forward pass ----------------------------------------------------------------------
 
-    def forward(self, ids: torch.Tensor, cache: KVCache, *, rows: bool = False, all_logits: bool = False):
+    def forward(self, ids: torch.Tensor, cache: KVCache, *, rows: bool = False, all_logits: bool = False,
+                greedy: bool = False):
         """Run `ids` [batch, T] after what `cache` holds and return logits [batch, T or 1, vocab].
 
         Without `rows` the tokens extend the shared row (batch 1); with it they extend each
         candidate row (batch = rows) after the shared row. Either way the cache length advances by T.
+        `greedy` says only the argmax of the logits will be used (their other values may be
+        approximate by a bounded amount): the output projection is then the cheaper greedy head.
         """
         batch, steps = ids.shape
         start = cache.length + cache.row_length if rows else cache.length
@@ -252,7 +261,10 @@ class DecodeEngine:
             cache.ids.extend(ids[0].tolist())
         if not all_logits:
             hidden = hidden[:, -1:]
-        return self.lm_head(self._rms_norm(hidden, self.final_norm)).float()
+        hidden = self._rms_norm(hidden, self.final_norm)
+        if greedy and self.greedy_head is not None:
+            return self.greedy_head(hidden)
+        return self.lm_head(hidden).float()
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype

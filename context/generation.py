@@ -92,12 +92,15 @@ class SequenceLoop:
                         max_new_tokens):
                 break
             draft: list[int] = []
+            # A token healing still constrains picks the argmax among a few allowed tokens: exact logits.
+            healing_next = bool(heal) and len(self.decode(out.ids)) < len(heal)
             if greedy and lookup is not None:
                 lookup.append(next_id)
-                if not (heal and len(self.decode(out.ids)) < len(heal)):
+                if not healing_next:
                     draft = lookup.draft(min(self.draft_length, max_new_tokens - len(out.ids)))
             step = torch.tensor([[next_id, *draft]], device=self.engine.device)
-            all_logits = self.engine.forward(step, self.cache, all_logits=bool(draft))[0]  # [T, vocab]
+            all_logits = self.engine.forward(step, self.cache, all_logits=bool(draft),
+                                             greedy=greedy and not healing_next)[0]  # [T, vocab]
             if not draft:
                 logits = all_logits[-1:]
                 continue

@@ -80,7 +80,9 @@ class GenerationResult:
     decode_s: float
     stop_reason: str  # "eos" | "stop" | "length" | "stopped_by_caller"
     # Sum of the natural-log probabilities of the generated tokens under the model (temperature 1,
-    # no top-p), as best-of-K ranks candidates; None where it was not computed.
+    # no top-p), as best-of-K ranks candidates; None where it was not computed. A greedy generation
+    # on the lean engine takes it from the shortlist head's logits (context.shortlist): within
+    # about 1e-3 nats per token, where the tail of the vocabulary was read in bfloat16.
     logprob: float | None = None
     # Prompt tokens whose keys were still cached from the previous call (not prefilled again).
     reused_tokens: int = 0
@@ -401,7 +403,8 @@ class ModelRuntime:
                     prompt_ids, max_new_tokens, stop, temperature, top_p, generator, should_stop, heal, past
                 )
             started = time.perf_counter()
-            reused, head, logits = self._prefill_engine(engine, prompt_ids, past, should_stop, max_new_tokens)
+            reused, head, logits = self._prefill_engine(engine, prompt_ids, past, should_stop, max_new_tokens,
+                                                        greedy=temperature <= 0 and not heal)
             prefill_s = time.perf_counter() - started
             lookup = None
             if temperature <= 0 and self.config.draft_tokens > 0:
@@ -501,7 +504,7 @@ class ModelRuntime:
         from .decode import DecodeEngine, engine_unsupported_reason
 
         model = self.model
-        key = (id(model), self.adapter_id, self.config.quantize,
+        key = (id(model), self.adapter_id, self.config.quantize, self.config.shortlist_head,
                tuple((id(p), p._version) for p in model.parameters()))
         if key == self._engine_key:
             return self._engine
@@ -521,15 +524,17 @@ class ModelRuntime:
                 linear = int8_linear if self.config.quantize == "int8" else int4_linear
             # The output projection keeps the model's own weights: near-ties in the logits decide
             # greedy tokens (int8 there costs 2 points of top-1 agreement with float32).
-            self._engine = DecodeEngine(model, linear=linear, quantize_head=False)
+            self._engine = DecodeEngine(model, linear=linear, quantize_head=False,
+                                        shortlist_head=self.config.shortlist_head)
             # Keys computed with other weights are meaningless now.
             self._cache = self._engine.new_cache()
         self._engine_key = key
         return self._engine
 
     def _prefill_engine(self, engine, prompt_ids: list[int], past, should_stop: ShouldStop,
-                        max_new_tokens: int):
-        """Bring the cache to `past` + `prompt_ids`, prefilling only what is not cached yet.
+                        max_new_tokens: int, greedy: bool = False):
+        """Bring the cache to `past` + `prompt_ids`, prefilling only what is not cached yet;
+        `greedy`: the logits returned are only used for their argmax.
 
         Returns (prompt tokens reused from the previous call, tokens of earlier context kept in front
         of the prompt, logits [1, vocab] after the prompt).
@@ -569,7 +574,7 @@ class ModelRuntime:
                 if should_stop():
                     raise GenerationCancelled("cancelled during prefill")
                 chunk = torch.tensor([full[start : start + PREFILL_CHUNK]], device=engine.device)
-                logits = engine.forward(chunk, cache)[:, -1]
+                logits = engine.forward(chunk, cache, greedy=greedy)[:, -1]
         return common - len(head), len(head), logits
 
     def _prefill_threads(self) -> int:

@@ -184,7 +184,9 @@ def test_batched_greedy_candidates_equal_the_single_generation(runtime):
     batch = runtime.generate_batch(ids, 3, max_new_tokens=20, temperature=0.0)
     assert [r.text for r in batch] == [single.text] * 3
     for result in batch:
-        assert result.logprob == pytest.approx(single.logprob, abs=1e-2)
+        # The single greedy generation reads the output matrix through the shortlist head, whose
+        # logits outside the best 32 are bfloat16: its log-probability is off by ~1e-3 per token.
+        assert result.logprob == pytest.approx(single.logprob, abs=5e-2)
         assert result.reused_tokens == len(ids) - 1  # the prompt's cache is shared, not rebuilt
 
 
