@@ -5,6 +5,8 @@ Most of a transformers decode step on a small model is framework overhead (cache
 hooks, the full-sequence logits), not arithmetic. This engine runs the same math with the model's
 own weight tensors (no copies in float32, so in-place updates such as training are seen at once):
 RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, and logits for the positions asked for.
+Projections wrapped by a peft LoRA adapter run as the base weight plus each active adapter's
+low-rank path, `scaling * B(A(x))`, read from the adapter's own tensors.
 
 The cache (`KVCache`) has two parts:
   - a shared row holding the prompt (and, for single generations, what was generated), kept
@@ -50,11 +52,93 @@ def engine_unsupported_reason(model) -> str | None:
         return "biased projections are not supported"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"activation {config.hidden_act!r} is not supported"
-    # An adapter library (peft) wraps the projections: its extra paths are not in the plain weights.
-    for module in model.model.layers[0].modules():
-        if isinstance(module, torch.nn.Module) and type(module).__module__.startswith("peft"):
-            return "the model carries an adapter wrapper (peft)"
+    return _adapter_unsupported_reason(model)
+
+
+_PROJECTIONS = {
+    "self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "mlp": ("gate_proj", "up_proj", "down_proj"),
+}
+
+
+def _adapter_unsupported_reason(model) -> str | None:
+    """Why the engine cannot read what an adapter library (peft) put into `model`, or None.
+
+    The engine adds plain LoRA paths (peft `lora.Linear`) to the decoder layers' projections; any
+    other peft module, anywhere in the model, changes the math in a way it would silently skip.
+    """
+    projections = {
+        id(getattr(getattr(layer, part), name))
+        for layer in model.model.layers
+        for part, names in _PROJECTIONS.items()
+        for name in names
+    }
+    for name, module in model.named_modules():
+        if not type(module).__module__.startswith("peft"):
+            continue
+        kind = type(module).__name__
+        if id(module) not in projections:
+            return f"{name} is a peft {kind}; the engine reads adapters on the layers' projections only"
+        reason = _lora_linear_unsupported_reason(module)
+        if reason is not None:
+            return f"{name}: {reason}"
     return None
+
+
+def _lora_linear_unsupported_reason(module) -> str | None:
+    """Why the peft projection wrapper `module` is not a plain LoRA the engine can add, or None."""
+    # peft is loaded already: one of its modules is in the model.
+    from peft.tuners.lora import Linear as LoraLinear
+
+    if type(module) is not LoraLinear:
+        return f"a peft {type(module).__name__} (the engine runs lora.Linear only)"
+    if type(module.base_layer) is not torch.nn.Linear:
+        return f"LoRA over a {type(module.base_layer).__name__}, not a plain torch Linear"
+    if module.merged:
+        # The base weight then holds the adapter's delta, which quantized copies must not include.
+        return "LoRA merged into the base weight"
+    if module.fan_in_fan_out:
+        return "LoRA with fan_in_fan_out (transposed weights)"
+    for adapter in _active_lora_names(module):
+        if adapter in module.lora_variant:
+            return f"LoRA variant {type(module.lora_variant[adapter]).__name__} (e.g. DoRA)"
+        if module.lora_B[adapter].bias is not None:
+            return "LoRA with a bias (lora_bias)"
+    return None
+
+
+def _active_lora_names(module) -> list[str]:
+    """The adapters of a peft LoRA layer that its forward applies (as peft decides it)."""
+    if module.disable_adapters:
+        return []
+    return [name for name in module.active_adapters if name in module.lora_A]
+
+
+LoraPath = tuple[torch.Tensor, torch.Tensor, float]  # A [rank, in], B [out, rank], scaling
+
+
+def _lora_paths(module: torch.nn.Module) -> list[LoraPath]:
+    """The low-rank paths a projection adds to its base output: none for a plain Linear."""
+    if not hasattr(module, "lora_A"):
+        return []
+    return [
+        (module.lora_A[name].weight, module.lora_B[name].weight, module.scaling[name])
+        for name in _active_lora_names(module)
+    ]
+
+
+def _base_weight(module: torch.nn.Module) -> torch.Tensor:
+    """The projection's own weight, without any adapter (a peft wrapper keeps it in `base_layer`)."""
+    return module.base_layer.weight if hasattr(module, "lora_A") else module.weight
+
+
+def _add_lora(out: torch.Tensor, x: torch.Tensor, paths: list[LoraPath]) -> torch.Tensor:
+    """`out` (the base projection of `x`) plus every LoRA path, added in the activation dtype."""
+    for a, b, scaling in paths:
+        # As peft does: the input in the adapter's dtype (a no-op when they match).
+        delta = F.linear(F.linear(x.to(a.dtype), a), b)  # [..., rank] -> [..., out]
+        out = torch.add(out, delta.to(out.dtype), alpha=scaling)
+    return out
 
 
 def _dense(weight: torch.Tensor) -> Linear:
@@ -179,11 +263,11 @@ class DecodeEngine:
         self.layers = [
             _Layer(
                 attn_norm=layer.input_layernorm.weight,
-                qkv=self._projections([getattr(layer.self_attn, f"{n}_proj").weight for n in "qkv"]),
-                o=make(layer.self_attn.o_proj.weight),
+                qkv=self._projections([getattr(layer.self_attn, f"{n}_proj") for n in "qkv"]),
+                o=self._projection(layer.self_attn.o_proj),
                 mlp_norm=layer.post_attention_layernorm.weight,
-                gate_up=self._projections([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]),
-                down=make(layer.mlp.down_proj.weight),
+                gate_up=self._projections([layer.mlp.gate_proj, layer.mlp.up_proj]),
+                down=self._projection(layer.mlp.down_proj),
             )
             for layer in base.layers
         ]
@@ -199,9 +283,25 @@ class DecodeEngine:
         self._cos, self._sin = self._rotary_tables(config)
         self._masks: dict[int, torch.Tensor] = {}
 
-    def _projections(self, weights: list[torch.Tensor]) -> Projections:
-        """Several projections of the same input: the model's own tensors one by one, or, where
-        `linear` makes copies anyway, one fused copy whose output is split (fewer, larger calls)."""
+    def _projection(self, module: torch.nn.Module) -> Linear:
+        """One projection module (a Linear, or a peft LoRA wrapper around one) as a function of x."""
+        base = (self._make or _dense)(_base_weight(module))
+        paths = _lora_paths(module)
+        if not paths:
+            return base
+        return lambda x: _add_lora(base(x), x, paths)
+
+    def _projections(self, modules: list[torch.nn.Module]) -> Projections:
+        """Several projections of the same input, each with its own LoRA paths if it has any."""
+        base = self._base_projections([_base_weight(m) for m in modules])
+        paths = [_lora_paths(m) for m in modules]
+        if not any(paths):
+            return base
+        return lambda x: tuple(_add_lora(out, x, p) for out, p in zip(base(x), paths, strict=True))
+
+    def _base_projections(self, weights: list[torch.Tensor]) -> Projections:
+        """Several base weights applied to the same input: the model's own tensors one by one, or,
+        where `linear` makes copies anyway, one fused copy whose output is split (fewer, larger calls)."""
         if self._make is None:
             if len(weights) == 3:
                 first, second, third = weights
