@@ -67,4 +67,10 @@ class PromptLookup:
         limit = self.max_draft if limit is None else min(limit, self.max_draft)
         if limit <= 0 or self._follow is None:
             return []
-        return self.history[self._follow : self._follow + limit]
+        draft = self.history[self._follow : self._follow + limit]
+        # A copy that reaches the present goes on into itself, as an overlapping LZ77 copy does:
+        # text repeating with a short period ("\n#\n#") drafts whole runs, not one period.
+        period = len(self.history) - self._follow
+        while len(draft) < limit:
+            draft.append(draft[len(draft) - period])
+        return draft

@@ -42,3 +42,12 @@ def test_new_text_ends_the_copy():
     for token in (90, 91, 92):  # three tokens in a row that the copied text does not have
         lookup.append(token)
     assert lookup.draft() == []
+
+
+def test_a_copy_that_reaches_the_present_repeats_its_period():
+    # "# \n" lines a model writes in a run: (5, 6, 5) last led to 6, two tokens back; the draft
+    # goes on as the repetition would, not just to the end of what exists.
+    lookup = PromptLookup([1, 2, 5, 6, 5, 6, 5], max_draft=6)
+    assert lookup.draft() == [6, 5, 6, 5, 6, 5]
+    lookup = PromptLookup([9, 1, 2, 3, 1, 2, 3, 1, 2], max_draft=5)
+    assert lookup.draft() == [3, 1, 2, 3, 1]
