@@ -25,7 +25,7 @@ __all__ = ["QualityReport", "int4_linear", "int8_linear", "logit_agreement", "qu
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-output-channel symmetric int8: (int8 [out, in], scales [out]) with weight ~ q * scale."""
-    weight = weight.detach().float()
+    weight = weight.detach().float().contiguous()  # the runtime may keep weights transposed in memory
     scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [out]
     quantized = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
     return quantized, scales
@@ -55,7 +55,7 @@ def quantize_int4(weight: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.
     dequantized from Q4_1, as the embedded model's are, is recovered exactly. The second tensor
     holds (scale, zero) in the kernel's convention: weight = (code - 8) * scale + zero.
     """
-    weight = weight.detach().float()
+    weight = weight.detach().float().contiguous()
     out_features, in_features = weight.shape
     groups = weight.view(out_features, in_features // group, group)  # [out, in/group, group]
     low, high = groups.amin(-1), groups.amax(-1)

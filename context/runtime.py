@@ -317,6 +317,8 @@ class ModelRuntime:
             self._load_from(self._model_dir(), dtype)
             return
         self.model = model.to(self.device).eval()
+        if self.device == "cpu":
+            _store_projections_transposed(self.model)
         with model_loading():
             from .sparse_attention import install_sparse_attention
 
@@ -679,6 +681,23 @@ def _slid_head(cached: list[int], prompt: list[int], slack: int) -> list[int]:
             if _common_prefix(cached[shift:], prompt) >= len(prompt) // 2:
                 return cached[:shift]
     return []
+
+
+def _store_projections_transposed(model) -> None:
+    """Keep every decoder projection's weight in transposed memory ([in, out] rows), same values.
+
+    `x @ W.T` then reads W in the order CPU BLAS streams fastest for the few-row products of
+    decoding and draft verification (1.4x for one row, 1.8x for two, measured in bench/runtime.py),
+    and no slower for a prefill's hundreds of rows. The parameters stay the model's own (views of
+    the new storage), so transformers, the lean engine and adapters all use them unchanged.
+    """
+    import torch
+
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for module in (*layer.self_attn.children(), *layer.mlp.children()):
+                if isinstance(module, torch.nn.Linear) and module.weight.is_contiguous():
+                    module.weight.data = module.weight.data.t().contiguous().t()
 
 
 def _copy_cache(past):
