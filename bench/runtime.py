@@ -280,16 +280,16 @@ def measure_speculative(runtime, new_tokens: int) -> dict:
     for kind, prompt in edit_prompts(runtime):
         ids = runtime.encode(prompt)
         timings = {}
-        for drafts in (0, 8):
+        for drafts in (0, DRAFT_TOKENS):
             runtime.config = dataclasses.replace(runtime.config, draft_tokens=drafts)
             runtime.forget_prefix()
             timings[drafts] = runtime.generate(ids, max_new_tokens=new_tokens)
-        plain, drafted = timings[0], timings[8]
+        plain, drafted = timings[0], timings[DRAFT_TOKENS]
         rows.append({"kind": kind, "prompt_tokens": len(ids), "new_tokens": plain.new_tokens,
                      "plain_decode_s": plain.decode_s, "drafted_decode_s": drafted.decode_s,
                      "speedup": plain.decode_s / drafted.decode_s, "identical": plain.text == drafted.text,
                      "accepted": drafted.accepted_tokens, "drafted": drafted.drafted_tokens})
-    runtime.config = dataclasses.replace(runtime.config, draft_tokens=8)
+    runtime.config = dataclasses.replace(runtime.config, draft_tokens=DRAFT_TOKENS)
 
     def speedup(kinds):
         picked = [r for r in rows if r["kind"] in kinds]
@@ -332,6 +332,15 @@ def measure_quality(runtime, positions: int) -> dict:
 
 
 # -- the run --------------------------------------------------------------------------------------
+
+
+def _default_draft_tokens() -> int:
+    from context.config import ModelConfig
+
+    return ModelConfig().draft_tokens
+
+
+DRAFT_TOKENS = _default_draft_tokens()  # prompt lookup as the runtime runs it by default
 
 
 def median_of(rows: list[dict], key: str) -> float:
@@ -421,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for weights in args.detail:
         runtime = runtimes[weights]
-        runtime.config = dataclasses.replace(runtime.config, draft_tokens=8)
+        runtime.config = dataclasses.replace(runtime.config, draft_tokens=DRAFT_TOKENS)
         progress(f"keystrokes ({weights})")
         speed_config = runtime.config
         if args.keystroke_threads is not None:

@@ -96,7 +96,7 @@ class ModelConfig:
     reuse_slack_tokens: int = field(default=1024, metadata=_range(0, 32768))
     # Greedy decoding drafts up to this many tokens from n-gram matches in the prompt and checks
     # them in one forward pass (the output is unchanged); 0 turns prompt lookup off.
-    draft_tokens: int = field(default=8, metadata=_range(0, 64))
+    draft_tokens: int = field(default=12, metadata=_range(0, 64))
     # Greedy steps read the float32 output projection mostly in bfloat16, recomputing the best 32
     # logits exactly (context/shortlist.py): the same tokens, a cheaper step. false = always exact.
     shortlist_head: bool = True
