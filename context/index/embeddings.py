@@ -14,6 +14,13 @@ Speed (2-core shared CPU, one thread, batches of 32 sorted by length): fp32 at 6
 135/s with a mean cosine of 0.977 to fp32 (per-tensor scales: 0.93, and measurably worse recall), so
 int8 per-channel is the default. `bench/bench_index_embed.py` measures both.
 
+Under int8 each text runs through the model alone. Dynamic quantization scales a Linear layer's
+input by the range of the whole batch, padding included, so a batched text's vector depends on its
+batchmates (cosine 0.975 to the same text embedded alone): the same head got different vectors
+depending on which chunks were pending with it, unlike the query, which is always embedded alone.
+Alone, a vector is a function of its text, as its content key assumes (87 chunks/s instead of 102 on
+one busy core; stdlib fused recall@5 0.890 -> 0.912).
+
 Vectors are stored L2-normalised as float16 blobs keyed by `vector_key(model_id, text)`: a chunk
 whose head did not change keeps its vector across re-parses, renames and re-indexes.
 """
@@ -62,12 +69,13 @@ class EmbedderConfig:
 
     max_tokens: int = 64
     quantize: bool = True  # int8 dynamic quantization (per-channel weights) of the Linear layers
-    batch_size: int = 32
+    batch_size: int = 32  # fp32 only: int8 embeds each text alone
     threads: int = 1  # torch intra-op threads, set only in a dedicated embedding process
 
     @property
     def model_id(self) -> str:
-        return f"all-MiniLM-L6-v2/{'int8pc' if self.quantize else 'fp32'}/{self.max_tokens}"
+        # int8 vectors were once embedded in batches (see the module docstring): a new id keeps them out.
+        return f"all-MiniLM-L6-v2/{'int8pc-alone' if self.quantize else 'fp32'}/{self.max_tokens}"
 
 
 def embeddings_available() -> bool:
@@ -141,11 +149,12 @@ class ChunkEmbedder:
                 self._tokenizer, self._model = _load_model(self.config.quantize)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """[len(texts), EMBEDDING_DIM] float32, rows of unit length; batched, shortest texts together."""
+        """[len(texts), EMBEDDING_DIM] float32, rows of unit length; fp32 batched, shortest texts
+        together, int8 one text at a time (a batch would change each text's quantization)."""
         self.load()
         out = np.zeros((len(texts), EMBEDDING_DIM), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        size = max(1, self.config.batch_size)
+        size = 1 if self.config.quantize else max(1, self.config.batch_size)
         for start in range(0, len(order), size):
             picked = order[start:start + size]
             out[picked] = self._embed_batch([texts[i] for i in picked])
