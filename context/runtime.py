@@ -688,9 +688,10 @@ def _store_projections_transposed(model) -> None:
 
     `x @ W.T` then reads W in the order CPU BLAS streams fastest for the few-row products of
     decoding and draft verification (on 30 of the embedded model's 1536 x 576 matrices, one thread:
-    1.6x for one row, 1.8x for two, 1.03x for 256), so a decode step is cheaper and a prefill no
-    slower (bench/runtime.py measures the row-major layout beside it). The parameters stay the model's own (views of
-    the new storage), so transformers, the lean engine and adapters all use them unchanged.
+    1.65x for one row, 1.8x for two, 1.03x for 256), so a decode step is cheaper and a prefill no
+    slower (bench/runtime.py measures the row-major layout beside it). The parameters stay the
+    model's own (views of the new storage), so transformers, the lean engine and adapters all use
+    them unchanged.
     """
     import torch
 

@@ -39,3 +39,15 @@ def model_cache_dir() -> Path:
 def runtime(model_cache_dir) -> ModelRuntime:
     """The embedded model, loaded in the test process (shared by the unit tests)."""
     return get_runtime(ModelConfig(), model_cache_dir)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for a test: on a shared 2-core machine torch's thread pool spins, and a
+    forward pass or a training step takes 10-30x longer."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -16,6 +16,8 @@ from context.decode import DecodeEngine, engine_unsupported_reason
 from context.quant import logit_agreement
 from tests.unit.test_runtime_engine import CONFIG_PROMPT, STORE_PROMPT, configured, transformers_greedy
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 NEW_TOKENS = 24
 
@@ -41,13 +43,6 @@ def write_adapter(model, path, seed: int, rank: int = 8, scale: float = 0.05):
     return path
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """One thread: on a shared 2-core machine torch's thread pool spins, and a pass takes 10x longer."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -39,14 +39,8 @@ def tiny_model(seed: int = 0):
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    """One thread: on a shared 2-core machine torch's thread pool spins and a step takes 30x longer."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _every_training_test_on_one_thread(one_torch_thread):
+    """Training steps run on one torch thread (tests/conftest.py says why)."""
 
 
 @pytest.fixture
