@@ -686,12 +686,11 @@ def _slid_head(cached: list[int], prompt: list[int], slack: int) -> list[int]:
 def _store_projections_transposed(model) -> None:
     """Keep every decoder projection's weight in transposed memory ([in, out] rows), same values.
 
-    `x @ W.T` then reads W in the order CPU BLAS streams fastest for the few-row products of
-    decoding and draft verification (on 30 of the embedded model's 1536 x 576 matrices, one thread:
-    1.65x for one row, 1.8x for two, 1.03x for 256), so a decode step is cheaper and a prefill no
-    slower (bench/runtime.py measures the row-major layout beside it). The parameters stay the
-    model's own (views of the new storage), so transformers, the lean engine and adapters all use
-    them unchanged.
+    `x @ W.T` then reads W in the order CPU BLAS streams fastest for decoding's one- and two-row
+    products (bench/bench_output_head.py, 30 of the embedded model's 1536 x 576 matrices, one
+    thread: 1.6-1.75x for one row, 1.6-1.8x for two; 0.9-1.0x for nine, and within noise for a
+    256-row prefill chunk). The parameters stay the model's own (views of the new storage), so
+    transformers, the lean engine and adapters all use them unchanged.
     """
     import torch
 
