@@ -4,8 +4,9 @@
 Measured in one run, interleaved, medians over `--runs`:
   1. prefill and decode speed on ~1,000 tokens of real code (`fixtures/foundation_prefix.txt`)
      and 64 greedy tokens: the runtime (float32, int8 and int4 weights; float32 again with the
-     exact output projection instead of the shortlist head, and with the projections in the
-     row-major layout transformers loads), transformers `generate()` on
+     exact output projection instead of the shortlist head, with the projections in the
+     row-major layout transformers loads, and with torch steps instead of the fused
+     `kernels/cpu_decode.c` step), transformers `generate()` on
      the same torch model, and llama.cpp (llama-cpp-python, in its own venv, on the same GGUF file
      the runtime converts) in a worker process;
   2. keystroke-to-completion latency while typing through a real ~1,000-line file (the
@@ -394,10 +395,11 @@ def main(argv: list[str] | None = None) -> int:
                     "threads": args.threads, "keystroke_threads": args.keystroke_threads,
                     "nproc": os.cpu_count(), "torch": torch.__version__}
     runtimes = {w: runtime_for(w, args.threads) for w in WEIGHTS}
-    # The float32 engine again with an exact output projection, and with row-major weights, to show
-    # what the shortlist head and the transposed layout buy.
+    # The float32 engine again with an exact output projection, with row-major weights, and with
+    # torch's per-operation steps instead of the fused one, to show what each buys.
     variants = {"exact_head": runtime_for("none", args.threads, shortlist_head=False),
-                "row_major": row_major_runtime(args.threads)}
+                "row_major": row_major_runtime(args.threads),
+                "torch_step": runtime_for("none", args.threads, fused_step=False)}
     text = PREFIX_FIXTURE.read_text()
     ids = runtimes["none"].encode(text)
     record["prompt_tokens"] = len(ids)

@@ -81,8 +81,9 @@ class ModelConfig:
     # How blocks are chosen (kernels/sparse_attention.py): "mass" = each block's share of the query
     # group's attention, estimated from its mean key; "minmax" = Quest's bound; "mean" = q.mean.
     sparse_score: str = field(default="mass", metadata=_choice("minmax", "mean", "mass"))
-    # Threads for decoding (one token per forward pass); 0 uses `threads`. Decode is memory-bound
-    # and does not scale past one thread on a small CPU, and extra threads collapse under load.
+    # Torch threads for decoding (one token per forward pass); 0 uses `threads`. Torch's small
+    # decoding operations do not scale past one thread on a small CPU, and extra threads collapse
+    # under load. The fused step (`fused_step`) splits its products and uses `threads` instead.
     decode_threads: int = field(default=1, metadata=_range(0, 1024))
     # Weight-only copies of the projections for the lean engine on the CPU: "int8" (per channel) or
     # "int4" (groups of 32: lossless for the embedded GGUF Q4_1 model); "none" runs the loaded
@@ -100,6 +101,10 @@ class ModelConfig:
     # Greedy steps read the float32 output projection mostly in bfloat16, recomputing the best 32
     # logits exactly (context/shortlist.py): the same tokens, a cheaper step. false = always exact.
     shortlist_head: bool = True
+    # Single-token float32 steps on the CPU run every layer in one compiled call
+    # (kernels/cpu_decode.c, built with the machine's C compiler on first use; without one, or
+    # for LoRA, quantized weights or other devices, the torch steps run). false = torch steps only.
+    fused_step: bool = True
 
 
 @dataclass(frozen=True)

@@ -245,10 +245,12 @@ class DecodeEngine:
     """A Llama forward pass over `KVCache`, with the model's weights (or quantized copies)."""
 
     def __init__(self, model, linear: Callable[[torch.Tensor], Linear] | None = None,
-                 quantize_head: bool = True, shortlist_head: bool = True):
+                 quantize_head: bool = True, shortlist_head: bool = True, fused_step: bool = True):
         """`linear` turns a weight into a projection (default: the weight as it is); the output
         projection uses it too unless `quantize_head` is False. `shortlist_head` lets greedy
-        forward passes use `ShortlistHead` where it pays (float32 on the CPU)."""
+        forward passes use `ShortlistHead` where it pays (float32 on the CPU). `fused_step` runs
+        single-token steps through `kernels.cpu_decode` where it can (float32 on the CPU, the
+        model's own weights, no LoRA paths)."""
         config = model.config
         self.model = model
         base = model.model
@@ -282,6 +284,33 @@ class DecodeEngine:
         self.max_positions = config.max_position_embeddings
         self._cos, self._sin = self._rotary_tables(config)
         self._masks: dict[int, torch.Tensor] = {}
+        self.fused_step = self._fused_step(base.layers, config) if fused_step and linear is None else None
+        self.fused_threads = 0  # threads of the fused step; 0 = torch's current count
+
+    def _fused_step(self, layers, config):
+        """`kernels.cpu_decode`'s step over the model's own weights, or None where it cannot run."""
+        from kernels.cpu_decode import FusedDecodeStep
+
+        modules = [m for layer in layers for m in (*layer.self_attn.children(), *layer.mlp.children())]
+        if any(_lora_paths(m) for m in modules):
+            return None
+        try:
+            weights = [
+                {"attn_norm": layer.input_layernorm.weight, "q": layer.self_attn.q_proj.weight,
+                 "k": layer.self_attn.k_proj.weight, "v": layer.self_attn.v_proj.weight,
+                 "o": layer.self_attn.o_proj.weight, "mlp_norm": layer.post_attention_layernorm.weight,
+                 "gate": layer.mlp.gate_proj.weight, "up": layer.mlp.up_proj.weight,
+                 "down": layer.mlp.down_proj.weight}
+                for layer in layers
+            ]
+        except AttributeError:
+            return None
+        return FusedDecodeStep.build(
+            [{name: w.detach() for name, w in layer.items()} for layer in weights],
+            hidden=config.hidden_size, inter=config.intermediate_size, heads=self.heads,
+            kv_heads=self.kv_heads, head_dim=self.head_dim, eps=self.eps, scaling=self.scaling,
+            cos=self._cos, sin=self._sin,
+        )
 
     def _projection(self, module: torch.nn.Module) -> Linear:
         """One projection module (a Linear, or a peft LoRA wrapper around one) as a function of x."""
@@ -339,6 +368,8 @@ class DecodeEngine:
         approximate by a bounded amount): the output projection is then the cheaper greedy head.
         """
         batch, steps = ids.shape
+        if self.fused_step is not None and steps == 1 and batch == 1 and not rows:
+            return self._fused_forward(ids, cache, greedy)
         start = cache.length + cache.row_length if rows else cache.length
         if rows:
             if cache.row_length + steps > cache.row_keys.shape[3]:
@@ -362,6 +393,19 @@ class DecodeEngine:
         if not all_logits:
             hidden = hidden[:, -1:]
         hidden = self._rms_norm(hidden, self.final_norm)
+        if greedy and self.greedy_head is not None:
+            return self.greedy_head(hidden)
+        return self.lm_head(hidden).float()
+
+    def _fused_forward(self, ids: torch.Tensor, cache: KVCache, greedy: bool) -> torch.Tensor:
+        """`forward` for one token of the shared row, its layers in one `kernels.cpu_decode` call."""
+        start = cache.length
+        cache.reserve(start + 1)
+        hidden = self.embed[int(ids[0, 0])].clone()  # [hidden], written in place by the step
+        self.fused_step(hidden, cache.keys, cache.values, start, self.fused_threads or None)
+        cache.length += 1
+        cache.ids.append(int(ids[0, 0]))
+        hidden = self._rms_norm(hidden.view(1, 1, -1), self.final_norm)
         if greedy and self.greedy_head is not None:
             return self.greedy_head(hidden)
         return self.lm_head(hidden).float()

@@ -413,6 +413,9 @@ class ModelRuntime:
                 lookup = PromptLookup(self._cache.ids, max_draft=self.config.draft_tokens)
             loop = SequenceLoop(engine, self._cache, decode=self.decode, eos_ids=self._eos_ids,
                                 healing_mask=self._healing_mask)
+            # The fused step splits every product over its threads (bench/bench_fused_decode.py):
+            # it takes the prefill's count; torch's many small operations run on decode_threads.
+            engine.fused_threads = self._prefill_threads() or torch.get_num_threads()
             with _torch_threads(self.config.decode_threads):
                 out = loop.run(logits, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature,
                                top_p=top_p, generator=generator, should_stop=should_stop, heal=heal,
@@ -507,6 +510,7 @@ class ModelRuntime:
 
         model = self.model
         key = (id(model), self.adapter_id, self.config.quantize, self.config.shortlist_head,
+               self.config.fused_step,
                tuple((id(p), p._version) for p in model.parameters()))
         if key == self._engine_key:
             return self._engine
@@ -527,7 +531,8 @@ class ModelRuntime:
             # The output projection keeps the model's own weights: near-ties in the logits decide
             # greedy tokens (int8 there costs 2 points of top-1 agreement with float32).
             self._engine = DecodeEngine(model, linear=linear, quantize_head=False,
-                                        shortlist_head=self.config.shortlist_head)
+                                        shortlist_head=self.config.shortlist_head,
+                                        fused_step=self.config.fused_step)
             # Keys computed with other weights are meaningless now.
             self._cache = self._engine.new_cache()
         self._engine_key = key

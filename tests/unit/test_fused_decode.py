@@ -1,0 +1,121 @@
+"""The fused CPU decoding step (kernels/cpu_decode.c): one call runs a token through every layer.
+
+Checked against the lean engine's torch step on the real embedded model over real code (same
+tokens, logits within float32 rounding), for both weight layouts and both thread counts, and for
+what happens when the library cannot be built or a cached copy is damaged: the engine falls back
+to its torch steps and generation goes on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from context.decode import DecodeEngine
+from kernels import cpu_decode
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def kernel_cache(tmp_path, monkeypatch):
+    """A private library cache, and the module's memory of earlier builds forgotten (both ways)."""
+    monkeypatch.setenv("SQUIDCODE_KERNEL_CACHE", str(tmp_path / "kernels"))
+    cpu_decode.reset()
+    yield tmp_path / "kernels"
+    cpu_decode.reset()
+
+
+def _greedy(engine: DecodeEngine, ids: list[int], steps: int, threads: int = 0):
+    """Greedy tokens and the logits of each single-token step after prefilling `ids`."""
+    engine.fused_threads = threads
+    cache = engine.new_cache()
+    tokens, logits = [], []
+    with torch.inference_mode():
+        last = engine.forward(torch.tensor([ids]), cache)[:, -1]
+        for _ in range(steps):
+            token = last.argmax(-1, keepdim=True)
+            tokens.append(int(token))
+            last = engine.forward(token, cache)[:, -1]
+            logits.append(last)
+    return tokens, torch.cat(logits)
+
+
+def _prompt(runtime) -> list[int]:
+    return runtime.encode((REPO / "context/squid/compose.py").read_text())[:400]
+
+
+def test_fused_steps_decode_as_the_torch_steps_do(runtime, kernel_cache):
+    ids = _prompt(runtime)
+    fused = DecodeEngine(runtime.model, quantize_head=False)
+    plain = DecodeEngine(runtime.model, quantize_head=False, fused_step=False)
+    assert fused.fused_step is not None and plain.fused_step is None
+    assert fused.fused_step.transposed  # the runtime keeps the projections in transposed memory
+    expected, expected_logits = _greedy(plain, ids, 24)
+    for threads in (1, 2):
+        tokens, logits = _greedy(fused, ids, 24, threads)
+        assert tokens == expected
+        assert (logits - expected_logits).abs().max() < 2e-3
+    assert list(kernel_cache.glob("cpu_decode-*.so"))  # built into the configured cache
+
+
+def test_row_major_weights_give_the_same_step(runtime, kernel_cache):
+    engine = DecodeEngine(runtime.model, quantize_head=False)
+    step = engine.fused_step
+    names = cpu_decode._WEIGHTS_PER_LAYER
+    own = [step._tensors[i * len(names) : (i + 1) * len(names)] for i in range(step.layers)]
+    layers = [{name: w.contiguous() if w.dim() == 2 else w for name, w in zip(names, weights, strict=True)}
+              for weights in own]
+    row_major = cpu_decode.FusedDecodeStep.build(
+        layers, hidden=step.hidden, inter=step.inter, heads=step.heads, kv_heads=step.kv_heads,
+        head_dim=step.head_dim, eps=step.eps, scaling=step.scaling, cos=engine._cos, sin=engine._sin)
+    assert row_major is not None and not row_major.transposed
+    generator = torch.Generator().manual_seed(0)
+    keys = torch.randn(step.layers, step.kv_heads, 64, step.head_dim, generator=generator) * 0.5
+    values = torch.randn(keys.shape, generator=generator)
+    embedding = engine.embed[runtime.encode("def")[0]].detach()
+    outputs = []
+    for runner in (step, row_major):
+        k, v = keys.clone(), values.clone()
+        outputs.append((runner(embedding.clone(), k, v, 40, 2), k, v))
+    (a, ka, va), (b, kb, vb) = outputs
+    # Thirty layers amplify the different summation orders to about 1e-4 of the values.
+    assert torch.allclose(a, b, atol=2e-3, rtol=1e-3)
+    assert torch.allclose(ka, kb, atol=2e-3, rtol=1e-3) and torch.allclose(va, vb, atol=2e-3, rtol=1e-3)
+    assert not torch.equal(ka[:, :, 40], keys[:, :, 40])  # this position's keys were written ...
+    assert torch.equal(ka[:, :, 41:], keys[:, :, 41:])  # ... and nothing after it
+
+
+def test_a_position_outside_the_cache_is_refused(runtime, kernel_cache):
+    engine = DecodeEngine(runtime.model, quantize_head=False)
+    keys = torch.zeros(engine.fused_step.layers, engine.kv_heads, 8, engine.head_dim)
+    with pytest.raises(ValueError, match="position 8"):
+        engine.fused_step(engine.embed[0].detach().clone(), keys, keys.clone(), 8)
+
+
+def test_without_a_compiler_the_engine_decodes_with_torch_steps(runtime, kernel_cache, monkeypatch):
+    monkeypatch.setenv("CC", "no-such-compiler-squidcode")
+    engine = DecodeEngine(runtime.model, quantize_head=False)
+    assert engine.fused_step is None
+    assert "no C compiler" in cpu_decode._failure
+    plain = DecodeEngine(runtime.model, quantize_head=False, fused_step=False)
+    ids = _prompt(runtime)
+    assert _greedy(engine, ids, 4)[0] == _greedy(plain, ids, 4)[0]
+
+
+def test_a_failing_build_is_reported_and_not_used(runtime, kernel_cache, monkeypatch):
+    monkeypatch.setenv("CC", "false")  # a "compiler" that exits 1
+    assert DecodeEngine(runtime.model, quantize_head=False).fused_step is None
+    assert "false failed" in cpu_decode._failure
+    assert not list(kernel_cache.glob("cpu_decode-*.so"))
+
+
+def test_a_damaged_cached_library_is_built_again(runtime, kernel_cache):
+    target = cpu_decode.library_path(cpu_decode._compiler())
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"\x7fELF truncated")
+    engine = DecodeEngine(runtime.model, quantize_head=False)
+    assert engine.fused_step is not None
+    assert target.read_bytes()[:4] == b"\x7fELF" and target.stat().st_size > 1000
