@@ -2,9 +2,10 @@
 # Debian packages that tests drive for real, installed when missing (needs root or passwordless sudo):
 #   postgresql   the team collector's PostgreSQL store (tests/unit/feedback/test_collector_postgres.py)
 #   chromium     the HTML feedback report rendered headless (the VS Code e2e script installs it too)
+#   gcc          builds the fused CPU decoding step (kernels/cpu_decode.c; usually present already)
 # Without them those tests are skipped and say why; nothing else depends on them.
 set -euo pipefail
-PACKAGES=(postgresql chromium)
+PACKAGES=(postgresql chromium gcc)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")

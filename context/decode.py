@@ -158,6 +158,12 @@ class _Layer:
     down: Linear
 
 
+# Forward passes of at most this many tokens (decoding steps, prompt-lookup verify passes, short
+# re-prefills after a keystroke) go through the fused step; longer ones through torch's matrix
+# products, which use the arithmetic better once many tokens share each weight read.
+FUSED_MAX_TOKENS = 16
+
+
 class KVCache:
     """Preallocated keys and values of every layer for one shared row (+ optional candidate rows).
 
@@ -249,8 +255,8 @@ class DecodeEngine:
         """`linear` turns a weight into a projection (default: the weight as it is); the output
         projection uses it too unless `quantize_head` is False. `shortlist_head` lets greedy
         forward passes use `ShortlistHead` where it pays (float32 on the CPU). `fused_step` runs
-        single-token steps through `kernels.cpu_decode` where it can (float32 on the CPU, the
-        model's own weights, no LoRA paths)."""
+        passes of up to `FUSED_MAX_TOKENS` tokens through `kernels.cpu_decode` where it can
+        (float32 on the CPU, the model's own weights, no LoRA paths)."""
         config = model.config
         self.model = model
         base = model.model
@@ -368,8 +374,8 @@ class DecodeEngine:
         approximate by a bounded amount): the output projection is then the cheaper greedy head.
         """
         batch, steps = ids.shape
-        if self.fused_step is not None and steps == 1 and batch == 1 and not rows:
-            return self._fused_forward(ids, cache, greedy)
+        if self.fused_step is not None and steps <= FUSED_MAX_TOKENS and batch == 1 and not rows:
+            return self._fused_forward(ids, cache, all_logits, greedy)
         start = cache.length + cache.row_length if rows else cache.length
         if rows:
             if cache.row_length + steps > cache.row_keys.shape[3]:
@@ -397,15 +403,17 @@ class DecodeEngine:
             return self.greedy_head(hidden)
         return self.lm_head(hidden).float()
 
-    def _fused_forward(self, ids: torch.Tensor, cache: KVCache, greedy: bool) -> torch.Tensor:
-        """`forward` for one token of the shared row, its layers in one `kernels.cpu_decode` call."""
-        start = cache.length
-        cache.reserve(start + 1)
-        hidden = self.embed[int(ids[0, 0])].clone()  # [hidden], written in place by the step
+    def _fused_forward(self, ids: torch.Tensor, cache: KVCache, all_logits: bool,
+                       greedy: bool) -> torch.Tensor:
+        """`forward` for a few tokens of the shared row, every layer in one `kernels.cpu_decode` call."""
+        start, steps = cache.length, ids.shape[1]
+        cache.reserve(start + steps)
+        hidden = F.embedding(ids[0], self.embed).contiguous()  # [T, hidden], written in place
         self.fused_step(hidden, cache.keys, cache.values, start, self.fused_threads or None)
-        cache.length += 1
-        cache.ids.append(int(ids[0, 0]))
-        hidden = self._rms_norm(hidden.view(1, 1, -1), self.final_norm)
+        cache.length += steps
+        cache.ids.extend(ids[0].tolist())
+        hidden = hidden[None] if all_logits else hidden[None, -1:]
+        hidden = self._rms_norm(hidden, self.final_norm)
         if greedy and self.greedy_head is not None:
             return self.greedy_head(hidden)
         return self.lm_head(hidden).float()

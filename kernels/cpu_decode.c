@@ -1,11 +1,13 @@
-/* One decoding step of a Llama-style decoder on the CPU, float32, one token, all layers.
+/* A few tokens (a decoding step, a prompt-lookup verify pass, a short re-prefill) through every
+ * layer of a Llama-style decoder on the CPU, float32, in one call.
  *
- * The lean engine's single-token step spends about half its time in the framework: some forty
- * small tensor operations per layer, each dispatched from Python. This runs a whole step in one
- * call and one OpenMP parallel region: every matrix-vector product is split over the threads
- * (rows, or column blocks for weights kept in transposed memory), and the small operations
- * (RMSNorm, RoPE, softmax, SiLU) run between barriers. Weights and the KV cache are the caller's
- * tensors, read and written in place; nothing is allocated here.
+ * The lean engine's torch step spends about half its time in the framework: some forty small
+ * tensor operations per layer, each dispatched from Python. This runs all layers in one call and
+ * one OpenMP parallel region: every matrix product is split over the threads (rows, or a share of
+ * the rows of weights kept in transposed memory), each weight row is read once for all the tokens,
+ * and the small operations (RMSNorm, RoPE, causal softmax attention, SiLU) run between barriers.
+ * Weights and the KV cache are the caller's tensors, read and written in place; nothing is
+ * allocated here.
  *
  * Built at run time by kernels/cpu_decode.py (cc -O3 -march=native -fopenmp); the process's
  * OpenMP runtime is torch's own (same soname), so the two share one thread pool.
@@ -17,46 +19,70 @@
 
 enum { W_N1, W_Q, W_K, W_V, W_O, W_N2, W_G, W_U, W_D, W_COUNT };
 
-/* y = W x for W [out, in]: stored row by row (transposed == 0) or as W^T [in, out] rows. */
-static void gemv(const float *W, const float *x, float *y, int out, int in, int transposed,
+/* y[t] = W x[t] for T tokens, W [out, in] stored row by row (transposed == 0) or as W^T [in, out]
+ * rows; x is [T, in], y [T, out]. `partial`: [threads, T, out] floats for the transposed layout. */
+static void gemm(const float *W, const float *x, float *y, int T, int out, int in, int transposed,
                  float *partial) {
     if (!transposed) {
 #pragma omp for schedule(static)
         for (int r = 0; r < out; r++) {
             const float *w = W + (int64_t)r * in;
-            float acc = 0.0f;
+            for (int t = 0; t < T; t++) {
+                const float *xt = x + (int64_t)t * in;
+                float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-            for (int i = 0; i < in; i++) acc += w[i] * x[i];
-            y[r] = acc;
+                for (int i = 0; i < in; i++) acc += w[i] * xt[i];
+                y[(int64_t)t * out + r] = acc;
+            }
         }
         return;
     }
-    /* Each thread streams a contiguous share of W^T's rows into its own partial sums (`partial`,
-     * [threads, out]), then the partial sums are added up. */
+    /* Each thread streams a contiguous share of W^T's rows into its own partial sums, then the
+     * partial sums are added up. */
     int threads = omp_get_num_threads(), me = omp_get_thread_num();
     int share = (in + threads - 1) / threads;
     int lo = me * share, hi = lo + share < in ? lo + share : in;
-    float *mine = threads == 1 ? y : partial + (int64_t)me * out;
-    for (int o = 0; o < out; o++) mine[o] = 0.0f;
+    float *mine = threads == 1 ? y : partial + (int64_t)me * T * out;
+    for (int64_t o = 0; o < (int64_t)T * out; o++) mine[o] = 0.0f;
     int i = lo;
     for (; i + 4 <= hi; i += 4) { /* four rows per pass: a quarter of the partial sums' traffic */
-        const float x0 = x[i], x1 = x[i + 1], x2 = x[i + 2], x3 = x[i + 3];
         const float *w0 = W + (int64_t)i * out, *w1 = w0 + out, *w2 = w1 + out, *w3 = w2 + out;
+        int t = 0;
+        for (; t + 2 <= T; t += 2) { /* two tokens share each weight load */
+            const float *xa = x + (int64_t)t * in + i, *xb = xa + in;
+            const float a0 = xa[0], a1 = xa[1], a2 = xa[2], a3 = xa[3];
+            const float b0 = xb[0], b1 = xb[1], b2 = xb[2], b3 = xb[3];
+            float *ya = mine + (int64_t)t * out, *yb = ya + out;
 #pragma omp simd
-        for (int o = 0; o < out; o++) mine[o] += x0 * w0[o] + x1 * w1[o] + x2 * w2[o] + x3 * w3[o];
+            for (int o = 0; o < out; o++) {
+                const float v0 = w0[o], v1 = w1[o], v2 = w2[o], v3 = w3[o];
+                ya[o] += a0 * v0 + a1 * v1 + a2 * v2 + a3 * v3;
+                yb[o] += b0 * v0 + b1 * v1 + b2 * v2 + b3 * v3;
+            }
+        }
+        for (; t < T; t++) {
+            const float *xt = x + (int64_t)t * in + i;
+            const float x0 = xt[0], x1 = xt[1], x2 = xt[2], x3 = xt[3];
+            float *yt = mine + (int64_t)t * out;
+#pragma omp simd
+            for (int o = 0; o < out; o++) yt[o] += x0 * w0[o] + x1 * w1[o] + x2 * w2[o] + x3 * w3[o];
+        }
     }
     for (; i < hi; i++) {
-        const float xi = x[i];
         const float *w = W + (int64_t)i * out;
+        for (int t = 0; t < T; t++) {
+            const float xi = x[(int64_t)t * in + i];
+            float *yt = mine + (int64_t)t * out;
 #pragma omp simd
-        for (int o = 0; o < out; o++) mine[o] += xi * w[o];
+            for (int o = 0; o < out; o++) yt[o] += xi * w[o];
+        }
     }
     if (threads == 1) return;
 #pragma omp barrier
 #pragma omp for schedule(static)
-    for (int o = 0; o < out; o++) {
+    for (int64_t o = 0; o < (int64_t)T * out; o++) {
         float sum = 0.0f;
-        for (int t = 0; t < threads; t++) sum += partial[(int64_t)t * out + o];
+        for (int t = 0; t < threads; t++) sum += partial[(int64_t)t * T * out + o];
         y[o] = sum;
     }
 }
@@ -78,94 +104,100 @@ static void rope(float *x, const float *cos, const float *sin, int head_dim) {
     }
 }
 
-/* Runs token position `pos` through every layer: `h` [hidden] is the token's embedding on entry
- * and the last layer's output on exit. keys/values: [layers, kv_heads, capacity, head_dim], this
- * position's entries written. cos/sin: [positions, head_dim] tables. scratch: at least
- * squid_decode_scratch(...) floats. Returns 0, or -1 for arguments it cannot run. */
+/* Runs T tokens at positions pos..pos+T-1 through every layer: `h` [T, hidden] holds their
+ * embeddings on entry and the last layer's outputs on exit. keys/values: [layers, kv_heads,
+ * capacity, head_dim], these positions' entries written; token t attends to positions
+ * 0..pos+t. cos/sin: [positions, head_dim] tables. scratch: at least squid_decode_scratch(...)
+ * floats. Returns 0, or -1 for arguments it cannot run. */
 int squid_decode_step(const int64_t *weights, int layers, int hidden, int inter, int heads, int kv_heads,
-                      int head_dim, float eps, float scaling, int transposed, float *h, const float *cos,
-                      const float *sin, float *keys, float *values, int capacity, int pos, float *scratch,
-                      int threads) {
-    if (pos < 0 || pos >= capacity || heads % kv_heads || head_dim % 2 || threads < 1) return -1;
+                      int head_dim, float eps, float scaling, int transposed, float *h, int T,
+                      const float *cos, const float *sin, float *keys, float *values, int capacity, int pos,
+                      float *scratch, int threads) {
+    if (T < 1 || pos < 0 || pos + T > capacity || heads % kv_heads || head_dim % 2 || threads < 1) return -1;
     const int qd = heads * head_dim, kd = kv_heads * head_dim, groups = heads / kv_heads;
-    const int n = pos + 1;
-    float *x = scratch, *q = x + hidden, *k = q + qd, *v = k + kd, *att = v + kd, *o = att + qd;
-    float *g = o + hidden, *u = g + inter, *scores = u + inter; /* scores: [heads, capacity] */
-    float *partial = scores + (int64_t)heads * capacity; /* [threads, widest output] */
-    const float *c = cos + (int64_t)pos * head_dim, *s = sin + (int64_t)pos * head_dim;
+    float *x = scratch, *q = x + (int64_t)T * hidden, *k = q + (int64_t)T * qd, *v = k + (int64_t)T * kd;
+    float *att = v + (int64_t)T * kd, *o = att + (int64_t)T * qd, *g = o + (int64_t)T * hidden;
+    float *u = g + (int64_t)T * inter, *scores = u + (int64_t)T * inter; /* [T * heads, capacity] */
+    float *partial = scores + (int64_t)T * heads * capacity;             /* [threads, T, widest] */
 
 #pragma omp parallel num_threads(threads)
     for (int l = 0; l < layers; l++) {
         const float *const *w = (const float *const *)(weights + (int64_t)l * W_COUNT);
         float *layer_keys = keys + (int64_t)l * kv_heads * capacity * head_dim;
         float *layer_values = values + (int64_t)l * kv_heads * capacity * head_dim;
-#pragma omp single
-        rms_norm(h, w[W_N1], x, hidden, eps);
-        gemv(w[W_Q], x, q, qd, hidden, transposed, partial);
-        gemv(w[W_K], x, k, kd, hidden, transposed, partial);
-        gemv(w[W_V], x, v, kd, hidden, transposed, partial);
-#pragma omp single
-        {
-            for (int hh = 0; hh < heads; hh++) rope(q + hh * head_dim, c, s, head_dim);
+#pragma omp for schedule(static)
+        for (int t = 0; t < T; t++)
+            rms_norm(h + (int64_t)t * hidden, w[W_N1], x + (int64_t)t * hidden, hidden, eps);
+        gemm(w[W_Q], x, q, T, qd, hidden, transposed, partial);
+        gemm(w[W_K], x, k, T, kd, hidden, transposed, partial);
+        gemm(w[W_V], x, v, T, kd, hidden, transposed, partial);
+#pragma omp for schedule(static)
+        for (int t = 0; t < T; t++) {
+            const float *c = cos + (int64_t)(pos + t) * head_dim, *s = sin + (int64_t)(pos + t) * head_dim;
+            for (int hh = 0; hh < heads; hh++) rope(q + (int64_t)t * qd + hh * head_dim, c, s, head_dim);
             for (int kh = 0; kh < kv_heads; kh++) {
-                rope(k + kh * head_dim, c, s, head_dim);
-                float *kdst = layer_keys + ((int64_t)kh * capacity + pos) * head_dim;
-                float *vdst = layer_values + ((int64_t)kh * capacity + pos) * head_dim;
+                float *kt = k + (int64_t)t * kd + kh * head_dim, *vt = v + (int64_t)t * kd + kh * head_dim;
+                rope(kt, c, s, head_dim);
+                float *kdst = layer_keys + ((int64_t)kh * capacity + pos + t) * head_dim;
+                float *vdst = layer_values + ((int64_t)kh * capacity + pos + t) * head_dim;
                 for (int i = 0; i < head_dim; i++) {
-                    kdst[i] = k[kh * head_dim + i];
-                    vdst[i] = v[kh * head_dim + i];
+                    kdst[i] = kt[i];
+                    vdst[i] = vt[i];
                 }
             }
         }
-#pragma omp for schedule(static)
-        for (int hh = 0; hh < heads; hh++) {
-            const float *qh = q + hh * head_dim;
+#pragma omp for schedule(dynamic, 1)
+        for (int job = 0; job < T * heads; job++) {
+            const int t = job / heads, hh = job % heads, n = pos + t + 1;
+            const float *qh = q + (int64_t)t * qd + hh * head_dim;
             const float *kbase = layer_keys + (int64_t)(hh / groups) * capacity * head_dim;
             const float *vbase = layer_values + (int64_t)(hh / groups) * capacity * head_dim;
-            float *sc = scores + (int64_t)hh * capacity, top = -INFINITY;
-            for (int t = 0; t < n; t++) {
-                const float *kt = kbase + (int64_t)t * head_dim;
+            float *sc = scores + (int64_t)job * capacity, top = -INFINITY;
+            for (int p = 0; p < n; p++) {
+                const float *kp = kbase + (int64_t)p * head_dim;
                 float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-                for (int i = 0; i < head_dim; i++) dot += qh[i] * kt[i];
-                sc[t] = dot * scaling;
-                top = sc[t] > top ? sc[t] : top;
+                for (int i = 0; i < head_dim; i++) dot += qh[i] * kp[i];
+                sc[p] = dot * scaling;
+                top = sc[p] > top ? sc[p] : top;
             }
             float total = 0.0f;
-            for (int t = 0; t < n; t++) {
-                sc[t] = expf(sc[t] - top);
-                total += sc[t];
+            for (int p = 0; p < n; p++) {
+                sc[p] = expf(sc[p] - top);
+                total += sc[p];
             }
-            float *out = att + hh * head_dim;
+            float *out = att + (int64_t)t * qd + hh * head_dim;
             for (int i = 0; i < head_dim; i++) out[i] = 0.0f;
-            for (int t = 0; t < n; t++) {
-                const float p = sc[t] / total, *vt = vbase + (int64_t)t * head_dim;
+            for (int p = 0; p < n; p++) {
+                const float weight = sc[p] / total, *vp = vbase + (int64_t)p * head_dim;
 #pragma omp simd
-                for (int i = 0; i < head_dim; i++) out[i] += p * vt[i];
+                for (int i = 0; i < head_dim; i++) out[i] += weight * vp[i];
             }
         }
-        gemv(w[W_O], att, o, hidden, qd, transposed, partial);
-#pragma omp single
-        {
-            for (int i = 0; i < hidden; i++) h[i] += o[i];
-            rms_norm(h, w[W_N2], x, hidden, eps);
-        }
-        gemv(w[W_G], x, g, inter, hidden, transposed, partial);
-        gemv(w[W_U], x, u, inter, hidden, transposed, partial);
+        gemm(w[W_O], att, o, T, hidden, qd, transposed, partial);
 #pragma omp for schedule(static)
-        for (int i = 0; i < inter; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-        gemv(w[W_D], g, o, hidden, inter, transposed, partial);
-#pragma omp single
-        for (int i = 0; i < hidden; i++) h[i] += o[i];
+        for (int t = 0; t < T; t++) {
+            float *ht = h + (int64_t)t * hidden;
+            const float *ot = o + (int64_t)t * hidden;
+            for (int i = 0; i < hidden; i++) ht[i] += ot[i];
+            rms_norm(ht, w[W_N2], x + (int64_t)t * hidden, hidden, eps);
+        }
+        gemm(w[W_G], x, g, T, inter, hidden, transposed, partial);
+        gemm(w[W_U], x, u, T, inter, hidden, transposed, partial);
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < (int64_t)T * inter; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        gemm(w[W_D], g, o, T, hidden, inter, transposed, partial);
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < (int64_t)T * hidden; i++) h[i] += o[i];
     }
     return 0;
 }
 
-/* Floats of scratch space squid_decode_step needs. */
-int64_t squid_decode_scratch(int hidden, int inter, int heads, int kv_heads, int head_dim, int capacity,
+/* Floats of scratch space squid_decode_step needs for T tokens. */
+int64_t squid_decode_scratch(int T, int hidden, int inter, int heads, int kv_heads, int head_dim, int capacity,
                              int threads) {
     int64_t widest = hidden > inter ? hidden : inter;
     widest = widest > (int64_t)heads * head_dim ? widest : (int64_t)heads * head_dim;
-    return 2 * (int64_t)hidden + 2 * (int64_t)heads * head_dim + 2 * (int64_t)kv_heads * head_dim +
-           2 * (int64_t)inter + (int64_t)heads * capacity + (int64_t)threads * widest;
+    return (int64_t)T * (2 * (int64_t)hidden + 2 * (int64_t)heads * head_dim + 2 * (int64_t)kv_heads * head_dim +
+                         2 * (int64_t)inter + (int64_t)heads * capacity + (int64_t)threads * widest);
 }

@@ -1,4 +1,5 @@
-"""A whole single-token decoding step on the CPU in one call (`cpu_decode.c`), for the lean engine.
+"""A few tokens through every layer on the CPU in one call (`cpu_decode.c`), for the lean engine:
+decoding steps, prompt-lookup verify passes and short re-prefills.
 
 `FusedDecodeStep.build(engine_like)` returns a step runner for a float32 Llama-style decoder on the
 CPU, or None with the reason logged when it cannot run here (no C compiler, another dtype or device,
@@ -103,10 +104,10 @@ def load_library() -> ctypes.CDLL | None:
                 lib.squid_decode_step.restype = c_int
                 lib.squid_decode_step.argtypes = [
                     i64p, c_int, c_int, c_int, c_int, c_int, c_int, c_float, c_float, c_int,
-                    f32p, f32p, f32p, f32p, f32p, c_int, c_int, f32p, c_int,
+                    f32p, c_int, f32p, f32p, f32p, f32p, c_int, c_int, f32p, c_int,
                 ]
                 lib.squid_decode_scratch.restype = ctypes.c_int64
-                lib.squid_decode_scratch.argtypes = [c_int] * 7
+                lib.squid_decode_scratch.argtypes = [c_int] * 8
                 _library = lib
         if _failure is not None:
             log.info("decoding without the fused CPU step: %s", _failure)
@@ -114,7 +115,7 @@ def load_library() -> ctypes.CDLL | None:
 
 
 class FusedDecodeStep:
-    """Runs one token through every decoder layer with `cpu_decode.c`."""
+    """Runs a few tokens through every decoder layer with `cpu_decode.c`."""
 
     def __init__(self, lib: ctypes.CDLL, layers: list[dict[str, torch.Tensor]], *, hidden: int, inter: int,
                  heads: int, kv_heads: int, head_dim: int, eps: float, scaling: float, transposed: bool,
@@ -153,22 +154,25 @@ class FusedDecodeStep:
 
     def __call__(self, hidden: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: int,
                  threads: int | None = None) -> torch.Tensor:
-        """`hidden` [hidden] (the token's embedding, float32, contiguous) through every layer, in
-        place; keys/values [layers, kv_heads, capacity, head_dim] get position `position`."""
+        """`hidden` [T, hidden] (the tokens' embeddings, float32, contiguous) through every layer,
+        in place; keys/values [layers, kv_heads, capacity, head_dim] get positions `position`..
+        `position + T - 1`, and token t attends to every position up to its own."""
         capacity = keys.shape[2]
+        tokens = hidden.shape[0] if hidden.dim() == 2 else 1
         if not (keys.is_contiguous() and values.is_contiguous() and hidden.is_contiguous()):
-            raise ValueError("the fused step needs contiguous hidden state and KV cache")
+            raise ValueError("the fused step needs contiguous hidden states and KV cache")
         threads = threads or torch.get_num_threads()
-        need = self._lib.squid_decode_scratch(self.hidden, self.inter, self.heads, self.kv_heads,
+        need = self._lib.squid_decode_scratch(tokens, self.hidden, self.inter, self.heads, self.kv_heads,
                                               self.head_dim, capacity, threads)
         if self._scratch.numel() < need:
             self._scratch = torch.empty(need, dtype=torch.float32)
         code = self._lib.squid_decode_step(
             self._pointers, self.layers, self.hidden, self.inter, self.heads, self.kv_heads, self.head_dim,
-            self.eps, self.scaling, int(self.transposed), hidden.data_ptr(), self._cos.data_ptr(),
+            self.eps, self.scaling, int(self.transposed), hidden.data_ptr(), tokens, self._cos.data_ptr(),
             self._sin.data_ptr(), keys.data_ptr(), values.data_ptr(), capacity, position,
             self._scratch.data_ptr(), threads,
         )
         if code != 0:
-            raise ValueError(f"the fused step refused position {position} of a {capacity}-position cache")
+            raise ValueError(f"the fused step refused positions {position}..{position + tokens - 1} of a "
+                             f"{capacity}-position cache")
         return hidden

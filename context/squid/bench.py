@@ -43,6 +43,8 @@ BENCH_RECOVERIES = (
     Recovery(first_k=16), Recovery(first_k=32), Recovery(first_k=64),
     Recovery(blend_ratio=0.10), Recovery(blend_ratio=0.20),
     Recovery(first_k=32, blend_ratio=0.10),
+    # composed after a swap of the middle document, refreshing only it and the next one
+    Recovery(first_k=32, following=1),
 )
 _QUERY_TOKENS = 48
 _QUERIES_PER_SET = 5
@@ -138,9 +140,25 @@ class _Bench:
 
         return _timed(run, self.s.runs)
 
+    def _previous_for(self, docs: list, recovery: Recovery):
+        """A recovery with `following` set is measured after a swap: the previous composition had
+        another document in the middle (one never among the measured documents). Else None."""
+        if recovery.following is None:
+            return None
+        before = list(docs)
+        before[len(docs) // 2] = self.entries[-1]
+        return compose(self.rt, self.prefix, before, recovery=recovery)
+
+    def compose_variant(self, docs: list, recovery: Recovery):
+        return compose(self.rt, self.prefix, docs, recovery=recovery,
+                       previous=self._previous_for(docs, recovery))
+
     def ttft_squid(self, n: int, query: list[int], recovery: Recovery) -> float:
+        docs = self.docs(n)
+        previous = self._previous_for(docs, recovery)
+
         def run():
-            ctx = compose(self.rt, self.prefix, self.docs(n), query, recovery=recovery)
+            ctx = compose(self.rt, self.prefix, docs, query, recovery=recovery, previous=previous)
             return int(ctx.logits.argmax())
 
         return _timed(run, self.s.runs)
@@ -151,7 +169,12 @@ class _Bench:
         """Replace the middle document by a new one: Squid encodes it alone and composes, copying the
         unchanged documents from the previous request's composition (as the service does); a prefix
         cache prefills from it on (`prefix_cache_s`: exactly the prefix-cache time to first token).
-        Measured with the default recovery and with re-rotation only (`plain_`)."""
+
+        Measured with the default recovery, with first-k recovery refreshing only the swapped
+        document and the one after it (`next1_`), and with re-rotation only (`plain_`). `*_squid_s`
+        is the time to the first token after the swap; `request_s` is a request's time to first
+        token when nothing changed (the query on the same composition, which every request at this
+        N pays), so `*_added_s` = squid_s - request_s is what the swap itself costs."""
         name, ids = self.pool[-1]
         key = document_key(self.rt, self.prefix, f"swap-{n}-{name}")
 
@@ -164,11 +187,18 @@ class _Bench:
 
         encode_one = _timed(lambda: encode_document(self.rt, self.prefix, ids, key), self.s.runs)
         out = {"n": n, "prefix_cache_s": prefix_cache_s, "encode_one_s": encode_one}
-        for label, recovery in (("", self.s.default), ("plain_", Recovery())):
+        next1 = dataclasses.replace(self.s.default, following=1)
+        for label, recovery in (("", self.s.default), ("next1_", next1), ("plain_", Recovery())):
             before = compose(self.rt, self.prefix, self.docs(n), recovery=recovery)
+            if not label:
+                def request(before=before):
+                    return int(prefill(self.rt, before.new_cache(), query, before.offset).argmax())
+
+                out["request_s"] = _timed(request, self.s.runs)
             seconds = _timed(lambda recovery=recovery, before=before: squid(recovery, before), self.s.runs)
             out[f"{label}squid_s"] = seconds
             out[f"{label}squid_vs_encode"] = seconds / encode_one
+            out[f"{label}added_vs_encode"] = (seconds - out["request_s"]) / encode_one
         return out
 
     # -- quality -------------------------------------------------------------------------------
@@ -239,7 +269,7 @@ class _Bench:
             cache, _ = _full_prefill(self.rt, ids)
             prefill(self.rt, cache, [t for d in docs[keep:] for t in d.token_ids], len(ids), chunk=1 << 16)
             return cache_tensors(cache)
-        ctx = compose(self.rt, self.prefix, docs, recovery=make)
+        ctx = self.compose_variant(docs, make)
         return ctx.keys, ctx.values
 
     # -- tiers ---------------------------------------------------------------------------------
@@ -299,8 +329,7 @@ def run_bench(runtime, settings: BenchSettings, log=lambda msg: print(msg, file=
         # The quality figures' documents and queries do not depend on the timings above.
         quality = bench.quality(named)
         log(f"quality measured: {quality}")
-        fractions = {r.name: compose(runtime, bench.prefix, bench.docs(n), recovery=r).recomputed_fraction
-                     for r in recoveries}
+        fractions = {r.name: bench.compose_variant(bench.docs(n), r).recomputed_fraction for r in recoveries}
         fractions.update({"full": 1.0, "prefix_cache": (n - n // 2) / n})
         variants = [{
             "name": name, "ttft_s": round(ttft[name], 4),

@@ -15,8 +15,9 @@ cache handed out (`ComposedContext.new_cache`) is a fresh transformers cache ove
 Consecutive requests mostly compose the same documents. Given the `previous` composition, a
 document found there at the same positions is copied from it instead of re-rotated, and with
 first-k recovery only the documents from the first changed one on are recomputed (a token's
-recomputed keys depend only on the positions before it). Swapping one reference document then costs
-its encode, one re-rotation and the recovery after it, not a composition of all of them.
+recomputed keys depend only on the positions before it), or with `Recovery.following` only the
+changed documents and the few after each. Swapping one reference document then costs its encode,
+one re-rotation and the recovery near it, not a composition of all of them.
 """
 
 from __future__ import annotations
@@ -40,15 +41,22 @@ class Recovery:
 
     `first_k`: the first k tokens of every document after the first; `blend_ratio`: CacheBlend's
     share of the most-deviating document tokens (0 = off). Both may be combined.
+
+    `following` applies when a composition copies documents from a previous one: first-k recovery
+    recomputes each changed document and the `following` documents after it; documents further on
+    keep the recovery they had, made with the old document in front of them (None: every document
+    after the first change is recomputed, as in a fresh composition).
     """
 
     first_k: int = 0
     blend_ratio: float = 0.0
+    following: int | None = None
 
     @property
     def name(self) -> str:
         parts = [f"first{self.first_k}"] if self.first_k else []
         parts += [f"blend{round(self.blend_ratio * 100)}"] if self.blend_ratio else []
+        parts += [f"next{self.following}"] if self.following is not None and self.first_k else []
         return "squid" + "".join(f"_{p}" for p in parts)
 
 
@@ -150,11 +158,23 @@ def _concatenate(runtime, prefix: PrefixKV, documents: list[DocumentKV], recover
     return keys, values, token_ids, tuple(spans), reused
 
 
-def _recover(runtime, keys, values, token_ids, spans, recovery: Recovery, first_changed: int = 0) -> float:
+def _to_refresh(reused: list[bool], following: int | None) -> list[bool]:
+    """Per document: whether first-k recovery recomputes it. Documents copied from the previous
+    composition were recovered there; a changed document and those after it (at most `following`
+    of them, or all when None) are recomputed. The first document follows the prefix exactly."""
+    out, since = [], None  # documents since the last changed one
+    for same in reused:
+        since = 0 if not same else None if since is None else since + 1
+        out.append(since is not None and (following is None or since <= following))
+    return [False] + out[1:] if out else out
+
+
+def _recover(runtime, keys, values, token_ids, spans, recovery: Recovery,
+             reused: list[bool] | None = None) -> float:
     """Recompute per `recovery`, in place; returns the fraction of document token-layers recomputed.
 
-    Documents before `first_changed` were copied already recovered from a composition with the same
-    documents in front of them, so first-k recovery starts at that document.
+    `reused`: which documents were copied, already recovered, from a previous composition (see
+    `_to_refresh` for which of them first-k recovery computes again).
     """
     total = sum(end - start for start, end in spans)
     if not total or not (recovery.first_k or recovery.blend_ratio) or len(spans) < 2:
@@ -166,7 +186,8 @@ def _recover(runtime, keys, values, token_ids, spans, recovery: Recovery, first_
     n_layers = len(model.model.layers)
     work = 0
     if recovery.first_k:
-        chosen = [p for start, end in spans[max(1, first_changed):]
+        refresh = _to_refresh(reused if reused is not None else [False] * len(spans), recovery.following)
+        chosen = [p for (start, end), again in zip(spans, refresh, strict=True) if again
                   for p in range(start, min(end, start + recovery.first_k))]
         if chosen:
             recompute_tokens(model, keys, values, ids, torch.tensor(chosen, device=device))
@@ -213,8 +234,7 @@ def compose(
         keys, values, token_ids, spans, reused = _concatenate(runtime, prefix, documents, recovery, previous)
         timings["shift_s"] = time.perf_counter() - started
         started = time.perf_counter()
-        first_changed = reused.index(False) if False in reused else len(reused)
-        fraction = _recover(runtime, keys, values, token_ids, spans, recovery, first_changed)
+        fraction = _recover(runtime, keys, values, token_ids, spans, recovery, reused)
         timings["recompute_s"] = time.perf_counter() - started
         ctx = ComposedContext(keys, values, token_ids, spans, runtime.model.config, fraction, timings,
                               document_keys=tuple(d.key for d in documents), prefix_hash=prefix.hash,

@@ -1,4 +1,4 @@
-"""The fused CPU decoding step (kernels/cpu_decode.c): one call runs a token through every layer.
+"""The fused CPU step (kernels/cpu_decode.c): one call runs a few tokens through every layer.
 
 Checked against the lean engine's torch step on the real embedded model over real code (same
 tokens, logits within float32 rounding), for both weight layouts and both thread counts, and for
@@ -17,6 +17,10 @@ from context.decode import DecodeEngine
 from kernels import cpu_decode
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+needs_compiler = pytest.mark.skipif(
+    cpu_decode._compiler() is None, reason="no C compiler (cc): install gcc (.ci/system-packages.sh)")
 
 
 @pytest.fixture
@@ -47,6 +51,7 @@ def _prompt(runtime) -> list[int]:
     return runtime.encode((REPO / "context/squid/compose.py").read_text())[:400]
 
 
+@needs_compiler
 def test_fused_steps_decode_as_the_torch_steps_do(runtime, kernel_cache):
     ids = _prompt(runtime)
     fused = DecodeEngine(runtime.model, quantize_head=False)
@@ -61,6 +66,25 @@ def test_fused_steps_decode_as_the_torch_steps_do(runtime, kernel_cache):
     assert list(kernel_cache.glob("cpu_decode-*.so"))  # built into the configured cache
 
 
+@needs_compiler
+def test_a_verify_pass_of_several_tokens_matches_torch(runtime, kernel_cache):
+    # Prompt lookup checks its drafts in one pass: every position's logits, each token attending
+    # to the ones before it and not after.
+    ids = _prompt(runtime)
+    logits = {}
+    for fused in (True, False):
+        engine = DecodeEngine(runtime.model, quantize_head=False, fused_step=fused)
+        cache = engine.new_cache()
+        with torch.inference_mode():
+            engine.forward(torch.tensor([ids[:-9]]), cache)
+            logits[fused] = engine.forward(torch.tensor([ids[-9:]]), cache, all_logits=True)[0]
+            assert cache.length == len(ids) and cache.ids == ids
+    assert logits[True].shape == (9, runtime.model.config.vocab_size)
+    assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
+    assert (logits[True] - logits[False]).abs().max() < 2e-3
+
+
+@needs_compiler
 def test_row_major_weights_give_the_same_step(runtime, kernel_cache):
     engine = DecodeEngine(runtime.model, quantize_head=False)
     step = engine.fused_step
@@ -88,11 +112,16 @@ def test_row_major_weights_give_the_same_step(runtime, kernel_cache):
     assert torch.equal(ka[:, :, 41:], keys[:, :, 41:])  # ... and nothing after it
 
 
+@needs_compiler
 def test_a_position_outside_the_cache_is_refused(runtime, kernel_cache):
     engine = DecodeEngine(runtime.model, quantize_head=False)
     keys = torch.zeros(engine.fused_step.layers, engine.kv_heads, 8, engine.head_dim)
-    with pytest.raises(ValueError, match="position 8"):
+    with pytest.raises(ValueError, match="positions 8..8 of a 8-position cache"):
         engine.fused_step(engine.embed[0].detach().clone(), keys, keys.clone(), 8)
+    three = engine.embed[:3].detach().clone()  # three tokens from position 6 would end past it
+    with pytest.raises(ValueError, match="positions 6..8"):
+        engine.fused_step(three, keys, keys.clone(), 6)
+    assert not keys.any()  # refused before anything was written
 
 
 def test_without_a_compiler_the_engine_decodes_with_torch_steps(runtime, kernel_cache, monkeypatch):
@@ -112,6 +141,7 @@ def test_a_failing_build_is_reported_and_not_used(runtime, kernel_cache, monkeyp
     assert not list(kernel_cache.glob("cpu_decode-*.so"))
 
 
+@needs_compiler
 def test_a_damaged_cached_library_is_built_again(runtime, kernel_cache):
     target = cpu_decode.library_path(cpu_decode._compiler())
     target.parent.mkdir(parents=True)

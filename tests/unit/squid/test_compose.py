@@ -160,3 +160,26 @@ def test_a_swap_copies_unchanged_documents_from_the_previous_composition(runtime
     blended = compose(runtime, prefix, docs, recovery=Recovery(blend_ratio=0.5),
                       previous=compose(runtime, prefix, docs, recovery=Recovery(blend_ratio=0.5)))
     assert blended.reused_documents == 0
+
+
+def test_a_swap_refreshing_only_the_next_document_keeps_the_recovery_further_on(runtime, prefix, docs):
+    # Four documents; the second is swapped. With following=1 the swapped one and the one after it
+    # are recovered as a fresh composition recovers them; the last keeps its earlier recovery.
+    four = [*docs, docs[0]]
+    swapped = encode_document(runtime, prefix, runtime.encode("import os\n" * 40)[: docs[1].length],
+                              document_key(runtime, prefix, "swapped-next"), source="/w/n.py")
+    assert swapped.length == docs[1].length
+    after = [four[0], swapped, four[2], four[3]]
+    recovery = Recovery(first_k=6, following=1)
+    before = compose(runtime, prefix, four, recovery=recovery)
+    again = compose(runtime, prefix, after, recovery=recovery, previous=before)
+    fresh = compose(runtime, prefix, after, recovery=Recovery(first_k=6))
+    (_, end_next), (start_last, end_last) = again.spans[2], again.spans[3]
+    assert torch.allclose(again.keys[:, :, :end_next], fresh.keys[:, :, :end_next], atol=1e-5)
+    assert torch.allclose(again.values[:, :, :end_next], fresh.values[:, :, :end_next], atol=1e-5)
+    assert torch.equal(again.keys[:, :, start_last:end_last], before.keys[:, :, start_last:end_last])
+    assert not torch.allclose(fresh.keys[:, :, start_last:end_last], before.keys[:, :, start_last:end_last],
+                              atol=1e-5)  # the old neighbour did change what the last one recovered
+    # Two documents' first tokens recomputed instead of three.
+    assert again.recomputed_fraction == pytest.approx(fresh.recomputed_fraction * 2 / 3)
+    assert Recovery(first_k=6, following=1).name == "squid_first6_next1"
