@@ -45,6 +45,19 @@ static void gemm(const float *W, const float *x, float *y, int T, int out, int i
     float *mine = threads == 1 ? y : partial + (int64_t)me * T * out;
     for (int64_t o = 0; o < (int64_t)T * out; o++) mine[o] = 0.0f;
     int i = lo;
+    if (T == 1) { /* decoding: eight rows per pass, an eighth of the partial sums' traffic */
+        for (; i + 8 <= hi; i += 8) {
+            const float *w0 = W + (int64_t)i * out, *w1 = w0 + out, *w2 = w1 + out, *w3 = w2 + out;
+            const float *w4 = w3 + out, *w5 = w4 + out, *w6 = w5 + out, *w7 = w6 + out;
+            const float *xi = x + i;
+            const float x0 = xi[0], x1 = xi[1], x2 = xi[2], x3 = xi[3];
+            const float x4 = xi[4], x5 = xi[5], x6 = xi[6], x7 = xi[7];
+#pragma omp simd
+            for (int o = 0; o < out; o++)
+                mine[o] += (x0 * w0[o] + x1 * w1[o] + x2 * w2[o] + x3 * w3[o]) +
+                           (x4 * w4[o] + x5 * w5[o] + x6 * w6[o] + x7 * w7[o]);
+        }
+    }
     for (; i + 4 <= hi; i += 4) { /* four rows per pass: a quarter of the partial sums' traffic */
         const float *w0 = W + (int64_t)i * out, *w1 = w0 + out, *w2 = w1 + out, *w3 = w2 + out;
         int t = 0;
