@@ -105,9 +105,10 @@ def test_row_major_weights_give_the_same_step(runtime, kernel_cache):
         k, v = keys.clone(), values.clone()
         outputs.append((runner(embedding.clone(), k, v, 40, 2), k, v))
     (a, ka, va), (b, kb, vb) = outputs
-    # Thirty layers amplify the different summation orders to about 1e-4 of the values.
-    assert torch.allclose(a, b, atol=2e-3, rtol=1e-3)
-    assert torch.allclose(ka, kb, atol=2e-3, rtol=1e-3) and torch.allclose(va, vb, atol=2e-3, rtol=1e-3)
+    # Thirty layers over a random cache amplify the different summation orders to about 2e-4 of
+    # the largest value.
+    for got, want in ((a, b), (ka, kb), (va, vb)):
+        assert (got - want).abs().max() <= 1e-3 * want.abs().max()
     assert not torch.equal(ka[:, :, 40], keys[:, :, 40])  # this position's keys were written ...
     assert torch.equal(ka[:, :, 41:], keys[:, :, 41:])  # ... and nothing after it
 
