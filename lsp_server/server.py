@@ -116,6 +116,7 @@ class SquidServer(LanguageServer):
         super().__init__(SERVER_NAME, version, protocol_cls=SquidProtocol, max_workers=4)
         self.config = SquidConfig()
         self.config_problems: list[str] = []
+        self._reporting_error = False
         self._file_problems: list[str] = []
         self.initialization_options: Any = None
         self.client_settings: Any = None
@@ -331,4 +332,12 @@ class SquidServer(LanguageServer):
             # Already answered to the request (SquidProtocol) or logged by pygls.
             log.warning("protocol error: %s", error)
             return
-        super().report_server_error(error, source)
+        if self._reporting_error:
+            # Telling the client failed too (its stream is gone, as after `exit`): pygls would report
+            # that failure by sending again, recursing until Python's stack ran out.
+            return
+        self._reporting_error = True
+        try:
+            super().report_server_error(error, source)
+        finally:
+            self._reporting_error = False
