@@ -128,7 +128,6 @@ class FusedDecodeStep:
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.eps, self.scaling, self.transposed = eps, scaling, transposed
         self._cos, self._sin = cos, sin
-        self._scratch = torch.empty(0)
 
     @classmethod
     def build(cls, layers: list[dict[str, torch.Tensor]], **shape) -> FusedDecodeStep | None:
@@ -164,13 +163,12 @@ class FusedDecodeStep:
         threads = threads or torch.get_num_threads()
         need = self._lib.squid_decode_scratch(tokens, self.hidden, self.inter, self.heads, self.kv_heads,
                                               self.head_dim, capacity, threads)
-        if self._scratch.numel() < need:
-            self._scratch = torch.empty(need, dtype=torch.float32)
+        scratch = torch.empty(need, dtype=torch.float32)  # per call: callers may run in two threads
         code = self._lib.squid_decode_step(
             self._pointers, self.layers, self.hidden, self.inter, self.heads, self.kv_heads, self.head_dim,
             self.eps, self.scaling, int(self.transposed), hidden.data_ptr(), tokens, self._cos.data_ptr(),
             self._sin.data_ptr(), keys.data_ptr(), values.data_ptr(), capacity, position,
-            self._scratch.data_ptr(), threads,
+            scratch.data_ptr(), threads,
         )
         if code != 0:
             raise ValueError(f"the fused step refused positions {position}..{position + tokens - 1} of a "
