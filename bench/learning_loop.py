@@ -64,6 +64,7 @@ class Plan:
     steps: int
     agent: bool
     learning_rate: float = 1e-4  # train.learning_rate (the product's default)
+    max_new_tokens: int = 32  # train.max_new_tokens: each sampled answer, and each gate answer
 
 
 SHORT = Plan(rounds=1, train_spots=12, eval_spots=12, steps=4, agent=True)
@@ -98,7 +99,7 @@ dir = "{data / 'train'}"
 device = "{device}"
 steps = {plan.steps}
 threads = {os.cpu_count() or 1}
-max_new_tokens = 32
+max_new_tokens = {plan.max_new_tokens}
 learning_rate = {plan.learning_rate}
 """
 
@@ -422,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-spots", type=int, help="override the spots of each training session")
     parser.add_argument("--eval-spots", type=int, help="override the held-out spots")
     parser.add_argument("--no-agent", action="store_true", help="skip the agent edit")
+    parser.add_argument("--max-new-tokens", type=int,
+                        help="override train.max_new_tokens (tokens per sampled and per gate answer)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: model and trainer on the GPU in bfloat16 (bench/gpu_e2e.sh)")
     parser.add_argument("--out", type=Path, help="where the JSON report goes")
@@ -430,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = FULL if args.full else SHORT
     plan = Plan(args.rounds or plan.rounds, args.train_spots or plan.train_spots,
                 args.eval_spots or plan.eval_spots, args.steps or plan.steps,
-                plan.agent and not args.no_agent, args.learning_rate or plan.learning_rate)
+                plan.agent and not args.no_agent, args.learning_rate or plan.learning_rate,
+                args.max_new_tokens or plan.max_new_tokens)
     data = Path(tempfile.mkdtemp(prefix="squidcode-loop-"))
     started = time.perf_counter()
     _say(f"squidcode learning loop ({'full' if args.full else 'short'}): {plan.rounds} round(s) of "

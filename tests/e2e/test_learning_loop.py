@@ -23,7 +23,8 @@ def test_the_loop_records_the_users_decisions_trains_on_them_and_swaps_the_adapt
     out = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "learning_loop.py"), "--rounds", "1", "--steps", "1",
-         "--train-spots", "9", "--eval-spots", "3", "--no-agent", "--out", str(out)],
+         "--train-spots", "9", "--eval-spots", "3", "--no-agent", "--max-new-tokens", "16",
+         "--out", str(out)],
         capture_output=True, text=True, timeout=900, cwd=REPO,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
