@@ -309,7 +309,7 @@ class DecodeEngine:
                  "down": layer.mlp.down_proj.weight}
                 for layer in layers
             ]
-        except AttributeError:
+        except AttributeError:  # not a Llama-style layer: the torch steps run it
             return None
         return FusedDecodeStep.build(
             [{name: w.detach() for name, w in layer.items()} for layer in weights],

@@ -413,7 +413,7 @@ class ModelRuntime:
                 lookup = PromptLookup(self._cache.ids, max_draft=self.config.draft_tokens)
             loop = SequenceLoop(engine, self._cache, decode=self.decode, eos_ids=self._eos_ids,
                                 healing_mask=self._healing_mask)
-            # The fused step splits every product over its threads (bench/bench_fused_decode.py):
+            # The fused step splits every product over its threads (docs/benchmarks.md, the fused step):
             # it takes the prefill's count; torch's many small operations run on decode_threads.
             engine.fused_threads = self._prefill_threads() or torch.get_num_threads()
             with _torch_threads(self.config.decode_threads):

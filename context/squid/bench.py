@@ -174,7 +174,8 @@ class _Bench:
         the swapped one (`all_`, as a fresh composition), and with re-rotation only (`plain_`). `*_squid_s`
         is the time to the first token after the swap; `request_s` is a request's time to first
         token when nothing changed (the query on the same composition, which every request at this
-        N pays), so `*_added_s` = squid_s - request_s is what the swap itself costs."""
+        N pays), so `*_added_vs_encode` = (squid_s - request_s) / encode_one_s is what the swap
+        itself costs."""
         name, ids = self.pool[-1]
         key = document_key(self.rt, self.prefix, f"swap-{n}-{name}")
 

@@ -26,7 +26,9 @@ def test_sending_on_a_closed_stream_is_reported_once_not_recursively(caplog):
                            types.LogMessageParams(type=types.MessageType.Info, message="bye"))
     assert time.perf_counter() - started < 1.0
     failures = [r for r in caplog.records if "Error sending data" in r.getMessage()]
-    assert 1 <= len(failures) <= 2, len(failures)  # the notification, and at most the error report
+    # One failure for the notification, and one when LanguageServer tries to show that failure
+    # to the client; the guard stops there (without it, hundreds, one per stack level).
+    assert 1 <= len(failures) <= 2, len(failures)
     assert not any("maximum recursion" in r.getMessage() for r in caplog.records)
 
 
