@@ -29,7 +29,7 @@ __all__ = ["FusedDecodeStep", "library_path", "load_library", "reset"]
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 _WEIGHTS_PER_LAYER = ("attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down")
 
 _lock = threading.Lock()

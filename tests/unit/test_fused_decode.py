@@ -67,19 +67,22 @@ def test_fused_steps_decode_as_the_torch_steps_do(runtime, kernel_cache):
 
 
 @needs_compiler
-def test_a_verify_pass_of_several_tokens_matches_torch(runtime, kernel_cache):
+@pytest.mark.parametrize(("context", "tokens"), [(391, 9), (256, 16), (255, 2)])
+def test_a_verify_pass_of_several_tokens_matches_torch(runtime, kernel_cache, context, tokens):
     # Prompt lookup checks its drafts in one pass: every position's logits, each token attending
-    # to the ones before it and not after.
-    ids = _prompt(runtime)
+    # to the ones before it and not after. Several tokens attend in chunks of 256 positions, the
+    # new ones in the last chunk: 256 and 255 cached positions put that chunk's start at the first
+    # new token's own position and one before it.
+    ids = _prompt(runtime)[: context + tokens]
     logits = {}
     for fused in (True, False):
         engine = DecodeEngine(runtime.model, quantize_head=False, fused_step=fused)
         cache = engine.new_cache()
         with torch.inference_mode():
-            engine.forward(torch.tensor([ids[:-9]]), cache)
-            logits[fused] = engine.forward(torch.tensor([ids[-9:]]), cache, all_logits=True)[0]
+            engine.forward(torch.tensor([ids[:context]]), cache)
+            logits[fused] = engine.forward(torch.tensor([ids[context:]]), cache, all_logits=True)[0]
             assert cache.length == len(ids) and cache.ids == ids
-    assert logits[True].shape == (9, runtime.model.config.vocab_size)
+    assert logits[True].shape == (tokens, runtime.model.config.vocab_size)
     assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
     assert (logits[True] - logits[False]).abs().max() < 2e-3
 
