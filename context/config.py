@@ -105,6 +105,10 @@ class ModelConfig:
     # (kernels/cpu_decode.c, built with the machine's C compiler on first use; without one, or
     # for LoRA, quantized weights or other devices, the torch steps run). false = torch steps only.
     fused_step: bool = True
+    # The fused step reads the projections as 4-bit codes (a fifth of the bytes) where those give
+    # back the float32 weights exactly, as they do for the embedded model (dequantized from GGUF
+    # Q4_1): the same weights and tokens, faster. false = always the float32 tensors.
+    fused_q4: bool = True
 
 
 @dataclass(frozen=True)

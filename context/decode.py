@@ -251,12 +251,14 @@ class DecodeEngine:
     """A Llama forward pass over `KVCache`, with the model's weights (or quantized copies)."""
 
     def __init__(self, model, linear: Callable[[torch.Tensor], Linear] | None = None,
-                 quantize_head: bool = True, shortlist_head: bool = True, fused_step: bool = True):
+                 quantize_head: bool = True, shortlist_head: bool = True, fused_step: bool = True,
+                 fused_q4: bool = True):
         """`linear` turns a weight into a projection (default: the weight as it is); the output
         projection uses it too unless `quantize_head` is False. `shortlist_head` lets greedy
         forward passes use `ShortlistHead` where it pays (float32 on the CPU). `fused_step` runs
         passes of up to `FUSED_MAX_TOKENS` tokens through `kernels.cpu_decode` where it can
-        (float32 on the CPU, the model's own weights, no LoRA paths)."""
+        (float32 on the CPU, the model's own weights, no LoRA paths); with `fused_q4` it reads them
+        as 4-bit codes where those give them back exactly (`kernels.cpu_decode.pack_q4`)."""
         config = model.config
         self.model = model
         base = model.model
@@ -290,6 +292,7 @@ class DecodeEngine:
         self.max_positions = config.max_position_embeddings
         self._cos, self._sin = self._rotary_tables(config)
         self._masks: dict[int, torch.Tensor] = {}
+        self.fused_q4 = fused_q4
         self.fused_step = self._fused_step(base.layers, config) if fused_step and linear is None else None
         self.fused_threads = 0  # threads of the fused step; 0 = torch's current count
 
@@ -312,7 +315,7 @@ class DecodeEngine:
         except AttributeError:  # not a Llama-style layer: the torch steps run it
             return None
         return FusedDecodeStep.build(
-            [{name: w.detach() for name, w in layer.items()} for layer in weights],
+            [{name: w.detach() for name, w in layer.items()} for layer in weights], q4=self.fused_q4,
             hidden=config.hidden_size, inter=config.intermediate_size, heads=self.heads,
             kv_heads=self.kv_heads, head_dim=self.head_dim, eps=self.eps, scaling=self.scaling,
             cos=self._cos, sin=self._sin,

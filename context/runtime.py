@@ -510,7 +510,7 @@ class ModelRuntime:
 
         model = self.model
         key = (id(model), self.adapter_id, self.config.quantize, self.config.shortlist_head,
-               self.config.fused_step,
+               self.config.fused_step, self.config.fused_q4,
                tuple((id(p), p._version) for p in model.parameters()))
         if key == self._engine_key:
             return self._engine
@@ -532,7 +532,8 @@ class ModelRuntime:
             # greedy tokens (int8 there costs 2 points of top-1 agreement with float32).
             self._engine = DecodeEngine(model, linear=linear, quantize_head=False,
                                         shortlist_head=self.config.shortlist_head,
-                                        fused_step=self.config.fused_step)
+                                        fused_step=self.config.fused_step,
+                                        fused_q4=self.config.fused_q4)
             # Keys computed with other weights are meaningless now.
             self._cache = self._engine.new_cache()
         self._engine_key = key

@@ -8,6 +8,12 @@ compiler (`$CC`, else `cc`) into squidcode's cache, keyed by the source, the com
 a build that fails is not retried in the same process, and a cached file that does not load
 is built again. The step reads the model's own weight
 tensors and writes the caller's KV cache in place.
+
+Where every projection's weights are exactly `offset + step * q` in groups of 32 inputs with q in
+0..15 (the GGUF Q4_1 scheme: the embedded model's float32 weights were dequantized from it),
+`build(..., q4=True)` packs them into 4-bit codes (`pack_q4`) and the step reads those: the same
+weights, a fifth of the bytes per token. Packing is checked value by value and remembered per
+weight tensor (and its version), so engines built again on the same model do not pack again.
 """
 
 from __future__ import annotations
@@ -20,17 +26,63 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 
 import torch
 
-__all__ = ["FusedDecodeStep", "library_path", "load_library", "reset"]
+__all__ = ["FusedDecodeStep", "library_path", "load_library", "pack_q4", "reset"]
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 _WEIGHTS_PER_LAYER = ("attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down")
+_PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+LAYOUT_ROWS, LAYOUT_TRANSPOSED, LAYOUT_Q4 = 0, 1, 2  # as in cpu_decode.c
+Q4_GROUP = 32
+
+# id(weight tensor) -> (a weak reference to it, its version when packed, pack_q4's answer); an
+# entry goes when its tensor does (tensors compare by value, so a WeakKeyDictionary cannot hold them)
+_packed: dict[int, tuple[weakref.ref, int, tuple | None]] = {}
+_packed_lock = threading.Lock()
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    with _packed_lock:
+        if key in _packed and _packed[key][0] is ref:
+            del _packed[key]
+
+
+def pack_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(codes uint8 [out, in / 2], steps [out, in / 32], offsets [out, in / 32]) that give back
+    `weight` [out, in] exactly as offset + step * q, or None where some value is not on its
+    group's 16-step grid (weights that were never 4-bit)."""
+    key = id(weight)
+    with _packed_lock:
+        known = _packed.get(key)
+        if known is not None and known[0]() is weight and known[1] == weight._version:
+            return known[2]
+    packed = _pack_q4(weight.detach())
+    with _packed_lock:
+        _packed[key] = (weakref.ref(weight, lambda ref: _forget(key, ref)), weight._version, packed)
+    return packed
+
+
+def _pack_q4(weight: torch.Tensor):
+    out, inputs = weight.shape
+    if weight.dtype != torch.float32 or inputs % Q4_GROUP:
+        return None
+    groups = weight.contiguous().view(out, inputs // Q4_GROUP, Q4_GROUP)
+    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    step = (high - low) / 15
+    codes = torch.round((groups - low) / step.clamp(min=torch.finfo(torch.float32).tiny)).clamp(0, 15)
+    if not torch.equal(low + codes * step, groups):  # step * q is exact in float32, the sum rounds once
+        return None
+    codes = codes.to(torch.uint8)
+    half = Q4_GROUP // 2
+    packed = (codes[..., :half] | (codes[..., half:] << 4)).reshape(out, inputs // 2).contiguous()
+    return packed, step.reshape(out, -1).contiguous(), low.reshape(out, -1).contiguous()
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
@@ -118,21 +170,36 @@ class FusedDecodeStep:
     """Runs a few tokens through every decoder layer with `cpu_decode.c`."""
 
     def __init__(self, lib: ctypes.CDLL, layers: list[dict[str, torch.Tensor]], *, hidden: int, inter: int,
-                 heads: int, kv_heads: int, head_dim: int, eps: float, scaling: float, transposed: bool,
-                 cos: torch.Tensor, sin: torch.Tensor):
+                 heads: int, kv_heads: int, head_dim: int, eps: float, scaling: float, layout: int,
+                 cos: torch.Tensor, sin: torch.Tensor, packed: list[dict[str, tuple]] | None = None):
+        """`packed`: per layer, each projection's `pack_q4` codes, steps and offsets (layout Q4)."""
         self._lib = lib
         self._tensors = [layer[name] for layer in layers for name in _WEIGHTS_PER_LAYER]  # kept alive
-        pointers = [t.data_ptr() for t in self._tensors]
+        table = [0] * (3 * len(_WEIGHTS_PER_LAYER))
+        pointers = []
+        for index, layer in enumerate(layers):
+            for slot, name in enumerate(_WEIGHTS_PER_LAYER):
+                if packed is not None and name in _PROJECTIONS:
+                    codes, steps, offsets = packed[index][name]
+                    self._tensors += [codes, steps, offsets]
+                    table[slot], table[9 + slot], table[18 + slot] = (
+                        codes.data_ptr(), steps.data_ptr(), offsets.data_ptr())
+                else:
+                    table[slot] = layer[name].data_ptr()
+            pointers += table
         self._pointers = (ctypes.c_int64 * len(pointers))(*pointers)
         self.layers, self.hidden, self.inter = len(layers), hidden, inter
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.eps, self.scaling, self.transposed = eps, scaling, transposed
+        self.eps, self.scaling, self.layout = eps, scaling, layout
+        self.transposed = layout == LAYOUT_TRANSPOSED
         self._cos, self._sin = cos, sin
 
     @classmethod
-    def build(cls, layers: list[dict[str, torch.Tensor]], **shape) -> FusedDecodeStep | None:
+    def build(cls, layers: list[dict[str, torch.Tensor]], q4: bool = False,
+              **shape) -> FusedDecodeStep | None:
         """A runner for these per-layer weights (`_WEIGHTS_PER_LAYER` names, the projections as
-        [out, in] tensors), or None when they are not float32 CPU tensors in one of the two layouts."""
+        [out, in] tensors), or None when they are not float32 CPU tensors in one of the two layouts.
+        `q4`: read 4-bit codes instead where every projection packs exactly (`pack_q4`)."""
         tensors = [layer[name] for layer in layers for name in _WEIGHTS_PER_LAYER]
         if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors):
             return None
@@ -149,7 +216,12 @@ class FusedDecodeStep:
         lib = load_library()
         if lib is None:
             return None
-        return cls(lib, layers, transposed=transposed, **shape)
+        if q4:
+            packed = [{name: pack_q4(layer[name]) for name in _PROJECTIONS} for layer in layers]
+            if all(p is not None for layer in packed for p in layer.values()):
+                return cls(lib, layers, layout=LAYOUT_Q4, packed=packed, **shape)
+            log.info("the fused step reads float32 weights: not every projection is exactly 4-bit")
+        return cls(lib, layers, layout=LAYOUT_TRANSPOSED if transposed else LAYOUT_ROWS, **shape)
 
     def __call__(self, hidden: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: int,
                  threads: int | None = None) -> torch.Tensor:
@@ -166,7 +238,7 @@ class FusedDecodeStep:
         scratch = torch.empty(need, dtype=torch.float32)  # per call: callers may run in two threads
         code = self._lib.squid_decode_step(
             self._pointers, self.layers, self.hidden, self.inter, self.heads, self.kv_heads, self.head_dim,
-            self.eps, self.scaling, int(self.transposed), hidden.data_ptr(), tokens, self._cos.data_ptr(),
+            self.eps, self.scaling, self.layout, hidden.data_ptr(), tokens, self._cos.data_ptr(),
             self._sin.data_ptr(), keys.data_ptr(), values.data_ptr(), capacity, position,
             scratch.data_ptr(), threads,
         )

@@ -52,12 +52,15 @@ def _prompt(runtime) -> list[int]:
 
 
 @needs_compiler
-def test_fused_steps_decode_as_the_torch_steps_do(runtime, kernel_cache):
+@pytest.mark.parametrize("q4", [True, False])
+def test_fused_steps_decode_as_the_torch_steps_do(runtime, kernel_cache, q4):
     ids = _prompt(runtime)
-    fused = DecodeEngine(runtime.model, quantize_head=False)
+    fused = DecodeEngine(runtime.model, quantize_head=False, fused_q4=q4)
     plain = DecodeEngine(runtime.model, quantize_head=False, fused_step=False)
     assert fused.fused_step is not None and plain.fused_step is None
-    assert fused.fused_step.transposed  # the runtime keeps the projections in transposed memory
+    # The embedded model's weights are exactly 4-bit; without q4 the step reads the float32
+    # tensors, which the runtime keeps in transposed memory.
+    assert fused.fused_step.layout == (cpu_decode.LAYOUT_Q4 if q4 else cpu_decode.LAYOUT_TRANSPOSED)
     expected, expected_logits = _greedy(plain, ids, 24)
     for threads in (1, 2):
         tokens, logits = _greedy(fused, ids, 24, threads)
@@ -67,8 +70,9 @@ def test_fused_steps_decode_as_the_torch_steps_do(runtime, kernel_cache):
 
 
 @needs_compiler
-@pytest.mark.parametrize(("context", "tokens"), [(391, 9), (256, 16), (255, 2)])
-def test_a_verify_pass_of_several_tokens_matches_torch(runtime, kernel_cache, context, tokens):
+@pytest.mark.parametrize(("context", "tokens", "q4"), [(391, 9, True), (256, 16, True), (255, 2, True),
+                                                      (391, 9, False)])
+def test_a_verify_pass_of_several_tokens_matches_torch(runtime, kernel_cache, context, tokens, q4):
     # Prompt lookup checks its drafts in one pass: every position's logits, each token attending
     # to the ones before it and not after. Several tokens attend in chunks of 256 positions, the
     # new ones in the last chunk: 256 and 255 cached positions put that chunk's start at the first
@@ -76,7 +80,7 @@ def test_a_verify_pass_of_several_tokens_matches_torch(runtime, kernel_cache, co
     ids = _prompt(runtime)[: context + tokens]
     logits = {}
     for fused in (True, False):
-        engine = DecodeEngine(runtime.model, quantize_head=False, fused_step=fused)
+        engine = DecodeEngine(runtime.model, quantize_head=False, fused_step=fused, fused_q4=q4)
         cache = engine.new_cache()
         with torch.inference_mode():
             engine.forward(torch.tensor([ids[:context]]), cache)
@@ -87,9 +91,46 @@ def test_a_verify_pass_of_several_tokens_matches_torch(runtime, kernel_cache, co
     assert (logits[True] - logits[False]).abs().max() < 2e-3
 
 
+def test_4_bit_codes_give_back_the_embedded_models_weights_exactly(runtime):
+    weight = runtime.model.model.layers[3].mlp.down_proj.weight.detach()
+    codes, steps, offsets = cpu_decode.pack_q4(weight)
+    assert codes.dtype == torch.uint8 and codes.shape == (weight.shape[0], weight.shape[1] // 2)
+    grouped = codes.view(weight.shape[0], -1, 16)  # byte j of a group: codes j (low) and j + 16 (high)
+    q = torch.cat([grouped & 15, grouped >> 4], dim=-1).float()  # [out, in / 32, 32]
+    assert torch.equal(offsets[..., None] + q * steps[..., None], weight.view_as(q))
+    assert cpu_decode.pack_q4(weight) is cpu_decode.pack_q4(weight)  # packed once per tensor
+
+
+def test_weights_off_the_4_bit_grid_are_not_packed():
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (8, 2, 32), generator=generator)
+    q[..., 0], q[..., 1] = 0, 15  # Q4_1 groups span their codes: minimum 0, maximum 15
+    grid = (q.float() * 2.0**-7 - 0.0625).view(8, 64)
+    codes, steps, offsets = cpu_decode.pack_q4(grid)
+    assert torch.equal(steps, torch.full((8, 2), 2.0**-7))
+    assert torch.equal(offsets, torch.full((8, 2), -0.0625))
+    grid[5, 40] += 1e-4  # one value between two steps of its group
+    assert cpu_decode.pack_q4(grid) is None  # the changed tensor (a new version) is checked again
+    assert cpu_decode.pack_q4(torch.zeros(4, 48)) is None  # 48 inputs: not whole groups of 32
+
+
+@needs_compiler
+def test_a_model_that_is_not_4_bit_is_stepped_in_float32(runtime, kernel_cache):
+    engine = DecodeEngine(runtime.model, quantize_head=False)
+    names = cpu_decode._WEIGHTS_PER_LAYER
+    own = [dict(zip(names, engine.fused_step._tensors[i * len(names) : (i + 1) * len(names)], strict=True))
+           for i in range(engine.fused_step.layers)]
+    own[7] = {**own[7], "up": own[7]["up"] * 1.0001}  # off the grid: no longer 4-bit
+    step = cpu_decode.FusedDecodeStep.build(
+        own, q4=True, hidden=engine.fused_step.hidden, inter=engine.fused_step.inter, heads=engine.heads,
+        kv_heads=engine.kv_heads, head_dim=engine.head_dim, eps=engine.eps, scaling=engine.scaling,
+        cos=engine._cos, sin=engine._sin)
+    assert step is not None and step.layout != cpu_decode.LAYOUT_Q4
+
+
 @needs_compiler
 def test_row_major_weights_give_the_same_step(runtime, kernel_cache):
-    engine = DecodeEngine(runtime.model, quantize_head=False)
+    engine = DecodeEngine(runtime.model, quantize_head=False, fused_q4=False)
     step = engine.fused_step
     names = cpu_decode._WEIGHTS_PER_LAYER
     own = [step._tensors[i * len(names) : (i + 1) * len(names)] for i in range(step.layers)]
