@@ -116,36 +116,31 @@ static inline void q4_codes(const uint8_t *c, v16f *lo, v16f *hi) {
 #endif
 #define Q4_TOKENS 4
 
-/* y[t] = W x[t] for 4-bit W. One token: sum over groups of offset * sum(x) + step * (q . x), the
- * codes never written out. Several: Q4_ROWS rows at a time are expanded to their float32 values,
- * which then meet Q4_TOKENS tokens per pass from registers. */
+/* tb tokens from `x` against `rows` float32 rows `w` (row stride `in`), into y[t][r0 + r]: the
+ * rows times the tokens in registers, each row and token vector loaded once per step. */
+static inline __attribute__((always_inline)) void rows_tokens(const float *w, const float *x, float *y, int rows,
+                                                             int tb, int out, int in, int r0) {
+    v16f acc[Q4_ROWS][Q4_TOKENS];
+    for (int r = 0; r < rows; r++)
+        for (int t = 0; t < tb; t++) acc[r][t] = (v16f){0};
+    for (int i = 0; i < in; i += 16) {
+        v16f xv[Q4_TOKENS];
+        for (int t = 0; t < tb; t++) xv[t] = *(const v16f *)(x + (int64_t)t * in + i);
+        for (int r = 0; r < rows; r++) {
+            const v16f wv = *(const v16f *)(w + (int64_t)r * in + i);
+            for (int t = 0; t < tb; t++) acc[r][t] += wv * xv[t];
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int t = 0; t < tb; t++) y[(int64_t)t * out + r0 + r] = hsum16(acc[r][t]);
+}
+
+/* y[t] = W x[t] for 4-bit W: Q4_ROWS rows at a time are expanded to their float32 values, which
+ * then meet Q4_TOKENS tokens per pass from registers. (For one token this beat multiplying the
+ * codes directly, offset * sum(x) + step * (q . x): 9.9-10.7 against 11.8 ms a step.) */
 static void gemm_q4(const uint8_t *codes, const float *steps, const float *offsets, const float *x, float *y,
                     int T, int out, int in) {
     const int groups = in / 32;
-    if (T == 1) {
-        float xsum[groups];
-        for (int gi = 0; gi < groups; gi++) {
-            float s = 0.0f;
-            for (int j = 0; j < 32; j++) s += x[gi * 32 + j];
-            xsum[gi] = s;
-        }
-#pragma omp for schedule(static)
-        for (int r = 0; r < out; r++) {
-            const uint8_t *c = codes + (int64_t)r * (in / 2);
-            const float *st = steps + (int64_t)r * groups, *of = offsets + (int64_t)r * groups;
-            v16f acc = (v16f){0};
-            float base = 0.0f;
-            for (int gi = 0; gi < groups; gi++) {
-                v16f lo, hi;
-                q4_codes(c + gi * 16, &lo, &hi);
-                const v16f dot = lo * *(const v16f *)(x + gi * 32) + hi * *(const v16f *)(x + gi * 32 + 16);
-                acc += st[gi] * dot;
-                base += of[gi] * xsum[gi];
-            }
-            y[r] = hsum16(acc) + base;
-        }
-        return;
-    }
 #pragma omp for schedule(static)
     for (int r0 = 0; r0 < out; r0 += Q4_ROWS) {
         const int rows = out - r0 < Q4_ROWS ? out - r0 : Q4_ROWS;
@@ -161,29 +156,17 @@ static void gemm_q4(const uint8_t *codes, const float *steps, const float *offse
             }
         }
         for (int t0 = 0; t0 < T; t0 += Q4_TOKENS) {
-            const int tokens = T - t0 < Q4_TOKENS ? T - t0 : Q4_TOKENS;
-            if (rows == Q4_ROWS && tokens == Q4_TOKENS) {
-                v16f acc[Q4_ROWS][Q4_TOKENS];
-                for (int r = 0; r < Q4_ROWS; r++)
-                    for (int t = 0; t < Q4_TOKENS; t++) acc[r][t] = (v16f){0};
-                for (int i = 0; i < in; i += 16) {
-                    v16f xv[Q4_TOKENS];
-                    for (int t = 0; t < Q4_TOKENS; t++) xv[t] = *(const v16f *)(x + (int64_t)(t0 + t) * in + i);
-                    for (int r = 0; r < Q4_ROWS; r++) {
-                        const v16f wv = *(const v16f *)(w[r] + i);
-                        for (int t = 0; t < Q4_TOKENS; t++) acc[r][t] += wv * xv[t];
-                    }
+            const float *xt = x + (int64_t)t0 * in;
+            float *yt = y + (int64_t)t0 * out;
+            if (rows == Q4_ROWS) {
+                switch (T - t0 < Q4_TOKENS ? T - t0 : Q4_TOKENS) {
+                case 1: rows_tokens(w[0], xt, yt, Q4_ROWS, 1, out, in, r0); break;
+                case 2: rows_tokens(w[0], xt, yt, Q4_ROWS, 2, out, in, r0); break;
+                case 3: rows_tokens(w[0], xt, yt, Q4_ROWS, 3, out, in, r0); break;
+                default: rows_tokens(w[0], xt, yt, Q4_ROWS, Q4_TOKENS, out, in, r0); break;
                 }
-                for (int r = 0; r < Q4_ROWS; r++)
-                    for (int t = 0; t < Q4_TOKENS; t++) y[(int64_t)(t0 + t) * out + r0 + r] = hsum16(acc[r][t]);
             } else {
-                for (int r = 0; r < rows; r++)
-                    for (int t = 0; t < tokens; t++) {
-                        const float *xt = x + (int64_t)(t0 + t) * in;
-                        v16f acc = (v16f){0};
-                        for (int i = 0; i < in; i += 16) acc += *(const v16f *)(w[r] + i) * *(const v16f *)(xt + i);
-                        y[(int64_t)(t0 + t) * out + r0 + r] = hsum16(acc);
-                    }
+                rows_tokens(w[0], xt, yt, rows, T - t0 < Q4_TOKENS ? T - t0 : Q4_TOKENS, out, in, r0);
             }
         }
     }
