@@ -8,13 +8,18 @@ set -euo pipefail
 
 VERSION=0.3.36
 DEST="${SQUIDCODE_LLAMA_SERVER_DIR:-$HOME/.cache/squidcode/llama-server}"
-STAMP="$DEST/.installed-llama-cpp-python-$VERSION"
+# x86-64: built for this machine's CPU but without AMX. Some virtual machines report AMX in CPUID
+# yet fault on its first tile instruction (ldtilecfg), which killed every llama.cpp evaluation.
+FLAGS=""
+if [ "$(uname -m)" = x86_64 ]; then FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; fi
+STAMP="$DEST/.installed-llama-cpp-python-$VERSION-noamx"
 
 if [ ! -f "$STAMP" ]; then
   echo "install-llama-server: building llama-cpp-python[server]==$VERSION into $DEST (several minutes, once)" >&2
   rm -rf "$DEST"
   "${PYTHON:-python3}" -m venv "$DEST"
-  "$DEST/bin/python" -m pip --disable-pip-version-check -q install "llama-cpp-python[server]==$VERSION"
+  CFLAGS="$FLAGS" CXXFLAGS="$FLAGS" "$DEST/bin/python" -m pip --disable-pip-version-check -q install \
+    --no-cache-dir "llama-cpp-python[server]==$VERSION"
   "$DEST/bin/python" -c 'import llama_cpp.server'
   touch "$STAMP"
 fi

@@ -5,7 +5,8 @@ Measured in one run, interleaved, medians over `--runs`:
   1. prefill and decode speed on ~1,000 tokens of real code (`fixtures/foundation_prefix.txt`)
      and 64 greedy tokens: the runtime (float32, int8 and int4 weights; float32 again with the
      exact output projection instead of the shortlist head, with the projections in the
-     row-major layout transformers loads, and with torch steps instead of the fused
+     row-major layout transformers loads, with the fused step reading float32 weights instead of
+     their exact 4-bit codes, and with torch steps instead of the fused
      `kernels/cpu_decode.c` step), transformers `generate()` on
      the same torch model, and llama.cpp (llama-cpp-python, in its own venv, on the same GGUF file
      the runtime converts) in a worker process;
@@ -395,9 +396,11 @@ def main(argv: list[str] | None = None) -> int:
                     "threads": args.threads, "keystroke_threads": args.keystroke_threads,
                     "nproc": os.cpu_count(), "torch": torch.__version__}
     runtimes = {w: runtime_for(w, args.threads) for w in WEIGHTS}
-    # The float32 engine again with an exact output projection, with row-major weights, and with
-    # torch's per-operation steps instead of the fused one, to show what each buys.
+    # The float32 engine again with an exact output projection, with row-major weights, with the
+    # fused step reading the float32 tensors instead of their exact 4-bit codes, and with torch's
+    # per-operation steps instead of the fused one, to show what each buys.
     variants = {"exact_head": runtime_for("none", args.threads, shortlist_head=False),
+                "fused_float32": runtime_for("none", args.threads, fused_q4=False),
                 "row_major": row_major_runtime(args.threads),
                 "torch_step": runtime_for("none", args.threads, fused_step=False)}
     text = PREFIX_FIXTURE.read_text()

@@ -345,6 +345,95 @@ static void attend_chunk(const float *qT, int QL, const float *kbase, const floa
     }
 }
 
+/* One query against 16 keys at a time, without a horizontal sum per key: the 16 keys' products
+ * (vectors of 16 partial sums, key i in slot REV4[i]) are added up pairwise across vectors, four
+ * levels of shuffles, leaving key i's score in lane i. */
+typedef int32_t v16m __attribute__((vector_size(64)));
+static const int REV4[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+
+static inline v16f reduce16(const v16f *v) {
+    const v16m a1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const v16m b1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    const v16m a2 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
+    const v16m b2 = {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31};
+    const v16m a3 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+    const v16m b3 = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
+    const v16m a4 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
+    const v16m b4 = {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31};
+    v16f t[8], u[4], w[2];
+    for (int i = 0; i < 8; i++)
+        t[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], a1) + __builtin_shuffle(v[2 * i], v[2 * i + 1], b1);
+    for (int i = 0; i < 4; i++)
+        u[i] = __builtin_shuffle(t[2 * i], t[2 * i + 1], a2) + __builtin_shuffle(t[2 * i], t[2 * i + 1], b2);
+    for (int i = 0; i < 2; i++)
+        w[i] = __builtin_shuffle(u[2 * i], u[2 * i + 1], a3) + __builtin_shuffle(u[2 * i], u[2 * i + 1], b3);
+    return __builtin_shuffle(w[0], w[1], a4) + __builtin_shuffle(w[0], w[1], b4);
+}
+
+/* Causal attention for a few queries of one kv head (a decoding step: its query heads) over
+ * positions [p0, p1): scores 16 keys at a time (`reduce16`), each value row loaded once for all
+ * the queries. Queries: lane j = token j / groups, query head j % groups; S: nq rows of
+ * (p1 - p0 + 16) floats of scratch; part as for `attend_chunk`, lanes 0..nq-1. */
+#define ROWS_QUERIES 8
+static void attend_rows_chunk(const float *q, int qd, int kh, int groups, int nq, float scaling, const float *kbase,
+                              const float *vbase, int head_dim, int p0, int p1, int pos, float *S, int QL,
+                              float *part) {
+    const int n = p1 - p0, stride = n + 16;
+    float qs[ROWS_QUERIES * head_dim];
+    for (int j = 0; j < nq; j++)
+        for (int d = 0; d < head_dim; d++)
+            qs[j * head_dim + d] = q[(int64_t)(j / groups) * qd + (kh * groups + j % groups) * head_dim + d] * scaling;
+    int p = p0;
+    for (; p + 16 <= p1; p += 16)
+        for (int j = 0; j < nq; j++) {
+            v16f products[16];
+            for (int i = 0; i < 16; i++) {
+                const float *kp = kbase + (int64_t)(p + i) * head_dim;
+                v16f a = (v16f){0};
+                for (int d = 0; d < head_dim; d += 16) a += *(const v16f *)(qs + j * head_dim + d) * *(const v16f *)(kp + d);
+                products[REV4[i]] = a;
+            }
+            *(v16f *)(S + (int64_t)j * stride + (p - p0)) = reduce16(products);
+        }
+    for (; p < p1; p++)
+        for (int j = 0; j < nq; j++) {
+            const float *kp = kbase + (int64_t)p * head_dim;
+            v16f a = (v16f){0};
+            for (int d = 0; d < head_dim; d += 16) a += *(const v16f *)(qs + j * head_dim + d) * *(const v16f *)(kp + d);
+            S[(int64_t)j * stride + (p - p0)] = hsum16(a);
+        }
+    float *m = part, *l = part + QL, *o = part + 2 * QL;
+    for (int j = 0; j < nq; j++) {
+        float *row = S + (int64_t)j * stride;
+        for (int i = pos + j / groups + 1 - p0; i < n; i++) row[i] = -INFINITY; /* after its own token */
+        float top = -INFINITY;
+        for (int i = 0; i < n; i++) top = row[i] > top ? row[i] : top;
+        float total = 0.0f;
+        int i = 0;
+        for (; i + VL <= n; i += VL) {
+            const vf e = vexp(*(vf *)(row + i) - top);
+            *(vf *)(row + i) = e;
+            for (int k = 0; k < VL; k++) total += e[k];
+        }
+        for (; i < n; i++) {
+            row[i] = expf(row[i] - top);
+            total += row[i];
+        }
+        m[j] = top;
+        l[j] = total;
+    }
+    for (int d0 = 0; d0 < head_dim; d0 += 16) {
+        v16f acc[ROWS_QUERIES];
+        for (int j = 0; j < nq; j++) acc[j] = (v16f){0};
+        for (int i = 0; i < n; i++) {
+            const v16f vp = *(const v16f *)(vbase + (int64_t)(p0 + i) * head_dim + d0);
+            for (int j = 0; j < nq; j++) acc[j] += S[(int64_t)j * stride + i] * vp;
+        }
+        for (int j = 0; j < nq; j++)
+            for (int k = 0; k < 16; k++) o[(int64_t)(d0 + k) * QL + j] = acc[j][k];
+    }
+}
+
 /* The chunks' partial results of one query lane, combined into its attention output. */
 static void merge_chunks(const float *parts, int chunks, int QL, int head_dim, int lane, float *out) {
     const int64_t stride = (int64_t)(2 + head_dim) * QL;
@@ -363,11 +452,18 @@ static void merge_chunks(const float *parts, int chunks, int QL, int head_dim, i
 
 /* Floats of the attention's scratch for T tokens: per-head scores, or the lane layout's queries,
  * chunk results and per-thread score blocks. */
+/* Floats of one thread's score block: a chunk (up to ATT_CHUNK + T - 1 positions) for nq queries,
+ * in QL lanes or in rows padded by 16. */
+static int64_t attention_block(int T, int nq, int QL) {
+    const int64_t lanes = (int64_t)(ATT_CHUNK + T) * QL, rows = (int64_t)nq * (ATT_CHUNK + T + 16);
+    return lanes > rows ? lanes : rows;
+}
+
 static int64_t attention_scratch(int T, int heads, int kv_heads, int head_dim, int capacity, int threads) {
-    const int64_t QL = ((int64_t)T * (heads / kv_heads) + VL - 1) / VL * VL;
+    const int nq = T * (heads / kv_heads), QL = (nq + VL - 1) / VL * VL;
     const int64_t chunks = (capacity + ATT_CHUNK - 1) / ATT_CHUNK;
-    const int64_t lanes = kv_heads * QL * ((int64_t)head_dim + chunks * (2 + head_dim)) +
-                          (int64_t)threads * (ATT_CHUNK + T) * QL;
+    const int64_t lanes = kv_heads * (int64_t)QL * ((int64_t)head_dim + chunks * (2 + head_dim)) +
+                          (int64_t)threads * attention_block(T, nq, QL);
     const int64_t per_head = (int64_t)T * heads * capacity;
     return (lanes > per_head ? lanes : per_head) + VL;
 }
@@ -422,36 +518,46 @@ int squid_decode_step(const int64_t *weights, int layers, int hidden, int inter,
                 }
             }
         }
-        if (T * groups >= LANES_FROM) {
-            const int QL = (T * groups + VL - 1) / VL * VL, chunks = (pos + ATT_CHUNK) / ATT_CHUNK;
+        if (head_dim % 16 == 0) {
+            /* In chunks of positions, one job per kv head and chunk, then merged: many queries in
+             * vector lanes (`attend_chunk`), a few 16 keys at a time (`attend_rows_chunk`). */
+            const int nq = T * groups, lanes = nq >= LANES_FROM;
+            const int QL = (nq + VL - 1) / VL * VL, chunks = (pos + ATT_CHUNK) / ATT_CHUNK;
             float *qT = scores, *parts = qT + (int64_t)kv_heads * head_dim * QL;
             float *blocks = parts + (int64_t)kv_heads * chunks * (2 + head_dim) * QL;
+            if (lanes) {
 #pragma omp for schedule(static)
-            for (int kh = 0; kh < kv_heads; kh++)
-                for (int d = 0; d < head_dim; d++)
-                    for (int j = 0; j < QL; j++)
-                        qT[((int64_t)kh * head_dim + d) * QL + j] =
-                            j < T * groups
-                                ? q[(int64_t)(j / groups) * qd + (kh * groups + j % groups) * head_dim + d] * scaling
-                                : 0.0f;
+                for (int kh = 0; kh < kv_heads; kh++)
+                    for (int d = 0; d < head_dim; d++)
+                        for (int j = 0; j < QL; j++)
+                            qT[((int64_t)kh * head_dim + d) * QL + j] =
+                                j < nq ? q[(int64_t)(j / groups) * qd + (kh * groups + j % groups) * head_dim + d] *
+                                             scaling
+                                       : 0.0f;
+            }
 #pragma omp for schedule(dynamic, 1)
             for (int job = 0; job < kv_heads * chunks; job++) {
                 const int kh = job / chunks, c = job % chunks;
                 const int p0 = c * ATT_CHUNK, p1 = c == chunks - 1 ? pos + T : p0 + ATT_CHUNK;
-                attend_chunk(qT + (int64_t)kh * head_dim * QL, QL,
-                             layer_keys + (int64_t)kh * capacity * head_dim,
-                             layer_values + (int64_t)kh * capacity * head_dim, head_dim, p0, p1, pos, groups,
-                             blocks + (int64_t)omp_get_thread_num() * (ATT_CHUNK + T) * QL,
-                             parts + (int64_t)job * (2 + head_dim) * QL);
+                const float *kbase = layer_keys + (int64_t)kh * capacity * head_dim;
+                const float *vbase = layer_values + (int64_t)kh * capacity * head_dim;
+                float *block = blocks + (int64_t)omp_get_thread_num() * attention_block(T, nq, QL);
+                float *part = parts + (int64_t)job * (2 + head_dim) * QL;
+                if (lanes)
+                    attend_chunk(qT + (int64_t)kh * head_dim * QL, QL, kbase, vbase, head_dim, p0, p1, pos, groups,
+                                 block, part);
+                else
+                    attend_rows_chunk(q, qd, kh, groups, nq, scaling, kbase, vbase, head_dim, p0, p1, pos, block, QL,
+                                      part);
             }
 #pragma omp for schedule(static)
-            for (int job = 0; job < kv_heads * T * groups; job++) {
-                const int kh = job / (T * groups), lane = job % (T * groups);
+            for (int job = 0; job < kv_heads * nq; job++) {
+                const int kh = job / nq, lane = job % nq;
                 merge_chunks(parts + (int64_t)kh * chunks * (2 + head_dim) * QL, chunks, QL, head_dim, lane,
                              att + (int64_t)(lane / groups) * qd + (kh * groups + lane % groups) * head_dim);
             }
         } else {
-    #pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1)
             for (int job = 0; job < T * heads; job++) {
                 const int t = job / heads, hh = job % heads, n = pos + t + 1;
                 const float *qh = q + (int64_t)t * qd + hh * head_dim;
@@ -461,7 +567,7 @@ int squid_decode_step(const int64_t *weights, int layers, int hidden, int inter,
                 for (int p = 0; p < n; p++) {
                     const float *kp = kbase + (int64_t)p * head_dim;
                     float dot = 0.0f;
-    #pragma omp simd reduction(+ : dot)
+#pragma omp simd reduction(+ : dot)
                     for (int i = 0; i < head_dim; i++) dot += qh[i] * kp[i];
                     sc[p] = dot * scaling;
                     top = sc[p] > top ? sc[p] : top;
@@ -481,7 +587,7 @@ int squid_decode_step(const int64_t *weights, int layers, int hidden, int inter,
                 for (int i = 0; i < head_dim; i++) out[i] = 0.0f;
                 for (int p = 0; p < n; p++) {
                     const float weight = sc[p] / total, *vp = vbase + (int64_t)p * head_dim;
-    #pragma omp simd
+#pragma omp simd
                     for (int i = 0; i < head_dim; i++) out[i] += weight * vp[i];
                 }
             }
