@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .decode import DecodeEngine, KVCache
-from .lookup import PromptLookup
+from .lookup import DraftLengths, PromptLookup
 
 __all__ = ["Emitted", "SequenceLoop", "earliest_stop", "emit", "pick_token", "run_batch", "sample_rows"]
 
@@ -76,7 +76,7 @@ class SequenceLoop:
             top_p: float, generator, should_stop, heal: str, lookup: PromptLookup | None) -> Emitted:
         out = Emitted()
         greedy = temperature <= 0
-        self.draft_length = max(1, lookup.max_draft // 2) if lookup is not None else 0
+        self.lengths = DraftLengths(lookup.max_draft) if lookup is not None else None
         while not out.done:
             if should_stop():
                 out.reason, out.done = "stopped_by_caller", True
@@ -97,7 +97,8 @@ class SequenceLoop:
             if greedy and lookup is not None:
                 lookup.append(next_id)
                 if not healing_next:
-                    draft = lookup.draft(min(self.draft_length, max_new_tokens - len(out.ids)))
+                    source = lookup.source
+                    draft = lookup.draft(self.lengths.length(source, max_new_tokens - len(out.ids)))
             step = torch.tensor([[next_id, *draft]], device=self.engine.device)
             all_logits = self.engine.forward(step, self.cache, all_logits=bool(draft),
                                              greedy=greedy and not healing_next)[0]  # [T, vocab]
@@ -105,10 +106,11 @@ class SequenceLoop:
                 logits = all_logits[-1:]
                 continue
             logits = self._accept_draft(out, draft, all_logits, lookup, should_stop, heal, stop,
-                                        max_new_tokens)
+                                        max_new_tokens, source)
         return out
 
-    def _accept_draft(self, out: Emitted, draft, all_logits, lookup, should_stop, heal, stop, max_new_tokens):
+    def _accept_draft(self, out: Emitted, draft, all_logits, lookup, should_stop, heal, stop, max_new_tokens,
+                      source):
         """Keep the draft's longest prefix that greedy decoding would have produced."""
         predicted = all_logits.argmax(-1).tolist()  # predicted[i] follows draft[i - 1]
         accepted = 0
@@ -116,12 +118,7 @@ class SequenceLoop:
             accepted += 1
         out.drafted += len(draft)
         out.accepted += accepted
-        # A verify pass costs more the longer the draft: lengthen drafts while they are confirmed
-        # whole, shorten them when they are not (the schedule transformers' assisted decoding uses).
-        if accepted == len(draft):
-            self.draft_length = min(self.draft_length + 2, lookup.max_draft)
-        else:
-            self.draft_length = max(1, self.draft_length - 1)
+        self.lengths.record(source, len(draft), accepted)
         # Keys of rejected draft tokens are dropped; the next forward pass overwrites them.
         self.cache.crop(self.cache.length - (len(draft) - accepted))
         for index in range(accepted):

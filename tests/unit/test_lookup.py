@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from context.lookup import PromptLookup
+from context.lookup import SUBSTITUTION, DraftLengths, PromptLookup
 
 
 def test_a_repeated_suffix_drafts_what_followed_it():
@@ -24,8 +24,10 @@ def test_a_renamed_token_resumes_after_the_token_it_replaced():
     original = [7, 10, 11, old, 12, 13, 14, 15]
     lookup = PromptLookup(original + [8, 7, 10, 11], max_draft=3)
     assert lookup.draft() == [old, 12, 13]  # exact: the copy goes on as the original did
+    assert lookup.source == 3  # found by the 3-gram (7, 10, 11)
     lookup.append(new)
     assert lookup.draft() == [12, 13, 14]  # NEW replaced OLD: continue after it
+    assert lookup.source == SUBSTITUTION
     lookup.append(12)
     assert lookup.draft() == [13, 14, 15]  # and the copy goes on
 
@@ -51,3 +53,28 @@ def test_a_copy_that_reaches_the_present_repeats_its_period():
     assert lookup.draft() == [6, 5, 6, 5, 6, 5]
     lookup = PromptLookup([9, 1, 2, 3, 1, 2, 3, 1, 2], max_draft=5)
     assert lookup.draft() == [3, 1, 2, 3, 1]
+
+
+def test_draft_lengths_grow_while_confirmed_and_shrink_when_not():
+    lengths = DraftLengths(max_draft=12)
+    assert lengths.length(4, limit=100) == 6  # half the maximum to begin with
+    lengths.record(4, 6, 6)
+    assert lengths.length(4, limit=100) == 8
+    assert lengths.length(4, limit=3) == 3  # never past what is left to generate
+    lengths.record(4, 8, 5)
+    assert lengths.length(4, limit=100) == 7
+    assert lengths.length(2, limit=100) == 6  # each source keeps its own length
+
+
+def test_a_source_whose_drafts_rarely_come_true_drafts_nothing():
+    # A verify pass costs 1 + 0.2 k steps: tokens confirmed at a rate of 0.2 or less lose time.
+    lengths = DraftLengths(max_draft=12, token_cost=0.2)
+    for _ in range(4):
+        lengths.record(SUBSTITUTION, 2, 0)
+    assert lengths.rate(SUBSTITUTION) == 2 / 7  # the prior's 2 confirmed, 1 rejected, then 4 more
+    assert lengths.length(SUBSTITUTION, limit=100) == 2  # 6, one fewer after each
+    for _ in range(4):
+        lengths.record(SUBSTITUTION, 1, 0)
+    assert lengths.rate(SUBSTITUTION) <= 0.2
+    assert lengths.length(SUBSTITUTION, limit=100) == 0
+    assert lengths.length(4, limit=100) == 6  # other sources draft as before
