@@ -107,7 +107,8 @@ class ModelConfig:
     fused_step: bool = True
     # The fused step reads the projections as 4-bit codes (a fifth of the bytes) where those give
     # back the float32 weights exactly, as they do for the embedded model (dequantized from GGUF
-    # Q4_1): the same weights and tokens, faster. false = always the float32 tensors.
+    # Q4_1), and the output projection as exact 8-bit codes (Q8_0): the same weights and tokens,
+    # faster. false = always the float32 tensors.
     fused_q4: bool = True
 
 

@@ -258,7 +258,8 @@ class DecodeEngine:
         forward passes use `ShortlistHead` where it pays (float32 on the CPU). `fused_step` runs
         passes of up to `FUSED_MAX_TOKENS` tokens through `kernels.cpu_decode` where it can
         (float32 on the CPU, the model's own weights, no LoRA paths); with `fused_q4` it reads them
-        as 4-bit codes where those give them back exactly (`kernels.cpu_decode.pack_q4`)."""
+        as 4-bit codes where those give them back exactly (`kernels.cpu_decode.pack_q4`), and the
+        output projection after it as exact 8-bit codes (`FusedHead`)."""
         config = model.config
         self.model = model
         base = model.model
@@ -294,6 +295,13 @@ class DecodeEngine:
         self._masks: dict[int, torch.Tensor] = {}
         self.fused_q4 = fused_q4
         self.fused_step = self._fused_step(base.layers, config) if fused_step and linear is None else None
+        # After the fused step, the output projection from exact 8-bit codes where its weights
+        # have them (the embedded model's are GGUF Q8_0): exact logits, fewer bytes.
+        self.fused_head = None
+        if self.fused_step is not None and fused_q4 and (linear is None or not quantize_head):
+            from kernels.cpu_decode import FusedHead
+
+            self.fused_head = FusedHead.build(model.lm_head.weight)
         self.fused_threads = 0  # threads of the fused step; 0 = torch's current count
 
     def _fused_step(self, layers, config):
@@ -315,7 +323,8 @@ class DecodeEngine:
         except AttributeError:  # not a Llama-style layer: the torch steps run it
             return None
         return FusedDecodeStep.build(
-            [{name: w.detach() for name, w in layer.items()} for layer in weights], q4=self.fused_q4,
+            # the parameters themselves: their packed codes are remembered per tensor (and version)
+            weights, q4=self.fused_q4,
             hidden=config.hidden_size, inter=config.intermediate_size, heads=self.heads,
             kv_heads=self.kv_heads, head_dim=self.head_dim, eps=self.eps, scaling=self.scaling,
             cos=self._cos, sin=self._sin,
@@ -417,6 +426,8 @@ class DecodeEngine:
         cache.ids.extend(ids[0].tolist())
         hidden = hidden[None] if all_logits else hidden[None, -1:]
         hidden = self._rms_norm(hidden, self.final_norm)
+        if self.fused_head is not None and hidden.shape[1] == 1:  # more rows: the heads below are cheaper
+            return self.fused_head(hidden, self.fused_threads or None)
         # The output projection reads 57-113 MB a step: it gets the fused step's threads too, not
         # torch's decoding count (one, for torch's many small operations).
         before = torch.get_num_threads()

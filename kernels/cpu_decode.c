@@ -620,3 +620,63 @@ int64_t squid_decode_scratch(int T, int hidden, int inter, int heads, int kv_hea
                          2 * (int64_t)inter + (int64_t)threads * widest) +
            attention_scratch(T, heads, kv_heads, head_dim, capacity, threads);
 }
+
+/* The output projection, logits [T, vocab] = x [T, hidden] W^T, from 8-bit weights in groups of 32
+ * inputs: w = step * q with q in -127..127, the GGUF Q8_0 scheme of the embedded model's token
+ * embeddings, which its output projection shares (step * q is exact in float32, so these give back
+ * its float32 weights). codes [vocab][hidden] int8, steps [vocab][hidden / 32]. Half the bytes of
+ * a bfloat16 copy, and every logit exact. Returns 0, or -1 for arguments it cannot run. */
+static inline void q8_codes(const int8_t *c, v16f *lo, v16f *hi) {
+#if defined(__AVX512F__)
+    *lo = (v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
+    *hi = (v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + 16))));
+#elif defined(__AVX2__)
+    union { v16f v; __m256 half[2]; } a, z;
+    a.half[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c)));
+    a.half[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + 8))));
+    z.half[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + 16))));
+    z.half[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + 24))));
+    *lo = a.v;
+    *hi = z.v;
+#else
+    for (int j = 0; j < 16; j++) {
+        (*lo)[j] = (float)c[j];
+        (*hi)[j] = (float)c[j + 16];
+    }
+#endif
+}
+
+int squid_head_q8(const int8_t *codes, const float *steps, const float *x, float *logits, int T, int vocab,
+                  int hidden, int threads) {
+    if (T < 1 || hidden % 32 || threads < 1) return -1;
+    const int groups = hidden / 32;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int r = 0; r < vocab; r++) {
+        const int8_t *c = codes + (int64_t)r * hidden;
+        const float *st = steps + (int64_t)r * groups;
+        if (T == 1) {
+            v16f acc = (v16f){0};
+            for (int gi = 0; gi < groups; gi++) {
+                v16f lo, hi;
+                q8_codes(c + gi * 32, &lo, &hi);
+                acc += st[gi] * (lo * *(const v16f *)(x + gi * 32) + hi * *(const v16f *)(x + gi * 32 + 16));
+            }
+            logits[r] = hsum16(acc);
+            continue;
+        }
+        float w[hidden];
+        for (int gi = 0; gi < groups; gi++) {
+            v16f lo, hi;
+            q8_codes(c + gi * 32, &lo, &hi);
+            *(v16f *)(w + gi * 32) = lo * st[gi];
+            *(v16f *)(w + gi * 32 + 16) = hi * st[gi];
+        }
+        for (int t = 0; t < T; t++) {
+            const float *xt = x + (int64_t)t * hidden;
+            v16f acc = (v16f){0};
+            for (int i = 0; i < hidden; i += 16) acc += *(const v16f *)(w + i) * *(const v16f *)(xt + i);
+            logits[(int64_t)t * vocab + r] = hsum16(acc);
+        }
+    }
+    return 0;
+}

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["FusedDecodeStep", "library_path", "load_library", "pack_q4", "reset"]
+__all__ = ["FusedDecodeStep", "FusedHead", "library_path", "load_library", "pack_q4", "pack_q8", "reset"]
 
 log = logging.getLogger(__name__)
 
@@ -42,31 +42,53 @@ _PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 LAYOUT_ROWS, LAYOUT_TRANSPOSED, LAYOUT_Q4 = 0, 1, 2  # as in cpu_decode.c
 Q4_GROUP = 32
 
-# id(weight tensor) -> (a weak reference to it, its version when packed, pack_q4's answer); an
+# (id(weight tensor), scheme) -> (a weak reference to it, its version when packed, the packing); an
 # entry goes when its tensor does (tensors compare by value, so a WeakKeyDictionary cannot hold them)
-_packed: dict[int, tuple[weakref.ref, int, tuple | None]] = {}
+_packed: dict[tuple[int, str], tuple[weakref.ref, int, tuple | None]] = {}
 _packed_lock = threading.Lock()
 
 
-def _forget(key: int, ref: weakref.ref) -> None:
+def _forget(key: tuple[int, str], ref: weakref.ref) -> None:
     with _packed_lock:
         if key in _packed and _packed[key][0] is ref:
             del _packed[key]
+
+
+def _remembered(weight: torch.Tensor, scheme: str, pack):
+    key = (id(weight), scheme)
+    with _packed_lock:
+        known = _packed.get(key)
+        if known is not None and known[0]() is weight and known[1] == weight._version:
+            return known[2]
+    packed = pack(weight.detach())
+    with _packed_lock:
+        _packed[key] = (weakref.ref(weight, lambda ref: _forget(key, ref)), weight._version, packed)
+    return packed
 
 
 def pack_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """(codes uint8 [out, in / 2], steps [out, in / 32], offsets [out, in / 32]) that give back
     `weight` [out, in] exactly as offset + step * q, or None where some value is not on its
     group's 16-step grid (weights that were never 4-bit)."""
-    key = id(weight)
-    with _packed_lock:
-        known = _packed.get(key)
-        if known is not None and known[0]() is weight and known[1] == weight._version:
-            return known[2]
-    packed = _pack_q4(weight.detach())
-    with _packed_lock:
-        _packed[key] = (weakref.ref(weight, lambda ref: _forget(key, ref)), weight._version, packed)
-    return packed
+    return _remembered(weight, "q4", _pack_q4)
+
+
+def pack_q8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(codes int8 [out, in], steps [out, in / 32]) that give back `weight` [out, in] exactly as
+    step * q with q in -127..127 (GGUF Q8_0), or None where that is not exact."""
+    return _remembered(weight, "q8", _pack_q8)
+
+
+def _pack_q8(weight: torch.Tensor):
+    out, inputs = weight.shape
+    if weight.dtype != torch.float32 or inputs % Q4_GROUP:
+        return None
+    groups = weight.contiguous().view(out, inputs // Q4_GROUP, Q4_GROUP)
+    step = groups.abs().amax(-1, keepdim=True) / 127
+    codes = torch.round(groups / step.clamp(min=torch.finfo(torch.float32).tiny)).clamp(-127, 127)
+    if not torch.equal(codes * step, groups):
+        return None
+    return codes.to(torch.int8).reshape(out, inputs).contiguous(), step.reshape(out, -1).contiguous()
 
 
 def _pack_q4(weight: torch.Tensor):
@@ -160,6 +182,8 @@ def load_library() -> ctypes.CDLL | None:
                 ]
                 lib.squid_decode_scratch.restype = ctypes.c_int64
                 lib.squid_decode_scratch.argtypes = [c_int] * 8
+                lib.squid_head_q8.restype = c_int
+                lib.squid_head_q8.argtypes = [f32p, f32p, f32p, f32p, c_int, c_int, c_int, c_int]
                 _library = lib
         if _failure is not None:
             log.info("decoding without the fused CPU step: %s", _failure)
@@ -246,3 +270,36 @@ class FusedDecodeStep:
             raise ValueError(f"the fused step refused positions {position}..{position + tokens - 1} of a "
                              f"{capacity}-position cache")
         return hidden
+
+
+class FusedHead:
+    """The output projection from exact 8-bit codes of its weights (`pack_q8`), every logit exact:
+    half the bytes of the bfloat16 copy greedy steps read otherwise, and no shortlist to check."""
+
+    def __init__(self, lib: ctypes.CDLL, codes: torch.Tensor, steps: torch.Tensor):
+        self._lib, self._codes, self._steps = lib, codes, steps
+        self.vocab, self.hidden = codes.shape
+
+    @classmethod
+    def build(cls, weight: torch.Tensor) -> FusedHead | None:
+        """A head for `weight` [vocab, hidden], or None where it is not float32 on the CPU or not
+        exactly 8-bit, or the library cannot be built."""
+        if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
+            return None
+        packed = pack_q8(weight)
+        if packed is None:
+            return None
+        lib = load_library()
+        return None if lib is None else cls(lib, *packed)
+
+    def __call__(self, hidden: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+        """Logits [..., vocab] (float32) for hidden states [..., hidden]."""
+        shape = hidden.shape
+        x = hidden.reshape(-1, self.hidden).float().contiguous()
+        logits = torch.empty(x.shape[0], self.vocab, dtype=torch.float32)
+        code = self._lib.squid_head_q8(self._codes.data_ptr(), self._steps.data_ptr(), x.data_ptr(),
+                                       logits.data_ptr(), x.shape[0], self.vocab, self.hidden,
+                                       threads or torch.get_num_threads())
+        if code != 0:
+            raise ValueError(f"the fused head refused {x.shape[0]} rows of {self.hidden}")
+        return logits.view(*shape[:-1], self.vocab)

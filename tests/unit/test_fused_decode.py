@@ -61,6 +61,7 @@ def test_fused_steps_decode_as_the_torch_steps_do(runtime, kernel_cache, q4):
     # The embedded model's weights are exactly 4-bit; without q4 the step reads the float32
     # tensors, which the runtime keeps in transposed memory.
     assert fused.fused_step.layout == (cpu_decode.LAYOUT_Q4 if q4 else cpu_decode.LAYOUT_TRANSPOSED)
+    assert (fused.fused_head is not None) == q4  # the output projection from its exact 8-bit codes
     expected, expected_logits = _greedy(plain, ids, 24)
     for threads in (1, 2):
         tokens, logits = _greedy(fused, ids, 24, threads)
@@ -112,6 +113,25 @@ def test_weights_off_the_4_bit_grid_are_not_packed():
     grid[5, 40] += 1e-4  # one value between two steps of its group
     assert cpu_decode.pack_q4(grid) is None  # the changed tensor (a new version) is checked again
     assert cpu_decode.pack_q4(torch.zeros(4, 48)) is None  # 48 inputs: not whole groups of 32
+
+
+@needs_compiler
+def test_the_8_bit_head_gives_the_float32_logits(runtime, kernel_cache):
+    weight = runtime.model.lm_head.weight
+    codes, steps = cpu_decode.pack_q8(weight)  # the embedded model's token embeddings are GGUF Q8_0
+    assert torch.equal((codes.float().view(codes.shape[0], -1, 32) * steps[..., None]).view_as(weight),
+                       weight.detach())
+    head = cpu_decode.FusedHead.build(weight)
+    generator = torch.Generator().manual_seed(1)
+    for rows in (1, 5):
+        hidden = torch.randn(1, rows, weight.shape[1], generator=generator)
+        got, want = head(hidden, 2), torch.nn.functional.linear(hidden, weight.detach())
+        assert got.shape == want.shape
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    off_grid = weight.detach()[:64].clone()
+    off_grid[3, 7] += 1e-3
+    assert cpu_decode.FusedHead.build(off_grid) is None
 
 
 @needs_compiler
