@@ -36,7 +36,8 @@ __all__ = ["FusedDecodeStep", "FusedHead", "library_path", "load_library", "pack
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
-FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=fast", "-fopenmp", "-shared",
+         "-fPIC", "-std=c11")
 _WEIGHTS_PER_LAYER = ("attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down")
 _PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 LAYOUT_ROWS, LAYOUT_TRANSPOSED, LAYOUT_Q4 = 0, 1, 2  # as in cpu_decode.c
