@@ -59,6 +59,22 @@ static inline vf vexp(vf x) {
     return (vf)((vi)(p * (vf)scale) & ~under);
 }
 
+/* row[i] = e^(row[i] - top) for i < n, in place; returns their sum. */
+static float exp_sum(float *row, int n, float top) {
+    float total = 0.0f;
+    int i = 0;
+    for (; i + VL <= n; i += VL) {
+        const vf e = vexp(*(vf *)(row + i) - top);
+        *(vf *)(row + i) = e;
+        for (int k = 0; k < VL; k++) total += e[k];
+    }
+    for (; i < n; i++) {
+        row[i] = expf(row[i] - top);
+        total += row[i];
+    }
+    return total;
+}
+
 static inline vf vselect(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
 static inline vf vmax(vf a, vf b) { return vselect(a > b, a, b); }
 static inline float vmax_lanes(vf a) {
@@ -425,19 +441,8 @@ static void attend_rows_chunk(const float *q, int qd, int kh, int groups, int nq
         for (int i = pos + j / groups + 1 - p0; i < n; i++) row[i] = -INFINITY; /* after its own token */
         float top = -INFINITY;
         for (int i = 0; i < n; i++) top = row[i] > top ? row[i] : top;
-        float total = 0.0f;
-        int i = 0;
-        for (; i + VL <= n; i += VL) {
-            const vf e = vexp(*(vf *)(row + i) - top);
-            *(vf *)(row + i) = e;
-            for (int k = 0; k < VL; k++) total += e[k];
-        }
-        for (; i < n; i++) {
-            row[i] = expf(row[i] - top);
-            total += row[i];
-        }
         m[j] = top;
-        l[j] = total;
+        l[j] = exp_sum(row, n, top);
     }
     for (int d0 = 0; d0 < head_dim; d0 += 16) {
         v16f acc[ROWS_QUERIES];
@@ -589,17 +594,7 @@ int squid_decode_step(const int64_t *weights, int layers, int hidden, int inter,
                     sc[p] = dot * scaling;
                     top = sc[p] > top ? sc[p] : top;
                 }
-                float total = 0.0f;
-                int p = 0;
-                for (; p + VL <= n; p += VL) {
-                    const vf e = vexp(*(vf *)(sc + p) - top);
-                    *(vf *)(sc + p) = e;
-                    for (int i = 0; i < VL; i++) total += e[i];
-                }
-                for (; p < n; p++) {
-                    sc[p] = expf(sc[p] - top);
-                    total += sc[p];
-                }
+                const float total = exp_sum(sc, n, top);
                 float *out = att + (int64_t)t * qd + hh * head_dim;
                 for (int i = 0; i < head_dim; i++) out[i] = 0.0f;
                 for (int p = 0; p < n; p++) {
