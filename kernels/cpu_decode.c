@@ -325,55 +325,94 @@ static void rope(float *x, const float *cos, const float *sin, int head_dim) {
 
 /* qT [head_dim][QL]: the queries, scaled, lane j = token j / groups, query head j % groups.
  * S: [(p1 - p0)][QL] scratch. part: m [QL], l [QL], o [head_dim][QL]. */
-static void attend_chunk(const float *qT, int QL, const float *kbase, const float *vbase, int head_dim, int p0,
-                         int p1, int pos, int groups, float *S, float *part) {
+#if defined(__AVX512F__)
+#define QB 3 /* query vectors per pass: QB x PB accumulators */
+#else
+#define QB 1
+#endif
+
+/* `attend_chunk` for the nv (<= QB) query vectors from lane0: each key or value element, loaded
+ * once, feeds all of them. */
+static inline __attribute__((always_inline)) void attend_lanes(const float *qT, int QL, int lane0, int nv,
+                                                              const float *kbase, const float *vbase,
+                                                              int head_dim, int p0, int p1, int pos, int groups,
+                                                              float *S, float *part) {
     float *m = part, *l = part + QL, *o = part + 2 * QL;
-    for (int qv = 0; qv < QL / VL; qv++) {
-        const int lane0 = qv * VL;
-        vf limit; /* the last position each lane's token may see */
-        for (int j = 0; j < VL; j++) limit[j] = (float)(pos + (lane0 + j) / groups);
-        vf top = vsplat(-INFINITY);
-        for (int p = p0; p < p1; p += PB) {
-            const int count = p1 - p < PB ? p1 - p : PB;
-            vf acc[PB];
-            for (int i = 0; i < PB; i++) acc[i] = (vf){0};
-            const float *kp = kbase + (int64_t)p * head_dim;
+    vf limit[QB], top[QB]; /* the last position each lane's token may see; the lanes' maxima */
+    for (int v = 0; v < nv; v++) {
+        for (int j = 0; j < VL; j++) limit[v][j] = (float)(pos + (lane0 + v * VL + j) / groups);
+        top[v] = vsplat(-INFINITY);
+    }
+    for (int p = p0; p < p1; p += PB) {
+        const int count = p1 - p < PB ? p1 - p : PB;
+        vf acc[QB][PB];
+        for (int v = 0; v < nv; v++)
+            for (int i = 0; i < PB; i++) acc[v][i] = (vf){0};
+        const float *kp = kbase + (int64_t)p * head_dim;
+        for (int d = 0; d < head_dim; d++) {
+            vf qd[QB];
+            for (int v = 0; v < nv; v++) qd[v] = *(const vf *)(qT + (int64_t)d * QL + lane0 + v * VL);
             if (count == PB) {
-                for (int d = 0; d < head_dim; d++) {
-                    const vf qd = *(const vf *)(qT + (int64_t)d * QL + lane0);
-                    for (int i = 0; i < PB; i++) acc[i] += kp[(int64_t)i * head_dim + d] * qd;
+                for (int i = 0; i < PB; i++) {
+                    const float key = kp[(int64_t)i * head_dim + d];
+                    for (int v = 0; v < nv; v++) acc[v][i] += key * qd[v];
                 }
             } else {
-                for (int d = 0; d < head_dim; d++) {
-                    const vf qd = *(const vf *)(qT + (int64_t)d * QL + lane0);
-                    for (int i = 0; i < count; i++) acc[i] += kp[(int64_t)i * head_dim + d] * qd;
+                for (int i = 0; i < count; i++) {
+                    const float key = kp[(int64_t)i * head_dim + d];
+                    for (int v = 0; v < nv; v++) acc[v][i] += key * qd[v];
                 }
             }
-            for (int i = 0; i < count; i++) {
-                vf sc = acc[i];
-                if (p + i > pos) sc = vselect(vsplat((float)(p + i)) <= limit, sc, vsplat(-INFINITY));
-                *(vf *)(S + (int64_t)(p + i - p0) * QL + lane0) = sc;
-                top = vmax(top, sc);
-            }
         }
+        for (int i = 0; i < count; i++)
+            for (int v = 0; v < nv; v++) {
+                vf sc = acc[v][i];
+                if (p + i > pos) sc = vselect(vsplat((float)(p + i)) <= limit[v], sc, vsplat(-INFINITY));
+                *(vf *)(S + (int64_t)(p + i - p0) * QL + lane0 + v * VL) = sc;
+                top[v] = vmax(top[v], sc);
+            }
+    }
+    for (int v = 0; v < nv; v++) {
         vf total = (vf){0};
         for (int p = 0; p < p1 - p0; p++) {
-            vf *sp = (vf *)(S + (int64_t)p * QL + lane0);
-            const vf e = vexp(*sp - top);
+            vf *sp = (vf *)(S + (int64_t)p * QL + lane0 + v * VL);
+            const vf e = vexp(*sp - top[v]);
             *sp = e;
             total += e;
         }
-        *(vf *)(m + lane0) = top;
-        *(vf *)(l + lane0) = total;
-        for (int d0 = 0; d0 < head_dim; d0 += PB) {
-            vf acc[PB];
-            for (int i = 0; i < PB; i++) acc[i] = (vf){0};
-            for (int p = p0; p < p1; p++) {
-                const vf e = *(const vf *)(S + (int64_t)(p - p0) * QL + lane0);
-                const float *vp = vbase + (int64_t)p * head_dim + d0;
-                for (int i = 0; i < PB; i++) acc[i] += vp[i] * e;
+        *(vf *)(m + lane0 + v * VL) = top[v];
+        *(vf *)(l + lane0 + v * VL) = total;
+    }
+    for (int d0 = 0; d0 < head_dim; d0 += PB) {
+        vf acc[QB][PB];
+        for (int v = 0; v < nv; v++)
+            for (int i = 0; i < PB; i++) acc[v][i] = (vf){0};
+        for (int p = p0; p < p1; p++) {
+            vf e[QB];
+            for (int v = 0; v < nv; v++) e[v] = *(const vf *)(S + (int64_t)(p - p0) * QL + lane0 + v * VL);
+            const float *vp = vbase + (int64_t)p * head_dim + d0;
+            for (int i = 0; i < PB; i++) {
+                const float value = vp[i];
+                for (int v = 0; v < nv; v++) acc[v][i] += value * e[v];
             }
-            for (int i = 0; i < PB; i++) *(vf *)(o + (int64_t)(d0 + i) * QL + lane0) = acc[i];
+        }
+        for (int v = 0; v < nv; v++)
+            for (int i = 0; i < PB; i++) *(vf *)(o + (int64_t)(d0 + i) * QL + lane0 + v * VL) = acc[v][i];
+    }
+}
+
+static void attend_chunk(const float *qT, int QL, const float *kbase, const float *vbase, int head_dim, int p0,
+                         int p1, int pos, int groups, float *S, float *part) {
+    for (int qv = 0; qv < QL / VL; qv += QB) {
+        const int lane0 = qv * VL, nv = QL / VL - qv < QB ? QL / VL - qv : QB;
+        switch (nv) { /* a constant count, so that the accumulators stay in registers */
+#if QB >= 3
+        case 3: attend_lanes(qT, QL, lane0, 3, kbase, vbase, head_dim, p0, p1, pos, groups, S, part); break;
+#endif
+#if QB >= 2
+        case 2: attend_lanes(qT, QL, lane0, 2, kbase, vbase, head_dim, p0, p1, pos, groups, S, part); break;
+#endif
+        default: attend_lanes(qT, QL, lane0, 1, kbase, vbase, head_dim, p0, p1, pos, groups, S, part); break;
         }
     }
 }
