@@ -3,6 +3,10 @@
 The workspace itself is never touched: its files (git's list in a repository, else a walk) are copied
 into a temporary folder, the overlay's edits are written over them, and pytest runs there with a
 timeout and a cap on its output. What comes back is the part of the output about what failed.
+
+pytest runs with `--capture=tee-sys`: it still keeps each test's output for its report, and the same
+bytes reach the output cap as they are printed, so a test printing without end is stopped within
+the cap, not after the whole timeout with its output spooled to a file.
 """
 
 from __future__ import annotations
@@ -86,7 +90,8 @@ def _failure_report(output: str) -> str:
 
 def run_project_tests(ctx: ToolContext, target: str | None = None, timeout_s: float | None = None) -> TestRun:
     timeout = min(timeout_s or ctx.config.test_timeout_s, ctx.config.test_timeout_s)
-    argv = ["python", "-m", "pytest", "-q", "-x", "--tb=short", "-p", "no:cacheprovider", "--color=no"]
+    argv = ["python", "-m", "pytest", "-q", "-x", "--tb=short", "-p", "no:cacheprovider", "--color=no",
+            "--capture=tee-sys"]
     if target:
         node = target.split("::", 1)
         ctx.workspace.resolve(node[0])  # inside the workspace, or refused
@@ -100,6 +105,9 @@ def run_project_tests(ctx: ToolContext, target: str | None = None, timeout_s: fl
     output = result.output.replace(tmp, ".")
     if result.timed_out:
         return TestRun(False, f"timed out after {timeout:.0f} s", trim_middle(output, REPORT_CHARS), True)
+    if result.returncode is None:  # stopped by the output cap
+        return TestRun(False, "stopped: the tests printed more than the output cap",
+                       trim_middle(output, REPORT_CHARS), False)
     if result.returncode == 5:
         return TestRun(None, "no tests collected", "", False)
     found = _SUMMARY.findall(output)

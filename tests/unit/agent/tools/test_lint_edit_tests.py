@@ -3,6 +3,8 @@ on a temporary copy)."""
 
 from __future__ import annotations
 
+import time
+
 from agent.tools import default_registry
 from agent.tools.edit import replace_definitions
 from agent.tools.lint import lint_text, syntax_errors
@@ -111,11 +113,14 @@ def test_run_tests_with_a_test_printing_gigabytes_is_bounded(ctx, project):
     (project / "test_loud.py").write_text(
         "import sys\n\n\ndef test_loud():\n    while True:\n        sys.stdout.write('y' * 65536)\n"
     )
-    # pytest captures the test's output, so the timeout is what stops it: a short one keeps the
-    # captured file (and the suite's time) small.
-    ctx.config = type(ctx.config)(test_timeout_s=5, max_output_bytes=20_000)
+    # The output reaches the cap as it is printed (pytest's tee-sys capture): the run is stopped
+    # there, long before the timeout.
+    ctx.config = type(ctx.config)(test_timeout_s=60, max_output_bytes=20_000)
+    started = time.monotonic()
     result = default_registry().call(ctx, "run_tests", {"target": "test_loud.py"})
-    assert result.data["passed"] is False and len(result.output) < 5000
+    assert time.monotonic() - started < 30
+    assert result.data["passed"] is False and not result.data["timed_out"]
+    assert "printed more than the output cap" in result.output and len(result.output) < 5000
 
 
 def test_run_tests_without_tests_says_so(ctx, project):
