@@ -426,7 +426,7 @@ class DecodeEngine:
         cache.ids.extend(ids[0].tolist())
         hidden = hidden[None] if all_logits else hidden[None, -1:]
         hidden = self._rms_norm(hidden, self.final_norm)
-        if self.fused_head is not None and hidden.shape[1] == 1:  # more rows: the heads below are cheaper
+        if self.fused_head is not None:  # exact, and cheaper than the shortlist head up to 12 rows
             return self.fused_head(hidden, self.fused_threads or None)
         # The output projection reads 57-113 MB a step: it gets the fused step's threads too, not
         # torch's decoding count (one, for torch's many small operations).

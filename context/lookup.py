@@ -89,12 +89,12 @@ class DraftLengths:
     """How many tokens to draft next, per draft source (`PromptLookup.source`).
 
     A verify pass of k drafted tokens costs about 1 + `token_cost` * k single decoding steps (the
-    fused CPU step here: 8.9 ms for one token, about 1.7 ms more per drafted token, so 0.2), so a
-    draft pays only where its tokens come true more often than that: a source whose rate so far
-    (tokens confirmed against tokens rejected; those after the first rejected one are never
-    judged) is at most `token_cost` drafts nothing. Otherwise each source's length follows the
-    schedule of transformers' assisted decoding: two more after a draft confirmed whole, one
-    fewer after any other.
+    fused CPU step and its head here: about 10 ms for one token and 1.5-1.8 ms more per drafted
+    token, so 0.15-0.2), so a draft pays only where its tokens come true more often than that: a
+    source whose rate so far (tokens confirmed against tokens rejected; those after the first
+    rejected one are never judged) is at most `token_cost` drafts nothing. Otherwise each source's
+    length follows the schedule of transformers' assisted decoding: two more after a draft
+    confirmed whole, one fewer after any other.
     """
 
     def __init__(self, max_draft: int, token_cost: float = 0.2, prior: tuple[float, float] = (2.0, 1.0)):

@@ -94,10 +94,7 @@ def test_prompt_lookup_drafts_leave_greedy_output_unchanged(runtime):
     assert drafted.new_tokens == plain.new_tokens
     # An edit that copies its original: many tokens come from confirmed drafts.
     assert drafted.accepted_tokens >= drafted.new_tokens // 3, drafted
-    # Single steps' logits are exact (the fused 8-bit head); a verify pass's come from the shortlist
-    # head, exact where they decide and within a bound elsewhere, which moves each token's
-    # log-probability by about 1e-3.
-    assert drafted.logprob == pytest.approx(plain.logprob, abs=1e-3 * plain.new_tokens)
+    assert drafted.logprob == pytest.approx(plain.logprob, abs=1e-2)
 
 
 def test_an_edited_prompt_prefills_from_the_first_changed_token(runtime):
