@@ -97,11 +97,13 @@ class ModelConfig:
     reuse_slack_tokens: int = field(default=1024, metadata=_range(0, 32768))
     # Greedy decoding drafts up to this many tokens from n-gram matches in the prompt and checks
     # them in one forward pass (the output is unchanged); 0 turns prompt lookup off.
-    draft_tokens: int = field(default=12, metadata=_range(0, 64))
-    # Greedy steps read the float32 output projection mostly in bfloat16, recomputing the best 32
-    # logits exactly (context/shortlist.py): the same tokens, a cheaper step. false = always exact.
+    # 15 fills the fused CPU step's 16-token pass (kernels/cpu_decode.c).
+    draft_tokens: int = field(default=15, metadata=_range(0, 64))
+    # Greedy steps outside the fused step's exact 8-bit head (`fused_q4`) read the float32 output
+    # projection mostly in bfloat16, recomputing the best 32 logits exactly (context/shortlist.py):
+    # the same tokens, a cheaper step. false = always exact.
     shortlist_head: bool = True
-    # Single-token float32 steps on the CPU run every layer in one compiled call
+    # Float32 passes of up to 16 tokens on the CPU run every layer in one compiled call
     # (kernels/cpu_decode.c, built with the machine's C compiler on first use; without one, or
     # for LoRA, quantized weights or other devices, the torch steps run). false = torch steps only.
     fused_step: bool = True
