@@ -298,7 +298,7 @@ class DecodeEngine:
         # After the fused step, the output projection from exact 8-bit codes where its weights
         # have them (the embedded model's are GGUF Q8_0): exact logits, fewer bytes.
         self.fused_head = None
-        if self.fused_step is not None and fused_q4 and (linear is None or not quantize_head):
+        if self.fused_step is not None and fused_q4:  # (the fused step runs only without `linear`)
             from kernels.cpu_decode import FusedHead
 
             self.fused_head = FusedHead.build(model.lm_head.weight)

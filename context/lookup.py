@@ -13,8 +13,8 @@ A few such misses in a row end the copy (the output is new text, not an edit).
 
 How long a draft to check is `DraftLengths`' call: a verify pass costs more per drafted token, and
 drafts from different sources (a 4-gram match, a 2-gram match, a guessed substitution) come true at
-very different rates, so it keeps each source's rate over the generation so far and drafts the
-length that gives the most tokens per unit of cost, none where drafting does not pay.
+very different rates, so it keeps a length and a rate per source over the generation so far, and a
+source whose drafts come true less often than a drafted token costs drafts nothing.
 """
 
 from __future__ import annotations

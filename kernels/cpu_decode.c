@@ -539,6 +539,7 @@ static int64_t attention_scratch(int T, int heads, int kv_heads, int head_dim, i
 #ifndef LANES_FROM
 #define LANES_FROM 6
 #endif
+_Static_assert(LANES_FROM - 1 <= ROWS_QUERIES, "attend_rows_chunk holds at most ROWS_QUERIES queries");
 
 /* Runs T tokens at positions pos..pos+T-1 through every layer: `h` [T, hidden] holds their
  * embeddings on entry and the last layer's outputs on exit. keys/values: [layers, kv_heads,
