@@ -396,7 +396,9 @@ class DecodeEngine:
             cache.reserve(start + steps)
         cos = self._cos[start : start + steps, None, :]  # [T, 1, head_dim]
         sin = self._sin[start : start + steps, None, :]
-        mask = self._causal_mask(steps) if steps > 1 else None
+        mask = None
+        if steps > 1:  # rows: an additive [T, T] mask over their own tokens; else [T, n] booleans
+            mask = self._causal_mask(steps) if rows else self._keep_mask(start, steps)
         hidden = F.embedding(ids, self.embed)  # [batch, T, hidden]
         for index, layer in enumerate(self.layers):
             hidden = hidden + self._attention(index, layer, hidden, cos, sin, mask, cache, rows, start)
@@ -462,6 +464,12 @@ class DecodeEngine:
             self._masks[steps] = mask
         return mask
 
+    def _keep_mask(self, start: int, steps: int) -> torch.Tensor:
+        """[T, start + T] boolean mask: token t of the chunk sees everything cached and itself."""
+        keep = torch.ones(steps, start + steps, dtype=torch.bool, device=self.device)
+        keep[:, start:] = torch.tril(keep[:, start:])
+        return keep
+
     def _attention(self, index, layer, hidden, cos, sin, mask, cache: KVCache, rows: bool, start: int):
         batch, steps, _ = hidden.shape
         kv_heads, groups, head_dim = self.kv_heads, self.groups, self.head_dim
@@ -480,9 +488,13 @@ class DecodeEngine:
             cache.values[index, :, start : start + steps] = v[0].transpose(0, 1)
             keys = cache.keys[index, :, : start + steps]  # [kv_heads, n, head_dim]
             values = cache.values[index, :, : start + steps]
+            if mask is not None:  # a prefill chunk: torch's fused attention, no score matrix kept
+                out = F.scaled_dot_product_attention(
+                    q.view(batch, kv_heads * groups, steps, head_dim), keys[None], values[None],
+                    attn_mask=mask, scale=1.0, enable_gqa=True)
+                out = out.view(batch, kv_heads, groups, steps, head_dim).permute(0, 3, 1, 2, 4)
+                return layer.o(out.reshape(batch, steps, self.heads * head_dim))
             scores = torch.matmul(q[0], keys.transpose(1, 2)).float()  # [kv_heads, G*T, n]
-            if mask is not None:
-                scores.view(kv_heads, groups, steps, -1)[..., start:] += mask
             probs = torch.softmax(scores, dim=-1).to(values.dtype)
             out = torch.matmul(probs, values).unsqueeze(0)  # [1, kv_heads, G*T, head_dim]
         # [batch, kv_heads, G, T, head_dim] -> [batch, T, heads * head_dim]
