@@ -27,6 +27,7 @@ __all__ = [
     "build_prompt_ids",
     "cut_at_boundary",
     "complete",
+    "warm_window",
 ]
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class Completion:
     new_tokens: int
     stop_reason: str
     reference_tokens: int = 0  # tokens of Squid-composed reference documents before the prompt
+    # Tokens of the `prefix_tokens` window left out to answer within `keystroke_prefill_tokens`.
+    dropped_tokens: int = 0
 
 
 def build_prompt_ids(runtime: ModelRuntime, prefix: str, budget_tokens: int) -> list[int]:
@@ -101,17 +104,38 @@ def complete(
         return _complete(runtime, request, config, should_stop, references)
 
 
-def _complete(runtime, request, config, should_stop, references) -> Completion | None:
-    started = time.perf_counter()
-    ctx = cursor_context(request.text, request.offset, config.suffix_lines)
-    prompt_ids = build_prompt_ids(runtime, ctx.prefix, config.prefix_tokens)
+def _healed_prompt(runtime, prefix: str, config: CompletionConfig) -> tuple[list[int], str]:
+    """(prompt token ids, text cut off their end for generation to regenerate)."""
+    prompt_ids = build_prompt_ids(runtime, prefix, config.prefix_tokens)
     # Token healing: a prompt ending in whitespace (indentation, a space after `return`) ends on
     # a token the model rarely saw there; drop it and let generation regenerate it.
-    heal = ""
     if len(prompt_ids) > 1:
         last_text = runtime.decode(prompt_ids[-1:])
         if last_text and not last_text.strip():
-            prompt_ids, heal = prompt_ids[:-1], last_text
+            return prompt_ids[:-1], last_text
+    return prompt_ids, ""
+
+
+def warm_window(runtime: ModelRuntime, request: CompletionRequest, config: CompletionConfig,
+                references=None, should_stop: Callable[[], bool] | None = None) -> bool:
+    """Prefill the whole completion window at `request`'s cursor while nothing waits on the model.
+
+    A keystroke that could not reuse the cached window got a shorter one (`keystroke_prefill_tokens`);
+    this brings the full `prefix_tokens` back for the keystrokes that follow. It stops as soon as
+    foreground work (the next completion) waits, keeping its progress. True when the window is held.
+    """
+    if config.keystroke_prefill_tokens <= 0:
+        return True  # completions prefill the whole window themselves
+    ctx = cursor_context(request.text, request.offset, config.suffix_lines)
+    prompt_ids, _ = _healed_prompt(runtime, ctx.prefix, config)
+    past, _ = _reference_cache(references, ctx.prefix)
+    return runtime.warm(prompt_ids, past=past, should_stop=should_stop)
+
+
+def _complete(runtime, request, config, should_stop, references) -> Completion | None:
+    started = time.perf_counter()
+    ctx = cursor_context(request.text, request.offset, config.suffix_lines)
+    prompt_ids, heal = _healed_prompt(runtime, ctx.prefix, config)
     stop = tuple(config.stop) + (("\n",) if is_mid_line(ctx) else ("\n\n\n",))
     if request.language != "markdown":
         stop += _PROSE_STOPS
@@ -125,6 +149,7 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
             should_stop=should_stop,
             heal=heal,
             past=past,
+            prefill_limit=config.keystroke_prefill_tokens,
         )
     except GenerationCancelled:
         return None
@@ -140,4 +165,5 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
         new_tokens=result.new_tokens,
         stop_reason=result.stop_reason,
         reference_tokens=reference_tokens,
+        dropped_tokens=result.dropped_tokens,
     )

@@ -14,7 +14,10 @@ Measured in one run, interleaved, medians over `--runs`:
      standard library's `ftplib.py`, 981 lines): at sites spread over the file a line is retyped
      character by character and each keystroke asks `agent.completion.complete` for a 24-token
      completion, as the editor does, with `--references` other standard-library files open and
-     their Squid caches warm (the completion continues from their composed cache);
+     their Squid caches warm (the completion continues from their composed cache); the first
+     keystroke at a site prefills at most `completion.keystroke_prefill_tokens`, and after each
+     site the idle editor's background warm of the whole window and one more keystroke are
+     measured apart;
   3. prompt-lookup speculative decoding against plain decoding on agent-style edits of real code
      (the output must be identical);
   4. the quality of int8, int4 and bfloat16 weights against float32 (top-1 agreement, KL) on real code.
@@ -225,25 +228,39 @@ def warm_references(runtime, count: int):
 
 
 def measure_keystrokes(runtime, sites: int, chars: int, references: int = 0) -> dict:
-    from agent.completion import CompletionRequest, complete
+    """Retype `chars` characters at each of `sites` places, a completion per keystroke, back to back
+    (no idle time, so the server's background warm of the whole window never runs); then, after
+    each site, the warm as an idle editor gets it and one more keystroke, reported apart."""
+    from agent.completion import CompletionRequest, complete, warm_window
     from context.config import CompletionConfig
 
     text = TYPED_FILE.read_text()
     config = CompletionConfig(max_tokens=KEYSTROKE_TOKENS, debounce_ms=0)
     refs = warm_references(runtime, references)
     latencies, jumps, offered, reference_tokens = [], [], 0, set()
+    windows, warms, paused, paused_windows = [], [], [], []
     runtime.forget_prefix()
     for start, line in typing_sites(text, sites, chars):
         indent = len(line) - len(line.lstrip())
         rest = text[start + len(line) :]
-        for typed in range(1, chars + 1):
-            cursor = start + indent + typed
+        for typed in range(1, chars + 2):
+            cursor = start + indent + min(typed, chars)
             document = text[:cursor] + rest  # the line being retyped, up to the cursor
             request = CompletionRequest(document, cursor, "python", path=str(TYPED_FILE))
+            if typed > chars:  # the editor idles: the whole window is prefilled, then one keystroke
+                began = time.perf_counter()
+                warm_window(runtime, request, config, references=refs)
+                warms.append(time.perf_counter() - began)
             began = time.perf_counter()
             completion = complete(runtime, request, config, references=refs)
             elapsed = time.perf_counter() - began
+            window = None if completion is None else completion.prompt_tokens
+            if typed > chars:
+                paused.append(elapsed)
+                paused_windows.append(window)
+                continue
             (jumps if typed == 1 else latencies).append(elapsed)
+            windows.append(window)
             offered += completion is not None
             if completion is not None:
                 reference_tokens.add(completion.reference_tokens)
@@ -251,8 +268,14 @@ def measure_keystrokes(runtime, sites: int, chars: int, references: int = 0) -> 
     return {"keystrokes": len(everything), "p50_s": percentile(everything, 50),
             "p95_s": percentile(everything, 95), "typing_p50_s": percentile(latencies, 50),
             "typing_p95_s": percentile(latencies, 95), "jump_median_s": statistics.median(jumps),
+            "jump_max_s": max(jumps), "window_tokens_median": statistics.median(w for w in windows if w),
+            "after_pause": {"warm_median_s": statistics.median(warms),
+                            "keystroke_median_s": statistics.median(paused),
+                            "window_tokens": paused_windows},
             "offered": offered, "file": str(TYPED_FILE), "sites": sites, "chars_per_site": chars,
-            "references": references, "reference_tokens": sorted(reference_tokens)}
+            "references": references, "reference_tokens": sorted(reference_tokens),
+            "keystroke_prefill_tokens": config.keystroke_prefill_tokens,
+            "prefix_tokens": config.prefix_tokens}
 
 
 # -- 3. prompt lookup -----------------------------------------------------------------------------

@@ -123,6 +123,10 @@ class CompletionConfig:
     temperature: float = field(default=0.0, metadata=_range(0.0, 2.0))
     # Budget of prompt tokens taken from the text before the cursor (nearest text kept).
     prefix_tokens: int = field(default=1024, metadata=_range(16, 32768))
+    # Most prompt tokens one completion prefills (0 = no limit). Where the cached window cannot be
+    # reused (the first keystroke at a new place in a file) the window starts this many tokens
+    # before the cursor, and the server fills in the whole `prefix_tokens` while the editor is idle.
+    keystroke_prefill_tokens: int = field(default=512, metadata=_range(0, 32768))
     # Lines of text after the cursor consulted to stop a completion that would repeat them.
     suffix_lines: int = field(default=8, metadata=_range(0, 200))
     max_lines: int = field(default=8, metadata=_range(1, 200))

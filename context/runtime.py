@@ -17,6 +17,7 @@ models run through transformers.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from .config import ModelConfig, default_cache_dir
 from .errors import GenerationCancelled, ModelLoadError, ModelNotFoundError
-from .foreground import foreground
+from .foreground import foreground, foreground_busy
 from .loading import file_lock, model_loading
 
 __all__ = [
@@ -65,6 +66,9 @@ CACHE_MANIFEST = "squidcode-cache.json"
 # Bump when the layout of a converted copy changes, so stale copies are rebuilt.
 CACHE_FORMAT = 1
 PREFILL_CHUNK = 256
+# `warm()` prefills in shorter chunks: it stops between two when foreground work waits, so a
+# keystroke arriving meanwhile waits at most one (about 0.1 s after 2,000 cached positions).
+WARM_CHUNK = 64
 
 ShouldStop = Callable[[], bool]
 
@@ -92,6 +96,8 @@ class GenerationResult:
     # Tokens of the previous prompt kept in front of this one because it slid forward
     # (`reuse_slack_tokens`): the model read them as extra context.
     head_tokens: int = 0
+    # Tokens cut from the front of the prompt to stay within `prefill_limit` (a shorter window).
+    dropped_tokens: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -239,6 +245,7 @@ class ModelRuntime:
         self._engine = None
         self._engine_key: tuple | None = None
         self._cache = None
+        self._spare = None  # `warm()`'s cache, swapped in once it holds a whole prompt
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -376,6 +383,7 @@ class ModelRuntime:
         should_stop: ShouldStop | None = None,
         heal: str = "",
         past=None,
+        prefill_limit: int = 0,
     ) -> GenerationResult:
         """Continue `prompt`; `should_stop` is polled between forward passes and before each token.
 
@@ -386,6 +394,12 @@ class ModelRuntime:
         `heal` is text that was cut off the end of the prompt (token healing): the first tokens are
         constrained to regenerate it, and it is not part of the returned text. A prompt that ends
         mid-token (say, in a run of indentation spaces) otherwise pushes a small model off course.
+
+        `prefill_limit` (0 = none) bounds the prompt tokens prefilled here, for a caller that must
+        answer fast (a keystroke at a new place in a file). When more would be, the prompt keeps only
+        its end: from where the cached prompt begins, if that lies inside it, else its last
+        `prefill_limit` tokens. The result's `dropped_tokens` counts what was cut; `warm()` prefills
+        the whole prompt in the background, so that a later call gets it back.
 
         Raises GenerationCancelled when `should_stop` turns true before anything was generated
         (nothing useful to return); later it ends generation early with what was produced.
@@ -400,13 +414,16 @@ class ModelRuntime:
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         with foreground(), self._lock, torch.inference_mode():
             engine = self._current_engine()
-            if engine is None:
-                return self._generate_transformers(
-                    prompt_ids, max_new_tokens, stop, temperature, top_p, generator, should_stop, heal, past
+            if engine is None:  # no cache kept between calls: a limited prompt is simply its end
+                kept = prompt_ids[-prefill_limit:] if prefill_limit > 0 else prompt_ids
+                result = self._generate_transformers(
+                    kept, max_new_tokens, stop, temperature, top_p, generator, should_stop, heal, past
                 )
+                return dataclasses.replace(result, dropped_tokens=len(prompt_ids) - len(kept))
             started = time.perf_counter()
-            reused, head, logits = self._prefill_engine(engine, prompt_ids, past, should_stop, max_new_tokens,
-                                                        greedy=temperature <= 0 and not heal)
+            reused, head, dropped, logits = self._prefill_engine(
+                engine, prompt_ids, past, should_stop, max_new_tokens, greedy=temperature <= 0 and not heal,
+                limit=prefill_limit)
             prefill_s = time.perf_counter() - started
             lookup = None
             if temperature <= 0 and self.config.draft_tokens > 0:
@@ -422,8 +439,8 @@ class ModelRuntime:
                                lookup=lookup)
             decode_s = time.perf_counter() - started - prefill_s
         result = GenerationResult(
-            out.text, len(out.ids), len(prompt_ids), prefill_s, decode_s, out.reason, out.logprob,
-            reused, out.drafted, out.accepted, head,
+            out.text, len(out.ids), len(prompt_ids) - dropped, prefill_s, decode_s, out.reason, out.logprob,
+            reused, out.drafted, out.accepted, head, dropped,
         )
         self._log_result(result)
         return result
@@ -468,7 +485,8 @@ class ModelRuntime:
         with foreground(), self._lock, torch.inference_mode():
             engine = self._current_engine()
             started = time.perf_counter()
-            reused, head, logits = self._prefill_engine(engine, prompt_ids, past, should_stop, max_new_tokens)
+            reused, head, _, logits = self._prefill_engine(engine, prompt_ids, past, should_stop,
+                                                           max_new_tokens)
             prefill_s = time.perf_counter() - started
             with _torch_threads(self.config.decode_threads):
                 outs = run_batch(engine, self._cache, logits, n, max_new_tokens=max_new_tokens, stop=stop,
@@ -536,16 +554,72 @@ class ModelRuntime:
                                         fused_q4=self.config.fused_q4)
             # Keys computed with other weights are meaningless now.
             self._cache = self._engine.new_cache()
+            self._spare = None
         self._engine_key = key
         return self._engine
 
+    def warm(self, prompt: str | list[int], *, past=None, should_stop: ShouldStop | None = None) -> bool:
+        """Prefill `prompt` (after `past`, as `generate` takes them) while nothing waits on the model.
+
+        The work goes into a spare cache in chunks of `WARM_CHUNK` tokens and stops between two as
+        soon as foreground work waits (or `should_stop` turns true); the spare keeps its progress for
+        the next call. Once it holds the whole prompt it becomes the current cache, so a generation
+        whose prompt starts the same way reuses it, as after any earlier generation.
+
+        Returns True when the current cache holds the prompt; False when stopped or without the
+        lean engine.
+        """
+        import torch
+
+        prompt_ids = self._prompt_ids(prompt)
+        stop = should_stop or (lambda: False)
+
+        def interrupted() -> bool:
+            return foreground_busy() or stop()
+
+        if not prompt_ids or interrupted():
+            return False
+        with self._lock, torch.inference_mode():
+            engine = self._current_engine()
+            if engine is None:
+                return False
+            current = self._cache
+            if self._held(current, prompt_ids, past):
+                return True
+            if self._spare is None:
+                self._spare = engine.new_cache()
+            self._cache = self._spare
+            started = time.perf_counter()
+            try:
+                self._prefill_engine(engine, prompt_ids, past, interrupted, 0, greedy=True,
+                                     chunk=WARM_CHUNK, partial=True)
+            except GenerationCancelled:
+                self._cache = current
+                log.debug("stopped warming a %d-token window: foreground work waits", len(prompt_ids))
+                return False
+            self._spare = current
+        log.info("warmed a %d-token window in %.2fs", len(prompt_ids), time.perf_counter() - started)
+        return True
+
+    def _held(self, cache, prompt_ids: list[int], past) -> bool:
+        """Whether `cache` holds `past` and all of `prompt_ids` but (at most) its last token."""
+        if past is not None and not cache.holds_past(past):
+            return False
+        if past is None and cache.past_length:
+            return False
+        head, full, common = _plan_prefill(cache.ids, prompt_ids, reuse=self.config.reuse_prefix,
+                                           slack=self.config.reuse_slack_tokens, limit=0)
+        return common >= len(head) + len(full) - 1
+
     def _prefill_engine(self, engine, prompt_ids: list[int], past, should_stop: ShouldStop,
-                        max_new_tokens: int, greedy: bool = False):
+                        max_new_tokens: int, greedy: bool = False, limit: int = 0,
+                        chunk: int = PREFILL_CHUNK, partial: bool = False):
         """Bring the cache to `past` + `prompt_ids`, prefilling only what is not cached yet;
-        `greedy`: the logits returned are only used for their argmax.
+        `greedy`: the logits returned are only used for their argmax; `limit` as in `generate`;
+        `partial`: the cache may hold just the start of an earlier window (see `_plan_prefill`).
 
         Returns (prompt tokens reused from the previous call, tokens of earlier context kept in front
-        of the prompt, logits [1, vocab] after the prompt).
+        of the prompt, tokens dropped from the prompt's front, logits [1, vocab] after the prompt).
         """
         import torch
 
@@ -561,29 +635,23 @@ class ModelRuntime:
                 f"{base} cached + {len(prompt_ids)} prompt + {max_new_tokens} new tokens exceed the "
                 f"model's context of {engine.max_positions} tokens"
             )
-        head: list[int] = []
-        common = 0
-        if self.config.reuse_prefix:
-            common = _common_prefix(cache.ids, prompt_ids)
-            # Behind a composed `past` too: references stay put while the window slides.
-            if common < len(prompt_ids) // 2:
-                head = _slid_head(cache.ids, prompt_ids, self.config.reuse_slack_tokens)
-                if head:
-                    common = len(head) + _common_prefix(cache.ids[len(head) :], prompt_ids)
-        full = head + prompt_ids if head else prompt_ids
+        head, kept, common = _plan_prefill(cache.ids, prompt_ids, reuse=self.config.reuse_prefix,
+                                           slack=self.config.reuse_slack_tokens, limit=limit,
+                                           partial=partial)
+        full = head + kept
         if base + len(full) + max_new_tokens > engine.max_positions:
-            head, full, common = [], prompt_ids, 0
+            head, full, common = [], kept, 0
         # The last prompt token always runs again: its logits choose the first new token.
         common = min(common, len(full) - 1)
         cache.crop(base + common)
         logits = None
         with _torch_threads(self._prefill_threads()):
-            for start in range(common, len(full), PREFILL_CHUNK):
+            for start in range(common, len(full), chunk):
                 if should_stop():
                     raise GenerationCancelled("cancelled during prefill")
-                chunk = torch.tensor([full[start : start + PREFILL_CHUNK]], device=engine.device)
-                logits = engine.forward(chunk, cache, greedy=greedy)[:, -1]
-        return common - len(head), len(head), logits
+                ids = torch.tensor([full[start : start + chunk]], device=engine.device)
+                logits = engine.forward(ids, cache, greedy=greedy)[:, -1]
+        return common - len(head), len(head), len(prompt_ids) - len(kept), logits
 
     def _prefill_threads(self) -> int:
         """Threads for prefill: the configured count; by default all, but one on a busy machine.
@@ -671,22 +739,71 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return low
 
 
-def _slid_head(cached: list[int], prompt: list[int], slack: int) -> list[int]:
+def _slid_head(cached: list[int], prompt: list[int], slack: int, aligned: int | None = None) -> list[int]:
     """The tokens in front of `prompt` when it is the cached prompt slid forward, else [].
 
     A completion window that follows the cursor drops a few tokens at its start on every
     keystroke; the cache still holds them, so keeping them costs nothing where re-prefilling the
-    whole window costs seconds. Accepted when at least half of `prompt` lines up with the cache.
+    whole window costs seconds. Accepted when at least `aligned` tokens of `prompt` (by default
+    half of it) line up with the cache.
     """
     anchor = min(len(prompt), 32)
     if slack <= 0 or anchor == 0:
         return []
+    aligned = len(prompt) // 2 if aligned is None else aligned
     first = prompt[0]
     for shift in range(1, min(slack, len(cached) - anchor) + 1):
         if cached[shift] == first and cached[shift : shift + anchor] == prompt[:anchor]:
-            if _common_prefix(cached[shift:], prompt) >= len(prompt) // 2:
+            if _common_prefix(cached[shift:], prompt) >= aligned:
                 return cached[:shift]
     return []
+
+
+def _cached_start(cached: list[int], prompt: list[int]) -> int:
+    """Where in `prompt` the cached tokens begin (> 0: the cached window starts later), else 0."""
+    anchor = min(len(cached), 32)
+    if anchor == 0:
+        return 0
+    first = cached[0]
+    for start in range(1, len(prompt) - anchor + 1):
+        if prompt[start] == first and prompt[start : start + anchor] == cached[:anchor]:
+            return start
+    return 0
+
+
+def _reuse(cached: list[int], prompt: list[int], reuse: bool, slack: int,
+           partial: bool) -> tuple[list[int], int]:
+    """(tokens kept in front of `prompt`, tokens of head + prompt already cached)."""
+    if not reuse:
+        return [], 0
+    common = _common_prefix(cached, prompt)
+    if common < len(prompt) // 2:
+        head = _slid_head(cached, prompt, slack, aligned=min(len(prompt), 32) if partial else None)
+        if head:
+            return head, len(head) + _common_prefix(cached[len(head) :], prompt)
+    return [], common
+
+
+def _plan_prefill(cached: list[int], prompt: list[int], *, reuse: bool, slack: int, limit: int,
+                  partial: bool = False) -> tuple[list[int], list[int], int]:
+    """(head, kept, common): prefill `head + kept` after the cache's first `common` tokens.
+
+    `kept` is `prompt`, or with a `limit` (> 0) that the whole would exceed, its end: from where the
+    cached tokens begin when that lies inside it and leaves at most `limit` to prefill (typing on
+    after a shorter window), else its last `limit` tokens. `partial`: the cache may hold only the
+    start of an earlier window (an interrupted `warm()`), so a slid window is kept on less overlap.
+    """
+    head, common = _reuse(cached, prompt, reuse, slack, partial)
+    if limit <= 0 or len(head) + len(prompt) - min(common, len(head) + len(prompt) - 1) <= limit:
+        return head, prompt, common
+    if reuse and (start := _cached_start(cached, prompt)):
+        kept = prompt[start:]
+        common = _common_prefix(cached, kept)
+        if len(kept) - min(common, len(kept) - 1) <= limit:
+            return [], kept, common
+    kept = prompt[-limit:]
+    head, common = _reuse(cached, kept, reuse, slack, partial)
+    return head, kept, common
 
 
 def _store_projections_transposed(model) -> None:

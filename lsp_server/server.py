@@ -25,7 +25,7 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 from pygls.uris import to_fs_path
 
-from agent.completion import Completion, CompletionRequest, complete
+from agent.completion import Completion, CompletionRequest, complete, warm_window
 from context.config import ConfigLayer, SquidConfig, file_layers, merge_layers
 from context.errors import SquidcodeError
 from context.foreground import foreground
@@ -278,7 +278,7 @@ class SquidServer(LanguageServer):
             with foreground():
                 references = completion_references(self, uri, runtime)
                 loop = asyncio.get_running_loop()
-                return await loop.run_in_executor(
+                result = await loop.run_in_executor(
                     self.model_executor,
                     complete,
                     runtime,
@@ -287,11 +287,22 @@ class SquidServer(LanguageServer):
                     pending.cancelled.is_set,
                     references,
                 )
+            if (result is None or result.dropped_tokens) and self.supersede.is_current(uri, pending):
+                # A shorter window answered this keystroke: the whole one is prefilled while the
+                # editor is idle, and gives way as soon as the next completion waits.
+                loop.run_in_executor(self.model_executor, self._warm_window, runtime, request, references)
+            return result
         except asyncio.CancelledError:
             pending.cancelled.set()
             raise
         finally:
             self.supersede.finish(uri, pending)
+
+    def _warm_window(self, runtime: ModelRuntime, request: CompletionRequest, references) -> None:
+        try:
+            warm_window(runtime, request, self.config.completion, references)
+        except Exception:  # noqa: BLE001 - background work: the next completion prefills what it needs
+            log.exception("warming the completion window failed")
 
     # -- documents -----------------------------------------------------------------------------
 

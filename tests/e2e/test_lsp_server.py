@@ -215,3 +215,30 @@ async def test_disabling_completion_through_settings(client: LanguageClient):
     )
     result = await client.text_document_inline_completion_async(inline_params(uri, *demo_cursor(text)))
     assert isinstance(result, types.InlineCompletionList) and result.items
+
+
+async def test_a_keystroke_far_from_the_cached_window_answers_from_a_shorter_one_then_warms_it(
+    client: LanguageClient, runtime
+):
+    completion = {"max_tokens": MAX_TOKENS, "debounce_ms": 0, "keystroke_prefill_tokens": 256}
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"squidcode": {"completion": completion}})
+    )
+    code = (DEMO_WORKSPACE.parents[1] / "context" / "index" / "store.py").read_text()
+    text = code[: code.rindex("\n", 0, 6000) + 1]
+    uri = open_document(client, text, "store_copy.py")
+    cursor = (text.count("\n"), 0)
+    first = await client.text_document_inline_completion_async(inline_params(uri, *cursor))
+    # Idle now: the server prefills the whole 1,024-token window in the background.
+    await wait_for_log(client, "warmed a", timeout=120)
+    second = await client.text_document_inline_completion_async(inline_params(uri, *cursor))
+    prompts = [int(m.group(1)) for message in client.log_messages
+               if (m := re.search(r"after a (\d+)-token prompt", message.message))]
+    assert prompts[-2] == 256 and prompts[-1] >= 1000  # (1,024 less a healed last token)
+
+    request = CompletionRequest(text, len(text), "python", path=str(DEMO_WORKSPACE / "store_copy.py"))
+    runtime.forget_prefix()
+    short = complete(runtime, request, CompletionConfig(max_tokens=MAX_TOKENS, keystroke_prefill_tokens=256))
+    full = complete(runtime, request, CompletionConfig(max_tokens=MAX_TOKENS, keystroke_prefill_tokens=0))
+    texts = [None if r is None else r.items[0].insert_text for r in (first, second)]
+    assert texts == [None if short is None else short.text, None if full is None else full.text]

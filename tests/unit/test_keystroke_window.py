@@ -1,0 +1,159 @@
+"""A keystroke prefills at most `prefill_limit` prompt tokens; `warm()` brings the whole window back.
+
+The planning is checked on token lists; the rest on the real embedded model, where a shortened or
+anchored window must generate exactly what a fresh run on the same tokens generates.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from agent.completion import CompletionRequest, complete, warm_window
+from context.config import CompletionConfig
+from context.foreground import foreground
+from context.runtime import WARM_CHUNK, _plan_prefill
+
+REPO = Path(__file__).resolve().parents[2]
+CODE = (REPO / "context" / "index" / "store.py").read_text()[:6000]
+
+
+def plan(cached, prompt, limit, partial=False):
+    return _plan_prefill(cached, prompt, reuse=True, slack=1024, limit=limit, partial=partial)
+
+
+# -- planning --------------------------------------------------------------------------------------
+
+PROMPT = list(range(1000, 1600))  # 600 distinct tokens
+
+
+def test_without_a_limit_the_whole_prompt_is_kept():
+    assert plan([], PROMPT, 0) == ([], PROMPT, 0)
+
+
+def test_a_cold_prompt_over_the_limit_keeps_its_last_tokens():
+    head, kept, common = plan([], PROMPT, 256)
+    assert (head, kept, common) == ([], PROMPT[-256:], 0)
+
+
+def test_a_prompt_that_mostly_reuses_the_cache_is_kept_whole():
+    head, kept, common = plan(PROMPT[:500], PROMPT, 256)  # 100 to prefill
+    assert (head, kept, common) == ([], PROMPT, 500)
+
+
+def test_typing_on_after_a_short_window_stays_anchored_where_the_cache_begins():
+    cached = PROMPT[344:590]  # the window a limit of 246 gave, ten tokens ago
+    head, kept, common = plan(cached, PROMPT, 256)
+    assert kept == PROMPT[344:] and head == [] and common == len(cached)
+
+
+def test_an_anchor_that_would_still_prefill_too_much_is_not_used():
+    cached = PROMPT[100:150]  # begins inside the prompt, but 450 tokens would follow it
+    head, kept, common = plan(cached, PROMPT, 256)
+    assert kept == PROMPT[-256:] and common == 0
+
+
+def test_a_partly_warmed_window_is_resumed_on_little_overlap():
+    cached = PROMPT[:64]  # an interrupted warm of this window, before the cursor moved 5 tokens on
+    slid = PROMPT[5:] + [7, 8, 9, 10, 11]
+    assert plan(cached, slid, 0) == ([], slid, 0)  # a completion does not keep so little
+    head, kept, common = plan(cached, slid, 0, partial=True)
+    assert head == PROMPT[:5] and kept == slid and common == 64
+
+
+# -- the real model --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def ids(runtime):
+    ids = runtime.encode(CODE)
+    assert len(ids) > 1200
+    runtime.forget_prefix()
+    yield ids[:1200]
+    runtime.forget_prefix()
+
+
+def fresh(runtime, prompt, new_tokens):
+    runtime.forget_prefix()
+    return runtime.generate(prompt, max_new_tokens=new_tokens)
+
+
+def test_a_limited_prefill_generates_what_its_shorter_window_generates(runtime, ids):
+    prompt = ids[:900]
+    short = runtime.generate(prompt, max_new_tokens=12, prefill_limit=300)
+    assert short.dropped_tokens == 600 and short.prompt_tokens == 300 and short.reused_tokens == 0
+    # Typing on: the window stays where the cache begins and only the new tokens are prefilled.
+    typed = runtime.generate(ids[:910], max_new_tokens=12, prefill_limit=300)
+    assert typed.dropped_tokens == 600 and typed.prompt_tokens == 310
+    assert typed.reused_tokens >= 299
+    assert short.text == fresh(runtime, prompt[-300:], 12).text
+    assert typed.text == fresh(runtime, ids[600:910], 12).text
+
+
+def test_warm_brings_the_whole_window_back(runtime, ids):
+    runtime.generate(ids[:900], max_new_tokens=4, prefill_limit=300)
+    assert runtime.warm(ids[:900]) is True
+    after = runtime.generate(ids[:905], max_new_tokens=12, prefill_limit=300)
+    assert after.dropped_tokens == 0 and after.prompt_tokens == 905
+    assert after.reused_tokens >= 899
+    assert after.text == fresh(runtime, ids[:905], 12).text
+    # A window already held is not prefilled again.
+    assert runtime.warm(ids[:905]) is True
+
+
+def test_an_interrupted_warm_keeps_the_current_window_and_resumes_later(runtime, ids):
+    runtime.generate(ids[:900], max_new_tokens=4, prefill_limit=300)
+    polls = iter(range(1000))
+    stopped = runtime.warm(ids[:900], should_stop=lambda: next(polls) >= 3)  # two chunks, then stop
+    assert stopped is False
+    assert runtime._spare.length == 2 * WARM_CHUNK
+    # The keystroke after it still finds its short window.
+    typed = runtime.generate(ids[:903], max_new_tokens=4, prefill_limit=300)
+    assert typed.reused_tokens >= 299 and typed.dropped_tokens == 600
+    # The next warm (the cursor moved on) starts from what the interrupted one prefilled.
+    assert runtime.warm(ids[2:903]) is True
+    after = runtime.generate(ids[2:906], max_new_tokens=12, prefill_limit=300)
+    assert after.dropped_tokens == 0 and after.head_tokens == 2 and after.reused_tokens >= 900
+    assert after.text == fresh(runtime, ids[:906], 12).text
+
+
+def test_warm_gives_way_to_foreground_work(runtime, ids):
+    runtime.generate(ids[:900], max_new_tokens=4, prefill_limit=300)
+    with foreground():
+        assert runtime.warm(ids[:900]) is False
+    # Foreground work that starts while a warm runs stops it at the next chunk.
+    polled, entered = threading.Event(), threading.Event()
+    result = {}
+
+    def should_stop():
+        polled.set()
+        entered.wait(60)
+        return False
+
+    def warm():
+        result["warm"] = runtime.warm(ids[:1200], should_stop=should_stop)
+
+    worker = threading.Thread(target=warm)
+    worker.start()
+    assert polled.wait(60)
+    with foreground():
+        entered.set()
+        worker.join(60)
+    assert result["warm"] is False
+    assert runtime.generate(ids[:900], max_new_tokens=2, prefill_limit=300).reused_tokens >= 299
+
+
+def test_a_completion_far_from_the_cached_window_answers_from_a_shorter_one(runtime):
+    text = CODE
+    config = CompletionConfig(max_tokens=8, keystroke_prefill_tokens=256, prefix_tokens=1024)
+    request = CompletionRequest(text, len(text), "python")
+    runtime.forget_prefix()
+    first = complete(runtime, request, config)
+    assert first is not None and first.dropped_tokens > 0 and first.prompt_tokens == 256
+    assert warm_window(runtime, request, config) is True
+    again = complete(runtime, request, config)
+    assert again is not None and again.dropped_tokens == 0 and again.prompt_tokens > 900
+    unlimited = complete(runtime, request, CompletionConfig(max_tokens=8, keystroke_prefill_tokens=0))
+    assert unlimited is not None and again.text == unlimited.text
