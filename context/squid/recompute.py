@@ -90,14 +90,15 @@ def recompute_tokens(
     if hidden is None:
         hidden = model.model.embed_tokens(token_ids[selected][None])  # [1, m, d]
     cos, sin = model.model.rotary_emb(hidden, position_ids=positions)
-    # A chosen token at position p sees every context position <= p.
-    mask = torch.arange(keys.shape[2], device=keys.device)[None, :] <= selected[:, None]  # [m, S]
+    # A chosen token at position p sees every context position <= p: none sees past the last one.
+    seen = int(selected[-1]) + 1
+    mask = torch.arange(seen, device=keys.device)[None, :] <= selected[:, None]  # [m, seen]
     for index in range(first_layer, last_layer):
         layer = layers[index]
         q, k, v = _project_kv(layer, hidden, cos, sin)
         keys[index][:, selected] = k[0].to(keys.dtype)
         values[index][:, selected] = v[0].to(values.dtype)
-        hidden = _layer_step(layer, hidden, q, keys[index], values[index], mask)
+        hidden = _layer_step(layer, hidden, q, keys[index][:, :seen], values[index][:, :seen], mask)
     return hidden
 
 
