@@ -265,9 +265,10 @@ class SquidCacheConfig:
     blend_ratio: float = field(default=0.0, metadata=_range(0.0, 1.0))
     # When a request's documents differ from the last request's, first-k recovery recomputes each
     # changed document and this many after it; documents further on keep the recovery they had
-    # (-1: every document after the first change, as a fresh composition). At 8 x 512, 1 loses
-    # nothing measurable against -1 and keeps a swap near one encode (docs/benchmarks.md).
-    recompute_following: int = field(default=1, metadata=_range(-1, 4096))
+    # (-1: every document after the first change, as a fresh composition). At 8 x 512, 0 and 1 lose
+    # nothing measurable against -1 (KL 0.0480, 0.0478, 0.0478); 0 keeps a swap within 1.5 encodes
+    # up to 16 documents (docs/benchmarks.md).
+    recompute_following: int = field(default=0, metadata=_range(-1, 4096))
     # Byte budgets of the tiers, in MiB.
     device_mb: int = field(default=256, metadata=_range(0, 1 << 20))
     cpu_mb: int = field(default=1024, metadata=_range(0, 1 << 20))

@@ -558,6 +558,18 @@ class ModelRuntime:
         self._engine_key = key
         return self._engine
 
+    def prepare(self) -> ModelRuntime:
+        """Build the decode engine now rather than at the first generation (packing the embedded
+        model's weights into 4- and 8-bit codes takes about a second); returns self."""
+        import torch
+
+        try:
+            with self._lock, torch.inference_mode():
+                self._current_engine()
+        except Exception:  # noqa: BLE001 - the first generation builds it again and reports the error
+            log.exception("could not build the decode engine ahead of the first generation")
+        return self
+
     def warm(self, prompt: str | list[int], *, past=None, should_stop: ShouldStop | None = None) -> bool:
         """Prefill `prompt` (after `past`, as `generate` takes them) while nothing waits on the model.
 

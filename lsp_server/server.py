@@ -211,7 +211,8 @@ class SquidServer(LanguageServer):
         self.state_changed()
         token = await self.begin_progress("Loading model", model_config.path or "embedded model")
         try:
-            self.runtime = await _in_daemon_thread(get_runtime, model_config, cache_dir)
+            # The engine too, so that the first keystroke does not wait for it.
+            self.runtime = await _in_daemon_thread(lambda: get_runtime(model_config, cache_dir).prepare())
         except SquidcodeError as exc:
             self.model_error = str(exc)
             log.error("model unavailable: %s", exc)

@@ -43,7 +43,9 @@ BENCH_RECOVERIES = (
     Recovery(first_k=16), Recovery(first_k=32), Recovery(first_k=64),
     Recovery(blend_ratio=0.10), Recovery(blend_ratio=0.20),
     Recovery(first_k=32, blend_ratio=0.10),
-    # composed after a swap of the middle document, refreshing only it and the next one
+    # composed after a swap of the middle document, refreshing only it (the default), or it and
+    # the next one
+    Recovery(first_k=32, following=0),
     Recovery(first_k=32, following=1),
 )
 _QUERY_TOKENS = 48

@@ -287,3 +287,12 @@ def test_quantized_runtime_generates_with_drafts_and_reuse(runtime):
     assert again.reused_tokens == len(ids) - 1
     # Back on the loaded weights: a new engine, a new cache.
     assert runtime.generate(ids, max_new_tokens=2).reused_tokens == 0
+
+
+def test_prepare_builds_the_engine_before_the_first_generation(runtime):
+    runtime._engine_key = None  # as after loading: no engine yet
+    runtime.prepare()
+    engine = runtime._engine
+    assert engine is not None and runtime._engine_key is not None
+    runtime.generate(runtime.encode("def f(x):\n    return"), max_new_tokens=2)
+    assert runtime._engine is engine  # the generation used it, not a new one

@@ -183,3 +183,21 @@ def test_a_swap_refreshing_only_the_next_document_keeps_the_recovery_further_on(
     # Two documents' first tokens recomputed instead of three.
     assert again.recomputed_fraction == pytest.approx(fresh.recomputed_fraction * 2 / 3)
     assert Recovery(first_k=6, following=1).name == "squid_first6_next1"
+
+
+def test_a_swap_refreshing_only_itself_keeps_every_later_recovery(runtime, prefix, docs):
+    # The default: following=0. Only the swapped document's first tokens are recomputed.
+    four = [*docs, docs[0]]
+    swapped = encode_document(runtime, prefix, runtime.encode("import os\n" * 40)[: docs[1].length],
+                              document_key(runtime, prefix, "swapped-self"), source="/w/o.py")
+    after = [four[0], swapped, four[2], four[3]]
+    recovery = Recovery(first_k=6, following=0)
+    before = compose(runtime, prefix, four, recovery=recovery)
+    again = compose(runtime, prefix, after, recovery=recovery, previous=before)
+    fresh = compose(runtime, prefix, after, recovery=Recovery(first_k=6))
+    (_, end_swapped), (start_next, _) = again.spans[1], again.spans[2]
+    assert torch.allclose(again.keys[:, :, :end_swapped], fresh.keys[:, :, :end_swapped], atol=1e-5)
+    assert torch.equal(again.keys[:, :, start_next:], before.keys[:, :, start_next:])
+    assert torch.equal(again.values[:, :, start_next:], before.values[:, :, start_next:])
+    assert again.recomputed_fraction == pytest.approx(fresh.recomputed_fraction / 3)
+    assert recovery.name == "squid_first6_next0"
