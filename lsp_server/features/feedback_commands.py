@@ -86,6 +86,8 @@ def _record_completion(
             "prefix_tokens": budget,
             "max_lines": ls.config.completion.max_lines,
             "prompt_tokens": completion.prompt_tokens,
+            # > 0: a shorter window answered (`keystroke_prefill_tokens`); prompt_text is the whole one
+            "dropped_tokens": completion.dropped_tokens,
             "new_tokens": completion.new_tokens,
         },
     )
