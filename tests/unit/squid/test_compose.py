@@ -162,42 +162,29 @@ def test_a_swap_copies_unchanged_documents_from_the_previous_composition(runtime
     assert blended.reused_documents == 0
 
 
-def test_a_swap_refreshing_only_the_next_document_keeps_the_recovery_further_on(runtime, prefix, docs):
-    # Four documents; the second is swapped. With following=1 the swapped one and the one after it
-    # are recovered as a fresh composition recovers them; the last keeps its earlier recovery.
+@pytest.mark.parametrize("following", [0, 1], ids=["itself", "next"])
+def test_a_swap_refreshes_the_changed_document_and_following_ones_and_keeps_the_rest(
+    runtime, prefix, docs, following
+):
+    # Four documents; the second is swapped. The swapped one and `following` after it are recovered
+    # as a fresh composition recovers them; the ones further on keep their earlier recovery.
     four = [*docs, docs[0]]
     swapped = encode_document(runtime, prefix, runtime.encode("import os\n" * 40)[: docs[1].length],
                               document_key(runtime, prefix, "swapped-next"), source="/w/n.py")
     assert swapped.length == docs[1].length
     after = [four[0], swapped, four[2], four[3]]
-    recovery = Recovery(first_k=6, following=1)
+    recovery = Recovery(first_k=6, following=following)
     before = compose(runtime, prefix, four, recovery=recovery)
     again = compose(runtime, prefix, after, recovery=recovery, previous=before)
     fresh = compose(runtime, prefix, after, recovery=Recovery(first_k=6))
-    (_, end_next), (start_last, end_last) = again.spans[2], again.spans[3]
-    assert torch.allclose(again.keys[:, :, :end_next], fresh.keys[:, :, :end_next], atol=1e-5)
-    assert torch.allclose(again.values[:, :, :end_next], fresh.values[:, :, :end_next], atol=1e-5)
-    assert torch.equal(again.keys[:, :, start_last:end_last], before.keys[:, :, start_last:end_last])
+    end_refreshed, start_kept = again.spans[1 + following][1], again.spans[2 + following][0]
+    assert torch.allclose(again.keys[:, :, :end_refreshed], fresh.keys[:, :, :end_refreshed], atol=1e-5)
+    assert torch.allclose(again.values[:, :, :end_refreshed], fresh.values[:, :, :end_refreshed], atol=1e-5)
+    assert torch.equal(again.keys[:, :, start_kept:], before.keys[:, :, start_kept:])
+    assert torch.equal(again.values[:, :, start_kept:], before.values[:, :, start_kept:])
+    start_last, end_last = again.spans[3]
     assert not torch.allclose(fresh.keys[:, :, start_last:end_last], before.keys[:, :, start_last:end_last],
                               atol=1e-5)  # the old neighbour did change what the last one recovered
-    # Two documents' first tokens recomputed instead of three.
-    assert again.recomputed_fraction == pytest.approx(fresh.recomputed_fraction * 2 / 3)
-    assert Recovery(first_k=6, following=1).name == "squid_first6_next1"
-
-
-def test_a_swap_refreshing_only_itself_keeps_every_later_recovery(runtime, prefix, docs):
-    # The default: following=0. Only the swapped document's first tokens are recomputed.
-    four = [*docs, docs[0]]
-    swapped = encode_document(runtime, prefix, runtime.encode("import os\n" * 40)[: docs[1].length],
-                              document_key(runtime, prefix, "swapped-self"), source="/w/o.py")
-    after = [four[0], swapped, four[2], four[3]]
-    recovery = Recovery(first_k=6, following=0)
-    before = compose(runtime, prefix, four, recovery=recovery)
-    again = compose(runtime, prefix, after, recovery=recovery, previous=before)
-    fresh = compose(runtime, prefix, after, recovery=Recovery(first_k=6))
-    (_, end_swapped), (start_next, _) = again.spans[1], again.spans[2]
-    assert torch.allclose(again.keys[:, :, :end_swapped], fresh.keys[:, :, :end_swapped], atol=1e-5)
-    assert torch.equal(again.keys[:, :, start_next:], before.keys[:, :, start_next:])
-    assert torch.equal(again.values[:, :, start_next:], before.values[:, :, start_next:])
-    assert again.recomputed_fraction == pytest.approx(fresh.recomputed_fraction / 3)
-    assert recovery.name == "squid_first6_next0"
+    # Of the three documents after the first, 1 + `following` have their first tokens recomputed.
+    assert again.recomputed_fraction == pytest.approx(fresh.recomputed_fraction * (1 + following) / 3)
+    assert recovery.name == f"squid_first6_next{following}"
