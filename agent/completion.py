@@ -14,7 +14,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from context.boundary import CursorContext, cursor_context, cut_at_boundary, is_mid_line
+from context.boundary import (
+    CursorContext,
+    cursor_context,
+    cut_at_boundary,
+    is_mid_line,
+    leaves_open,
+    opens_block,
+)
 from context.config import CompletionConfig
 from context.errors import GenerationCancelled, SquidcodeError
 from context.runtime import ModelRuntime
@@ -155,15 +162,51 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
         return None
     if result.stop_reason == "stopped_by_caller":
         return None
-    text = cut_at_boundary(result.text, ctx, config.max_lines, truncated=result.stop_reason == "length")
+    raw, new_tokens, reason = result.text, result.new_tokens, result.stop_reason
+    text = cut_at_boundary(raw, ctx, config.max_lines, truncated=reason == "length")
+    multi_line = not is_mid_line(ctx) and opens_block(ctx.line_prefix)
+    if multi_line and leaves_open(text, request.language):
+        if reason == "length" and config.finish_tokens:
+            # The budget ran out inside something the completion opened: let it close it.
+            more = _finish(runtime, prompt_ids, heal + raw, ctx, config, stop, should_stop, references)
+            if more is not None:
+                raw, new_tokens, reason = raw + more.text, new_tokens + more.new_tokens, more.stop_reason
+                text = cut_at_boundary(raw, ctx, config.max_lines, truncated=reason == "length")
+        text = _cut_back_to_closed(text, request.language)
     if not text.strip():
         return None
     return Completion(
         text=text,
         latency_s=time.perf_counter() - started,
         prompt_tokens=result.prompt_tokens,
-        new_tokens=result.new_tokens,
-        stop_reason=result.stop_reason,
+        new_tokens=new_tokens,
+        stop_reason=reason,
         reference_tokens=reference_tokens,
         dropped_tokens=result.dropped_tokens,
     )
+
+
+def _finish(runtime, prompt_ids, generated: str, ctx, config, stop, should_stop, references):
+    """Up to `finish_tokens` more after `prompt_ids` + `generated`, or None when cancelled."""
+    past, _ = _reference_cache(references, ctx.prefix)  # a fresh copy: generation may extend one
+    try:
+        more = runtime.generate(
+            prompt_ids + runtime.encode(generated),
+            max_new_tokens=config.finish_tokens,
+            stop=stop,
+            temperature=config.temperature,
+            should_stop=should_stop,
+            past=past,
+            prefill_limit=config.keystroke_prefill_tokens,
+        )
+    except GenerationCancelled:
+        return None
+    return None if more.stop_reason == "stopped_by_caller" else more
+
+
+def _cut_back_to_closed(text: str, language: str | None) -> str:
+    """`text` without its last lines, as few as leave nothing open; "" when no line does."""
+    lines = text.split("\n")
+    while lines and leaves_open("\n".join(lines), language):
+        lines.pop()
+    return "\n".join(lines).rstrip()

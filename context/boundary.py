@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CursorContext", "cursor_context", "cut_at_boundary", "is_mid_line"]
+__all__ = ["CursorContext", "cursor_context", "cut_at_boundary", "is_mid_line", "leaves_open", "opens_block"]
 
 # A line ending in one of these opens a block: the completion may continue on the following lines.
 _BLOCK_OPENERS = (":", "{", "=>", " do", " then", "->")
@@ -51,7 +51,8 @@ def is_mid_line(ctx: CursorContext) -> bool:
     return bool(ctx.line_suffix.strip())
 
 
-def _opens_block(line: str) -> bool:
+def opens_block(line: str) -> bool:
+    """Whether a completion after `line` (the cursor's line, up to the cursor) may span lines."""
     stripped = line.rstrip()
     return not stripped or stripped.endswith(_BLOCK_OPENERS)
 
@@ -70,7 +71,7 @@ def cut_at_boundary(raw: str, ctx: CursorContext, max_lines: int, truncated: boo
       tokens (`truncated`), the unfinished last line is dropped.
     """
     raw = raw.replace("\r\n", "\n")
-    if is_mid_line(ctx) or not _opens_block(ctx.line_prefix):
+    if is_mid_line(ctx) or not opens_block(ctx.line_prefix):
         return raw.split("\n", 1)[0].rstrip()
 
     lines = raw.split("\n")
@@ -111,3 +112,51 @@ def cut_at_boundary(raw: str, ctx: CursorContext, max_lines: int, truncated: boo
         if sum(1 for ln in kept if ln.strip()) >= max_lines:
             break
     return "\n".join(kept).rstrip()
+
+
+_CLOSERS = {"(": ")", "[": "]", "{": "}"}
+# Text, not code: quotes there are apostrophes.
+_PROSE = frozenset({"markdown", "plaintext", "text", "restructuredtext", "latex", "git-commit"})
+
+
+def leaves_open(text: str, language: str | None = None) -> bool:
+    """Whether `text`, read on its own, leaves a string or a bracket open, so that inserting it
+    breaks the code after it (a docstring cut off by the token budget, say).
+
+    Python (the default) knows triple-quoted strings and `#` comments; other languages get quotes,
+    backquotes and `//` comments. A closer of a bracket opened before `text` is not counted.
+    Prose languages never count as open.
+    """
+    if language in _PROSE:
+        return False
+    python = language in (None, "python")
+    comment = "#" if python else "//"
+    quotes = "\"'" if python else "\"'`"
+    expected: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        if text.startswith(comment, i):
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        if python and text.startswith(('"""', "'''"), i):
+            end = text.find(text[i : i + 3], i + 3)
+            if end < 0:
+                return True
+            i = end + 3
+            continue
+        char = text[i]
+        if char in quotes:
+            j = i + 1
+            while j < n and text[j] != char and (char == "`" or text[j] != "\n"):
+                j += 2 if text[j] == "\\" else 1
+            if j >= n or text[j] != char:
+                return True
+            i = j + 1
+            continue
+        if char in _CLOSERS:
+            expected.append(_CLOSERS[char])
+        elif expected and char == expected[-1]:
+            expected.pop()
+        i += 1
+    return bool(expected)

@@ -130,6 +130,10 @@ class CompletionConfig:
     # Lines of text after the cursor consulted to stop a completion that would repeat them.
     suffix_lines: int = field(default=8, metadata=_range(0, 200))
     max_lines: int = field(default=8, metadata=_range(1, 200))
+    # A multi-line completion that ran out of tokens inside a string or bracket it opened (a
+    # docstring, a call) may take this many more to close it; one still open is cut back to its
+    # last line that leaves nothing open, or not offered. 0 = cut back without generating more.
+    finish_tokens: int = field(default=32, metadata=_range(0, 1024))
     # A newer request for the same document within this window supersedes the older one.
     debounce_ms: int = field(default=30, metadata=_range(0, 5000))
     stop: tuple[str, ...] = ()

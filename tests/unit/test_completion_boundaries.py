@@ -1,6 +1,9 @@
 """Where a suggestion ends: the pure boundary rules, no model involved."""
 
+import pytest
+
 from agent.completion import cursor_context, cut_at_boundary
+from context.boundary import leaves_open
 
 
 def ctx_at_end(text: str, suffix: str = ""):
@@ -55,3 +58,25 @@ def test_cursor_context_reads_lines_around_the_cursor():
     text = "a\nbc|de\nf\ng\n"
     ctx = cursor_context(text.replace("|", ""), text.index("|"), suffix_lines=1)
     assert (ctx.line_prefix, ctx.line_suffix, ctx.following_lines) == ("bc", "de", ("f",))
+
+
+@pytest.mark.parametrize(
+    ("text", "language", "open_"),
+    [
+        ('"""Set the second sequence to be compared.', "python", True),
+        ('"""Summary."""\nreturn x', "python", False),
+        ("return f(a, [b", "python", True),
+        ("return f(a, b)", "python", False),
+        ("return a)", "python", False),  # closes something opened before the completion
+        ("x = \"it's\"", "python", False),
+        ("# don't\nreturn 1", "python", False),
+        ('s = "abc', "python", True),
+        ('s = "a\\"b"', "python", False),
+        ("const s = `a\nb`;", "javascript", False),
+        ("// it's\nf(1);", "javascript", False),
+        ("if (x) {\n  y();", "javascript", True),
+        ("It's a note (see below", "markdown", False),
+    ],
+)
+def test_leaves_open(text, language, open_):
+    assert leaves_open(text, language) is open_

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.completion import CompletionRequest, complete, warm_window
+from context.boundary import leaves_open
 from context.config import CompletionConfig
 from context.foreground import foreground
 from context.runtime import WARM_CHUNK, _plan_prefill
@@ -157,3 +158,30 @@ def test_a_completion_far_from_the_cached_window_answers_from_a_shorter_one(runt
     assert again is not None and again.dropped_tokens == 0 and again.prompt_tokens > 900
     unlimited = complete(runtime, request, CompletionConfig(max_tokens=8, keystroke_prefill_tokens=0))
     assert unlimited is not None and again.text == unlimited.text
+
+
+# A method whose neighbours open with docstrings: the model opens one too.
+DOCSTRING_STYLE = '''class Inventory:
+    """Items on hand, by name."""
+
+    def add(self, name, count=1):
+        """Add `count` of `name` to the inventory.
+
+        A name not seen before starts at zero.
+        """
+        self.items[name] = self.items.get(name, 0) + count
+
+    def remove(self, name, count=1):
+        '''
+
+
+def test_a_completion_cut_inside_its_docstring_closes_it_or_is_not_offered(runtime):
+    request = CompletionRequest(DOCSTRING_STYLE, len(DOCSTRING_STYLE), "python")
+    raw = runtime.generate(runtime.encode(DOCSTRING_STYLE), max_new_tokens=8)
+    assert raw.text.lstrip().startswith('"""') and leaves_open(raw.text)  # 8 tokens end inside it
+    finished = complete(runtime, request, CompletionConfig(max_tokens=8, finish_tokens=32))
+    assert finished is not None and finished.new_tokens > 8
+    assert finished.text.startswith('"""Remove') and not leaves_open(finished.text)
+    assert finished.text.index('"""', 3) > 0  # the docstring is closed in the suggestion itself
+    # Without more tokens the open docstring is cut back, here to nothing: no suggestion.
+    assert complete(runtime, request, CompletionConfig(max_tokens=8, finish_tokens=0)) is None
