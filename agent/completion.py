@@ -18,6 +18,7 @@ from context.boundary import (
     CursorContext,
     cursor_context,
     cut_at_boundary,
+    cut_back_to_closed,
     is_mid_line,
     leaves_open,
     opens_block,
@@ -172,7 +173,7 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
             if more is not None:
                 raw, new_tokens, reason = raw + more.text, new_tokens + more.new_tokens, more.stop_reason
                 text = cut_at_boundary(raw, ctx, config.max_lines, truncated=reason == "length")
-        text = _cut_back_to_closed(text, request.language)
+        text = cut_back_to_closed(text, request.language)
     if not text.strip():
         return None
     return Completion(
@@ -203,10 +204,3 @@ def _finish(runtime, prompt_ids, generated: str, ctx, config, stop, should_stop,
         return None
     return None if more.stop_reason == "stopped_by_caller" else more
 
-
-def _cut_back_to_closed(text: str, language: str | None) -> str:
-    """`text` without its last lines, as few as leave nothing open; "" when no line does."""
-    lines = text.split("\n")
-    while lines and leaves_open("\n".join(lines), language):
-        lines.pop()
-    return "\n".join(lines).rstrip()

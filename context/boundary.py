@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CursorContext", "cursor_context", "cut_at_boundary", "is_mid_line", "leaves_open", "opens_block"]
+__all__ = [
+    "CursorContext",
+    "cursor_context",
+    "cut_at_boundary",
+    "cut_back_to_closed",
+    "is_mid_line",
+    "leaves_open",
+    "opens_block",
+]
 
 # A line ending in one of these opens a block: the completion may continue on the following lines.
 _BLOCK_OPENERS = (":", "{", "=>", " do", " then", "->")
@@ -160,3 +168,11 @@ def leaves_open(text: str, language: str | None = None) -> bool:
             expected.pop()
         i += 1
     return bool(expected)
+
+
+def cut_back_to_closed(text: str, language: str | None = None) -> str:
+    """`text` without its last lines, as few as leave nothing open; "" when no line does."""
+    lines = text.split("\n")
+    while lines and leaves_open("\n".join(lines), language):
+        lines.pop()
+    return "\n".join(lines).rstrip()

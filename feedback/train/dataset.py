@@ -65,8 +65,15 @@ class TrainingExample:
     # (no chat template), and its answers cut where an inline completion is cut (`max_lines`).
     # None: a chat prompt (`prompt_messages`), as agent episodes and the task set use.
     prompt_text: str | None = None
+    # The whitespace the cursor's line held before the completion (cut off `prompt_text`; the
+    # answers and `kept_text` start with it). The server's prompt ended with it and regenerated it
+    # (token healing), and so do the trainer's.
+    prompt_lead: str = ""
     max_lines: int = 8
     prompt_tokens: int = 1024  # the completion's prompt budget (completion.prefix_tokens) then
+    # Tokens a completion then got to close a string or bracket it ran out of tokens inside
+    # (completion.finish_tokens); 0: it was cut back instead (episodes recorded before it existed).
+    finish_tokens: int = 0
     # What the example is about (a file's function, a file): the held-out split keeps a group whole,
     # so the gate never scores the model on code it was trained on. "" = a group of its own.
     group: str = ""
@@ -109,6 +116,7 @@ def example_from_episode(episode: Any) -> TrainingExample | None:
         test_asserts=tuple(verification.get("test_asserts", ())), language=get("language") or "python",
         prompt_text=get("prompt_text"), max_lines=int(get("max_lines", 8) or 8),
         prompt_tokens=int(get("prompt_tokens", 1024) or 1024), group=str(get("group", "") or ""),
+        finish_tokens=int(get("finish_tokens", 0) or 0), prompt_lead=get("prompt_lead") or "",
     )
 
 

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 
 import torch
 
-from context.boundary import cursor_context, cut_at_boundary
+from context.boundary import (
+    cursor_context,
+    cut_at_boundary,
+    cut_back_to_closed,
+    is_mid_line,
+    leaves_open,
+    opens_block,
+)
 from context.loading import model_loading
 
 from .logprobs import token_logprobs
@@ -22,8 +29,10 @@ __all__ = [
     "completion_mask",
     "example_prompt_ids",
     "prompt_ids",
+    "completion_prompt",
     "sample_example",
     "sample_group",
+    "shown_completion",
 ]
 
 
@@ -64,44 +73,87 @@ def prompt_ids(tokenizer, messages: list[dict[str, str]]) -> torch.Tensor:
 
 
 def example_prompt_ids(tokenizer, example) -> torch.Tensor:
-    """The prompt of a training example [1, P]: its raw text for a completion episode (its nearest
-    `prompt_tokens` kept, no chat template: what the inline completion path feeds the model), the
-    chat prompt otherwise."""
+    """The prompt of a training example [1, P]: the chat prompt, or for a completion episode the
+    prompt the completion path builds (`completion_prompt`)."""
     if example.prompt_text is None:
         from .dataset import prompt_messages
 
         return prompt_ids(tokenizer, prompt_messages(example))
+    return completion_prompt(tokenizer, example)[0]
+
+
+def completion_prompt(tokenizer, example) -> tuple[torch.Tensor, str]:
+    """(ids [1, P], heal) of a completion example, as `agent.completion` builds them: the raw text
+    before the cursor (no chat template), its nearest `prompt_tokens` kept; a last token of only
+    whitespace is cut off, and its text (`heal`) is what every answer must start by regenerating."""
     budget_tokens = example.prompt_tokens
-    ids = tokenizer(example.prompt_text[-budget_tokens * 8:], add_special_tokens=False)["input_ids"]
-    return torch.tensor([list(ids)[-budget_tokens:]], dtype=torch.long)
+    text = example.prompt_text + example.prompt_lead
+    ids = list(tokenizer(text[-budget_tokens * 8:], add_special_tokens=False)["input_ids"])[-budget_tokens:]
+    heal = ""
+    if len(ids) > 1:
+        last = tokenizer.decode(ids[-1:])
+        if last and not last.strip():
+            ids, heal = ids[:-1], last
+    return torch.tensor([ids], dtype=torch.long), heal
 
 
 def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: int,
                    max_new_tokens: int, temperature: float) -> SampledGroup:
-    """`sample_group` for a training example; a completion's samples are cut where the inline
-    completion path cuts them (its texts are what a user would have seen) and their tokens past
-    the cut are masked out of the loss."""
-    group = sample_group(model, tokenizer, prompt, group_size, max_new_tokens, temperature)
+    """`sample_group` for a training example. A completion's samples are generated and cut as the
+    completion path does it (`completion_prompt`, `shown_completion`), so the reward judges what a
+    user would have seen; their tokens past it are masked out of the loss. Each text starts with
+    the example's `prompt_lead`, as its `kept_text` does."""
     if example.prompt_text is None:
-        return group
-    ctx = cursor_context(example.prompt_text, len(example.prompt_text), 0)
+        return sample_group(model, tokenizer, prompt, group_size, max_new_tokens, temperature)
+    _, heal = completion_prompt(tokenizer, example)
+    lead = example.prompt_lead
+    full = example.prompt_text + lead
+    ctx = cursor_context(full, len(full), 0)
+    finish = example.finish_tokens if not is_mid_line(ctx) and opens_block(ctx.line_prefix) else 0
+    group = sample_group(model, tokenizer, prompt, group_size, max_new_tokens + finish, temperature, heal)
+    eos = eos_token_ids(model, tokenizer)
     texts = []
-    for row, text in enumerate(group.texts):
-        truncated = bool(group.mask[row].all())  # no end-of-sequence token: ran out of tokens
-        shown = cut_at_boundary(text, ctx, example.max_lines, truncated=truncated)
-        texts.append(shown)
-        keep = _tokens_covering(tokenizer, group.completions[row], int(group.mask[row].sum()),
-                                text, shown)
-        group.mask[row, keep:] = 0
+    for row in range(group.completions.shape[0]):
+        length = int(group.mask[row].sum())
+        ids = group.completions[row, :length].tolist()
+        first_eos = next((i for i, token in enumerate(ids) if token in eos), None)
+        generated = tokenizer.decode(ids, skip_special_tokens=True)[len(heal):]
+        shown = shown_completion(
+            lambda count, ids=ids: tokenizer.decode(ids[:count], skip_special_tokens=True)[len(heal):],
+            first_eos, max_new_tokens, finish, ctx, example.max_lines, example.language,
+        )
+        # The text after `prompt_text`: the lead, then what the completion path would insert.
+        texts.append(lead + shown)
+        end = len(heal) + (generated.find(shown) + len(shown) if shown else 0)
+        group.mask[row, _tokens_covering(tokenizer, ids, end):] = 0
     return SampledGroup(group.prompt, group.completions, group.mask, texts)
 
 
-def _tokens_covering(tokenizer, row: torch.Tensor, length: int, text: str, shown: str) -> int:
-    """How many leading tokens of `row` produce the text up to the end of `shown` (at least 1)."""
-    end = text.find(shown) + len(shown) if shown else 0
-    ids = row[:length].tolist()
+def shown_completion(decode, first_eos: int | None, budget: int, finish: int, ctx, max_lines: int,
+                     language: str | None) -> str:
+    """The suggestion the completion path makes of one sampled continuation (`agent.completion`).
+
+    `decode(n)` is the text of its first n tokens; `first_eos` the index of its end-of-sequence
+    token (None: it has none). Cut at the boundary after `budget` tokens; a multi-line suggestion
+    that ran out of tokens inside something it opened is cut again after `budget + finish`, and one
+    still open is cut back to its last line that closes everything.
+    """
+    ran_out = first_eos is None or first_eos >= budget
+    shown = cut_at_boundary(decode(budget), ctx, max_lines, truncated=ran_out)
+    multi_line = not is_mid_line(ctx) and opens_block(ctx.line_prefix)
+    if multi_line and leaves_open(shown, language):
+        if ran_out and finish:
+            total = budget + finish
+            shown = cut_at_boundary(decode(total), ctx, max_lines,
+                                    truncated=first_eos is None or first_eos >= total)
+        shown = cut_back_to_closed(shown, language)
+    return shown
+
+
+def _tokens_covering(tokenizer, ids: list[int], end: int) -> int:
+    """How many leading tokens of `ids` decode to at least `end` characters (at least 1)."""
     # The decoded length grows with the token count: bisect for the first count that covers `end`.
-    low, high = 1, max(length, 1)
+    low, high = 1, max(len(ids), 1)
     while low < high:
         middle = (low + high) // 2
         if len(tokenizer.decode(ids[:middle], skip_special_tokens=True)) >= end:
@@ -132,13 +184,20 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 @torch.no_grad()
 def sample_group(
     model, tokenizer, prompt: torch.Tensor, group_size: int, max_new_tokens: int, temperature: float,
+    heal: str = "",
 ) -> SampledGroup:
-    """`group_size` completions of `prompt` [1, P]; temperature 0 decodes greedily (one row per copy)."""
+    """`group_size` completions of `prompt` [1, P]; temperature 0 decodes greedily (one row per copy).
+    With `heal`, each completion's first tokens are held to those that regenerate that text."""
     eos = eos_token_ids(model, tokenizer)
     if temperature > 0:
         sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
     else:
         sampling = {"do_sample": False}
+    if heal:
+        from transformers import LogitsProcessorList
+
+        sampling["logits_processor"] = LogitsProcessorList(
+            [_Healing(tokenizer, heal, prompt.shape[1])])
     prompts = prompt.expand(group_size, -1)  # [G, P]
     out = model.generate(
         input_ids=prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=max_new_tokens,
@@ -151,6 +210,33 @@ def sample_group(
         for row, keep in zip(completions, mask, strict=True)
     ]
     return SampledGroup(prompt, completions, mask, texts)
+
+
+class _Healing:
+    """A logits processor for token healing (`context.runtime` does the same in its loop): while a
+    row's new text is shorter than `heal`, only tokens that agree with the rest of it are allowed."""
+
+    _texts: dict[int, list[str]] = {}  # every token's text, per tokenizer
+
+    def __init__(self, tokenizer, heal: str, prompt_length: int):
+        self.tokenizer, self.heal, self.prompt_length = tokenizer, heal, prompt_length
+        texts = self._texts.get(id(tokenizer))
+        if texts is None:
+            texts = self._texts[id(tokenizer)] = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+        self.texts = texts
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for row in range(input_ids.shape[0]):
+            done = self.tokenizer.decode(input_ids[row, self.prompt_length:].tolist())
+            if len(done) >= len(self.heal):
+                continue
+            remaining = self.heal[len(done):]
+            allowed = [i for i, t in enumerate(self.texts[: scores.shape[-1]])
+                       if t and (t.startswith(remaining) or remaining.startswith(t))]
+            masked = torch.full_like(scores[row], float("-inf"))
+            masked[allowed] = scores[row, allowed]
+            scores[row] = masked
+        return scores
 
 
 def group_logprobs(model, group: SampledGroup, temperature: float) -> torch.Tensor:

@@ -34,13 +34,14 @@ def episode_as_example_fields(record: Any) -> dict[str, Any] | None:
     else:
         instruction = episode.get("instruction") or ""
     status = last["status"]
-    prompt_text, lead, max_lines, budget = None, "", 8, 1024
+    prompt_text, lead, max_lines, budget, finish = None, "", 8, 1024, 0
     if episode["kind"] == "completion":
         prefix = episode.get("prompt_text") or ""
         prompt_text = prefix.rstrip(" \t")
         lead = prefix[len(prompt_text):]
         max_lines = int(extra.get("max_lines") or 8)
         budget = int(extra.get("prefix_tokens") or 1024)
+        finish = int(extra.get("finish_tokens") or 0)
     kept = last.get("kept_text") if status in _KEPT else None
     output = episode.get("output")
     return {
@@ -55,8 +56,10 @@ def episode_as_example_fields(record: Any) -> dict[str, Any] | None:
         "candidates": tuple(c.get("diff", "") for c in episode.get("candidates") or ()),
         "language": episode.get("language") or "python",
         "prompt_text": prompt_text,
+        "prompt_lead": lead,
         "max_lines": max_lines,
         "prompt_tokens": budget,
+        "finish_tokens": finish,
         "group": episode_group(episode.get("uri") or "", prompt_text),
     }
 

@@ -85,6 +85,7 @@ def _record_completion(
             "prompt_builder": "completion.prefix",
             "prefix_tokens": budget,
             "max_lines": ls.config.completion.max_lines,
+            "finish_tokens": ls.config.completion.finish_tokens,
             "prompt_tokens": completion.prompt_tokens,
             # > 0: a shorter window answered (`keystroke_prefill_tokens`); prompt_text is the whole one
             "dropped_tokens": completion.dropped_tokens,
