@@ -131,7 +131,8 @@ def leaves_open(text: str, language: str | None = None) -> bool:
     """Whether `text`, read on its own, leaves a string or a bracket open, so that inserting it
     breaks the code after it (a docstring cut off by the token budget, say).
 
-    Python (the default) knows triple-quoted strings and `#` comments; other languages get quotes,
+    Python (the default) knows triple-quoted strings and `#` comments, and a last line that opens
+    a block (`for x in xs:`) leaves that block open: it has no body. Other languages get quotes,
     backquotes and `//` comments. A closer of a bracket opened before `text` is not counted.
     Prose languages never count as open.
     """
@@ -141,6 +142,7 @@ def leaves_open(text: str, language: str | None = None) -> bool:
     comment = "#" if python else "//"
     quotes = "\"'" if python else "\"'`"
     expected: list[str] = []
+    last = ""  # the last character of code outside strings and comments; "" before any
     i, n = 0, len(text)
     while i < n:
         if text.startswith(comment, i):
@@ -151,7 +153,7 @@ def leaves_open(text: str, language: str | None = None) -> bool:
             end = text.find(text[i : i + 3], i + 3)
             if end < 0:
                 return True
-            i = end + 3
+            i, last = end + 3, text[i]
             continue
         char = text[i]
         if char in quotes:
@@ -160,14 +162,17 @@ def leaves_open(text: str, language: str | None = None) -> bool:
                 j += 2 if text[j] == "\\" else 1
             if j >= n or text[j] != char:
                 return True
-            i = j + 1
+            i, last = j + 1, char
             continue
         if char in _CLOSERS:
             expected.append(_CLOSERS[char])
         elif expected and char == expected[-1]:
             expected.pop()
+        if not char.isspace():
+            last = char
         i += 1
-    return bool(expected)
+    # A Python block header as the last line (outside brackets, so not a slice or a dict): no body.
+    return bool(expected) or (python and last == ":")
 
 
 def cut_back_to_closed(text: str, language: str | None = None) -> str:

@@ -266,6 +266,8 @@ class SquidCacheConfig:
     # Quality recovery: recompute the first tokens of each document, and/or CacheBlend's share of
     # the most-deviating tokens (0 = off). Defaults from `squidcode bench squid` (docs/benchmarks.md).
     recompute_first: int = field(default=32, metadata=_range(0, 4096))
+    # ... and the last tokens of the documents, those nearest the text after them.
+    recompute_last: int = field(default=0, metadata=_range(0, 1 << 16))
     blend_ratio: float = field(default=0.0, metadata=_range(0.0, 1.0))
     # When a request's documents differ from the last request's, first-k recovery recomputes each
     # changed document and this many after it; documents further on keep the recovery they had

@@ -43,6 +43,8 @@ BENCH_RECOVERIES = (
     Recovery(first_k=16), Recovery(first_k=32), Recovery(first_k=64),
     Recovery(blend_ratio=0.10), Recovery(blend_ratio=0.20),
     Recovery(first_k=32, blend_ratio=0.10),
+    # the last 512 tokens (at 512-token documents, the last document: the one nearest the query)
+    Recovery(last_k=512), Recovery(first_k=16, last_k=512), Recovery(first_k=32, last_k=512),
     # composed after a swap of the middle document, refreshing only it (the default), or it and
     # the next one
     Recovery(first_k=32, following=0),

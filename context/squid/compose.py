@@ -39,8 +39,10 @@ __all__ = ["ComposedContext", "Recovery", "compose", "prefill"]
 class Recovery:
     """How much of the composed context to recompute.
 
-    `first_k`: the first k tokens of every document after the first; `blend_ratio`: CacheBlend's
-    share of the most-deviating document tokens (0 = off). Both may be combined.
+    `first_k`: the first k tokens of every document after the first; `last_k`: the last k tokens
+    of the documents (those nearest the query, which it attends to most; never the first document's,
+    which follows the prefix exactly); `blend_ratio`: CacheBlend's share of the most-deviating
+    document tokens (0 = off). They may be combined.
 
     `following` applies when a composition copies documents from a previous one: first-k recovery
     recomputes each changed document and the `following` documents after it; documents further on
@@ -51,12 +53,15 @@ class Recovery:
     first_k: int = 0
     blend_ratio: float = 0.0
     following: int | None = None
+    last_k: int = 0
 
     @property
     def name(self) -> str:
         parts = [f"first{self.first_k}"] if self.first_k else []
+        parts += [f"last{self.last_k}"] if self.last_k else []
         parts += [f"blend{round(self.blend_ratio * 100)}"] if self.blend_ratio else []
-        parts += [f"next{self.following}"] if self.following is not None and self.first_k else []
+        if self.following is not None and (self.first_k or self.last_k):
+            parts.append(f"next{self.following}")
         return "squid" + "".join(f"_{p}" for p in parts)
 
 
@@ -177,7 +182,7 @@ def _recover(runtime, keys, values, token_ids, spans, recovery: Recovery,
     `_to_refresh` for which of them first-k recovery computes again).
     """
     total = sum(end - start for start, end in spans)
-    if not total or not (recovery.first_k or recovery.blend_ratio) or len(spans) < 2:
+    if not total or not (recovery.first_k or recovery.last_k or recovery.blend_ratio) or len(spans) < 2:
         return 0.0
     if not supports_recompute(runtime.model):
         return 0.0
@@ -185,10 +190,12 @@ def _recover(runtime, keys, values, token_ids, spans, recovery: Recovery,
     ids = torch.tensor(token_ids, device=device)
     n_layers = len(model.model.layers)
     work = 0
-    if recovery.first_k:
+    if recovery.first_k or recovery.last_k:
         refresh = _to_refresh(reused if reused is not None else [False] * len(spans), recovery.following)
+        # The last tokens belong to the documents they fall in, and are refreshed with them.
+        tail = spans[-1][1] - recovery.last_k if recovery.last_k else spans[-1][1]
         chosen = [p for (start, end), again in zip(spans, refresh, strict=True) if again
-                  for p in range(start, min(end, start + recovery.first_k))]
+                  for p in range(start, end) if p < start + recovery.first_k or p >= tail]
         if chosen:
             recompute_tokens(model, keys, values, ids, torch.tensor(chosen, device=device))
         work += len(chosen) * n_layers

@@ -38,8 +38,8 @@ _MIB = 1 << 20
 
 def recovery_from_config(config: SquidCacheConfig) -> Recovery:
     following = config.recompute_following
-    return Recovery(first_k=config.recompute_first, blend_ratio=config.blend_ratio,
-                    following=None if following < 0 else following)
+    return Recovery(first_k=config.recompute_first, last_k=config.recompute_last,
+                    blend_ratio=config.blend_ratio, following=None if following < 0 else following)
 
 
 @dataclass(frozen=True)

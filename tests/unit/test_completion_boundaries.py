@@ -76,6 +76,12 @@ def test_cursor_context_reads_lines_around_the_cursor():
         ("// it's\nf(1);", "javascript", False),
         ("if (x) {\n  y();", "javascript", True),
         ("It's a note (see below", "markdown", False),
+        ('"""Convert the flags."""\nfor item in fromlist:', "python", True),  # a block with no body
+        ("if x:  # why\n", "python", True),
+        ("if x:\n    y = d[1:]", "python", False),
+        ("d = {'a':", "python", True),  # open anyway: the brace
+        ("x = 'a:'", "python", False),
+        ("case 1:", "javascript", False),  # Python's rule only
     ],
 )
 def test_leaves_open(text, language, open_):

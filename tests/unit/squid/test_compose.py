@@ -87,7 +87,8 @@ def test_composed_positions_and_first_document_are_exact(runtime, prefix, docs):
 
 
 @pytest.mark.parametrize(
-    "recovery", [Recovery(first_k=10_000), Recovery(blend_ratio=1.0)], ids=["first-all", "blend-all"]
+    "recovery", [Recovery(first_k=10_000), Recovery(last_k=10_000), Recovery(blend_ratio=1.0)],
+    ids=["first-all", "last-all", "blend-all"],
 )
 def test_recomputing_every_token_equals_full_prefill(runtime, prefix, docs, recovery):
     query = runtime.encode("s = Stack()\n")
@@ -106,10 +107,28 @@ def test_partial_recovery_moves_toward_full_prefill(runtime, prefix, docs):
     query = runtime.encode("s = Stack()\n")
     _, logits = _full(runtime, list(prefix.token_ids) + [t for d in docs for t in d.token_ids] + query)
     error = {}
-    for recovery in (Recovery(), Recovery(first_k=8), Recovery(blend_ratio=0.5)):
+    for recovery in (Recovery(), Recovery(first_k=8), Recovery(last_k=8), Recovery(blend_ratio=0.5)):
         ctx = compose(runtime, prefix, docs, query, recovery=recovery)
         error[recovery.name] = float((ctx.logits[0] - logits).abs().max())
-    assert error["squid_first8"] < error["squid"] and error["squid_blend50"] < error["squid"], error
+    recovered = ("squid_first8", "squid_last8", "squid_blend50")
+    assert all(error[name] < error["squid"] for name in recovered), error
+
+
+def test_last_k_recovery_recomputes_only_the_tokens_nearest_the_query(runtime, prefix, docs):
+    plain = compose(runtime, prefix, docs)
+    tail = compose(runtime, prefix, docs, recovery=Recovery(last_k=5))
+    cut = tail.offset - 5
+    assert torch.equal(tail.keys[:, :, :cut], plain.keys[:, :, :cut])
+    assert torch.equal(tail.values[:, :, :cut], plain.values[:, :, :cut])
+    assert not torch.allclose(tail.values[-1, :, cut:], plain.values[-1, :, cut:], atol=1e-3)
+    assert tail.recomputed_fraction == pytest.approx(5 / sum(d.length for d in docs))
+    assert tail.recovery.name == "squid_last5"
+    # More than the documents hold: every document but the first, which follows the prefix exactly.
+    whole = compose(runtime, prefix, docs, recovery=Recovery(last_k=10_000))
+    first_end = whole.spans[0][1]
+    assert torch.equal(whole.keys[:, :, :first_end], plain.keys[:, :, :first_end])
+    lengths = [d.length for d in docs]
+    assert whole.recomputed_fraction == pytest.approx(sum(lengths[1:]) / sum(lengths))
 
 
 def test_generation_from_a_composed_cache_leaves_the_entries_untouched(runtime, prefix, docs):
