@@ -12,8 +12,9 @@ import pytest
 
 from agent.completion import CompletionRequest, complete
 from context.config import CompletionConfig, SquidCacheConfig
+from context.squid import Recovery
 from context.squid.references import CompletionReferences, retrieval_query, select_references
-from context.squid.service import ReferenceDocument, SquidService
+from context.squid.service import ReferenceDocument, SquidService, recovery_from_config
 
 DOC_A = ReferenceDocument("# util.py\ndef clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n",
                           source="/w/util.py")
@@ -39,6 +40,20 @@ def test_missing_documents_are_encoded_in_the_background_then_composed(service):
     assert ctx.recomputed_fraction > 0  # the configured first-4 recovery ran
     # Both were persisted by the background encoder.
     assert service.stats()["tiers"]["disk"]["entries"] == 2
+
+
+def test_the_configured_recovery_is_the_one_composed(runtime, tmp_path):
+    config = replace(CONFIG, recompute_first=0, recompute_last=5, recompute_following=-1)
+    assert recovery_from_config(config) == Recovery(last_k=5, following=None)
+    svc = SquidService(runtime, config, tmp_path)
+    try:
+        ctx = svc.context_for([DOC_A, DOC_B], wait=True)
+        # Only the last 5 tokens were recomputed: the second document's, nearest the query.
+        assert ctx.recovery.last_k == 5
+        lengths = [end - start for start, end in ctx.spans]
+        assert ctx.recomputed_fraction == pytest.approx(5 / sum(lengths))
+    finally:
+        svc.stop()
 
 
 def test_wait_encodes_in_the_request(service):
