@@ -14,15 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from context.boundary import (
-    CursorContext,
-    cursor_context,
-    cut_at_boundary,
-    cut_back_to_closed,
-    is_mid_line,
-    leaves_open,
-    opens_block,
-)
+from context.boundary import CursorContext, cursor_context, cut_at_boundary, is_mid_line, suggestion
 from context.config import CompletionConfig
 from context.errors import GenerationCancelled, SquidcodeError
 from context.runtime import ModelRuntime
@@ -164,16 +156,20 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
     if result.stop_reason == "stopped_by_caller":
         return None
     raw, new_tokens, reason = result.text, result.new_tokens, result.stop_reason
-    text = cut_at_boundary(raw, ctx, config.max_lines, truncated=reason == "length")
-    multi_line = not is_mid_line(ctx) and opens_block(ctx.line_prefix)
-    if multi_line and leaves_open(text, request.language):
-        if reason == "length" and config.finish_tokens:
-            # The budget ran out inside something the completion opened: let it close it.
-            more = _finish(runtime, prompt_ids, heal + raw, ctx, config, stop, should_stop, references)
-            if more is not None:
-                raw, new_tokens, reason = raw + more.text, new_tokens + more.new_tokens, more.stop_reason
-                text = cut_at_boundary(raw, ctx, config.max_lines, truncated=reason == "length")
-        text = cut_back_to_closed(text, request.language)
+    finished = []
+
+    def finish():
+        # The budget ran out inside something the completion opened: let it close it.
+        more = (_finish(runtime, prompt_ids, heal + raw, ctx, config, stop, should_stop, references)
+                if config.finish_tokens else None)
+        if more is None:
+            return None
+        finished.append(more)
+        return raw + more.text, more.stop_reason == "length"
+
+    text = suggestion(raw, ctx, config.max_lines, reason == "length", request.language, finish)
+    if finished:
+        new_tokens, reason = new_tokens + finished[0].new_tokens, finished[0].stop_reason
     if not text.strip():
         return None
     return Completion(

@@ -9,6 +9,7 @@ path (`agent.completion`) and the trainer, which judges its samples by the text 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "is_mid_line",
     "leaves_open",
     "opens_block",
+    "suggestion",
 ]
 
 # A line ending in one of these opens a block: the completion may continue on the following lines.
@@ -181,3 +183,22 @@ def cut_back_to_closed(text: str, language: str | None = None) -> str:
     while lines and leaves_open("\n".join(lines), language):
         lines.pop()
     return "\n".join(lines).rstrip()
+
+
+def suggestion(raw: str, ctx: CursorContext, max_lines: int, truncated: bool, language: str | None = None,
+               finish: Callable[[], tuple[str, bool] | None] | None = None) -> str:
+    """What the completion path offers of a model continuation `raw` (`truncated`: it ran out of
+    tokens). The completion path and the trainer both call it, so training scores what users see.
+
+    Cut at the boundary (`cut_at_boundary`). A multi-line suggestion that ran out of tokens inside
+    something it opened (`leaves_open`) is continued by `finish()`, which returns the longer raw
+    text and whether that ran out too (None: no more), and cut again. One still open is cut back to
+    its last line that closes everything (`cut_back_to_closed`).
+    """
+    text = cut_at_boundary(raw, ctx, max_lines, truncated=truncated)
+    if is_mid_line(ctx) or not opens_block(ctx.line_prefix) or not leaves_open(text, language):
+        return text
+    more = finish() if truncated and finish is not None else None
+    if more is not None:
+        text = cut_at_boundary(more[0], ctx, max_lines, truncated=more[1])
+    return cut_back_to_closed(text, language)

@@ -10,14 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from context.boundary import (
-    cursor_context,
-    cut_at_boundary,
-    cut_back_to_closed,
-    is_mid_line,
-    leaves_open,
-    opens_block,
-)
+from context.boundary import cursor_context, is_mid_line, opens_block, suggestion
 from context.loading import model_loading
 
 from .logprobs import token_logprobs
@@ -32,7 +25,6 @@ __all__ = [
     "completion_prompt",
     "sample_example",
     "sample_group",
-    "shown_completion",
 ]
 
 
@@ -100,9 +92,9 @@ def completion_prompt(tokenizer, example) -> tuple[torch.Tensor, str]:
 def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: int,
                    max_new_tokens: int, temperature: float) -> SampledGroup:
     """`sample_group` for a training example. A completion's samples are generated and cut as the
-    completion path does it (`completion_prompt`, `shown_completion`), so the reward judges what a
-    user would have seen; their tokens past it are masked out of the loss. Each text starts with
-    the example's `prompt_lead`, as its `kept_text` does."""
+    completion path does it (`completion_prompt`, `context.boundary.suggestion`), so the reward
+    judges what a user would have seen; their tokens past it are masked out of the loss. Each text
+    starts with the example's `prompt_lead`, as its `kept_text` does."""
     if example.prompt_text is None:
         return sample_group(model, tokenizer, prompt, group_size, max_new_tokens, temperature)
     _, heal = completion_prompt(tokenizer, example)
@@ -118,10 +110,7 @@ def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: 
         ids = group.completions[row, :length].tolist()
         first_eos = next((i for i, token in enumerate(ids) if token in eos), None)
         generated = tokenizer.decode(ids, skip_special_tokens=True)[len(heal):]
-        shown = shown_completion(
-            lambda count, ids=ids: tokenizer.decode(ids[:count], skip_special_tokens=True)[len(heal):],
-            first_eos, max_new_tokens, finish, ctx, example.max_lines, example.language,
-        )
+        shown = _shown(tokenizer, ids, first_eos, heal, max_new_tokens, finish, ctx, example)
         # The text after `prompt_text`: the lead, then what the completion path would insert.
         texts.append(lead + shown)
         end = len(heal) + (generated.find(shown) + len(shown) if shown else 0)
@@ -129,25 +118,22 @@ def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: 
     return SampledGroup(group.prompt, group.completions, group.mask, texts)
 
 
-def shown_completion(decode, first_eos: int | None, budget: int, finish: int, ctx, max_lines: int,
-                     language: str | None) -> str:
-    """The suggestion the completion path makes of one sampled continuation (`agent.completion`).
+def _shown(tokenizer, ids: list[int], first_eos: int | None, heal: str, budget: int, finish: int,
+           ctx, example) -> str:
+    """The suggestion the completion path would have made of one sampled row (`ids`, its first
+    end-of-sequence token at `first_eos`): its first `budget` tokens, `finish` more when it ran
+    out inside something it opened."""
 
-    `decode(n)` is the text of its first n tokens; `first_eos` the index of its end-of-sequence
-    token (None: it has none). Cut at the boundary after `budget` tokens; a multi-line suggestion
-    that ran out of tokens inside something it opened is cut again after `budget + finish`, and one
-    still open is cut back to its last line that closes everything.
-    """
+    def text(count: int) -> str:
+        return tokenizer.decode(ids[:count], skip_special_tokens=True)[len(heal):]
+
+    def more() -> tuple[str, bool]:
+        total = budget + finish
+        return text(total), first_eos is None or first_eos >= total
+
     ran_out = first_eos is None or first_eos >= budget
-    shown = cut_at_boundary(decode(budget), ctx, max_lines, truncated=ran_out)
-    multi_line = not is_mid_line(ctx) and opens_block(ctx.line_prefix)
-    if multi_line and leaves_open(shown, language):
-        if ran_out and finish:
-            total = budget + finish
-            shown = cut_at_boundary(decode(total), ctx, max_lines,
-                                    truncated=first_eos is None or first_eos >= total)
-        shown = cut_back_to_closed(shown, language)
-    return shown
+    return suggestion(text(budget), ctx, example.max_lines, ran_out, example.language,
+                      more if finish else None)
 
 
 def _tokens_covering(tokenizer, ids: list[int], end: int) -> int:
