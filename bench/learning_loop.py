@@ -1,7 +1,7 @@
 """squidcode's learning loop end to end, with a simulated user: does the assistant get better?
 
     python bench/learning_loop.py            # the short version (`./dev demo` runs it): ~5 minutes
-    python bench/learning_loop.py --full     # the measurement: 3 rounds, ~45 minutes on 2 cores
+    python bench/learning_loop.py --full     # the measurement: 3 rounds, ~55 minutes on 2 cores
 
 Everything runs as the product runs it. `squidcode serve` is started as a subprocess on a copy of
 a few standard-library modules (`bench/simulated_user.py`), and a pygls client drives it over LSP.

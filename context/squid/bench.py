@@ -220,11 +220,12 @@ class _Bench:
             out.append(ids[start : start + _QUERY_TOKENS])
         return out
 
-    def _forced(self, cache, query: list[int], cont: list[int], start: int) -> torch.Tensor:
-        """Teacher-forced next-token logits [len(cont), vocab] after `query` on `cache` (extended)."""
+    def _forced(self, cache, query: list[int], cont: list[int], start: int, mask=None) -> torch.Tensor:
+        """Teacher-forced next-token logits [len(cont), vocab] after `query` on `cache` (extended);
+        `mask`: an additive [1, 1, q, start + q] attention mask in place of the causal one."""
         out = self.rt.model(input_ids=torch.tensor([query + cont[:-1]], device=self.rt.device),
                             position_ids=torch.arange(start, start + len(query) + len(cont) - 1)[None],
-                            cache=cache, use_cache=True)
+                            cache=cache, use_cache=True, attention_mask=mask)
         return out.logits[0, len(query) - 1 :].float()
 
     def _continuation(self, keys, values, query: list[int], start: int) -> list[int]:
@@ -257,13 +258,19 @@ class _Bench:
                 ref = self._forced(build_cache(self.rt.model.config, *ref_kv), query, cont, len(ids))
                 ref_logp = torch.log_softmax(ref, -1)
                 for name, (keys, values) in contexts.items():
+                    mask = self._attention_mask(dict(variants)[name], len(query) + len(cont) - 1, len(ids))
                     got = torch.log_softmax(self._forced(build_cache(self.rt.model.config, keys, values),
-                                                         query, cont, len(ids)), -1)
+                                                         query, cont, len(ids), mask), -1)
                     scores[name]["agree"].append(float((got.argmax(-1) == ref.argmax(-1)).float().mean()))
                     kl = (ref_logp.exp() * (ref_logp - got)).sum(-1).mean()
                     scores[name]["kl"].append(float(kl))
         return {n: {"top1_agreement": statistics.mean(v["agree"]), "mean_kl": statistics.mean(v["kl"]),
                     "queries": len(v["agree"])} for n, v in scores.items()}
+
+    def _attention_mask(self, make, length: int, start: int):
+        """The attention mask a variant's teacher-forced tokens use; None: the model's causal one.
+        (Experiments override it: `bench/bench_squid_temperature.py`.)"""
+        return None
 
     def _variant_context(self, make, docs, ref_kv):
         if make == "full":
