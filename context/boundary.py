@@ -16,7 +16,6 @@ __all__ = [
     "CursorContext",
     "cursor_context",
     "cut_at_boundary",
-    "cut_back_to_closed",
     "is_mid_line",
     "leaves_open",
     "opens_block",
@@ -177,7 +176,7 @@ def leaves_open(text: str, language: str | None = None) -> bool:
     return bool(expected) or (python and last == ":")
 
 
-def cut_back_to_closed(text: str, language: str | None = None) -> str:
+def _cut_back_to_closed(text: str, language: str | None = None) -> str:
     """`text` without its last lines, as few as leave nothing open; "" when no line does."""
     lines = text.split("\n")
     while lines and leaves_open("\n".join(lines), language):
@@ -193,7 +192,7 @@ def suggestion(raw: str, ctx: CursorContext, max_lines: int, truncated: bool, la
     Cut at the boundary (`cut_at_boundary`). A multi-line suggestion that ran out of tokens inside
     something it opened (`leaves_open`) is continued by `finish()`, which returns the longer raw
     text and whether that ran out too (None: no more), and cut again. One still open is cut back to
-    its last line that closes everything (`cut_back_to_closed`).
+    its last line that closes everything.
     """
     text = cut_at_boundary(raw, ctx, max_lines, truncated=truncated)
     if is_mid_line(ctx) or not opens_block(ctx.line_prefix) or not leaves_open(text, language):
@@ -201,4 +200,4 @@ def suggestion(raw: str, ctx: CursorContext, max_lines: int, truncated: bool, la
     more = finish() if truncated and finish is not None else None
     if more is not None:
         text = cut_at_boundary(more[0], ctx, max_lines, truncated=more[1])
-    return cut_back_to_closed(text, language)
+    return _cut_back_to_closed(text, language)
