@@ -16,7 +16,23 @@ import torch
 from .decode import DecodeEngine, KVCache
 from .lookup import DraftLengths, PromptLookup
 
-__all__ = ["Emitted", "SequenceLoop", "earliest_stop", "emit", "pick_token", "run_batch", "sample_rows"]
+__all__ = [
+    "Emitted",
+    "SequenceLoop",
+    "earliest_stop",
+    "emit",
+    "healing_tokens",
+    "pick_token",
+    "run_batch",
+    "sample_rows",
+]
+
+
+def healing_tokens(token_texts: list[str], remaining: str) -> list[int]:
+    """Token healing: the ids whose text agrees with `remaining`, the text still to regenerate
+    (it starts with the token's text, or the token's text starts with it)."""
+    return [i for i, text in enumerate(token_texts)
+            if text and (text.startswith(remaining) or remaining.startswith(text))]
 
 
 def pick_token(logits: torch.Tensor, temperature: float, top_p: float, generator) -> int:

@@ -359,11 +359,9 @@ class ModelRuntime:
             return cached
         if len(self._healing_masks) > 64:
             self._healing_masks.clear()
-        texts = self.token_texts()
-        allowed = [
-            i for i, t in enumerate(texts[:vocab_size])
-            if t and (t.startswith(remaining) or remaining.startswith(t))
-        ]
+        from .generation import healing_tokens
+
+        allowed = healing_tokens(self.token_texts()[:vocab_size], remaining)
         mask = torch.full((vocab_size,), float("-inf"), device=self.device)
         mask[allowed] = 0.0
         self._healing_masks[(remaining, vocab_size)] = mask

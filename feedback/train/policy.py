@@ -6,11 +6,13 @@ one copy of the weights.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
 
 from context.boundary import cursor_context, is_mid_line, opens_block, suggestion
+from context.generation import healing_tokens
 from context.loading import model_loading
 
 from .logprobs import token_logprobs
@@ -199,26 +201,28 @@ def sample_group(
 
 
 class _Healing:
-    """A logits processor for token healing (`context.runtime` does the same in its loop): while a
-    row's new text is shorter than `heal`, only tokens that agree with the rest of it are allowed."""
+    """A logits processor for token healing, as the runtime's own loop does it: while a row's new
+    text is shorter than `heal`, only tokens that agree with the rest of it are allowed."""
 
-    _texts: dict[int, list[str]] = {}  # every token's text, per tokenizer
+    _texts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # every token's text, per tokenizer
 
     def __init__(self, tokenizer, heal: str, prompt_length: int):
         self.tokenizer, self.heal, self.prompt_length = tokenizer, heal, prompt_length
-        texts = self._texts.get(id(tokenizer))
+        texts = self._texts.get(tokenizer)
         if texts is None:
-            texts = self._texts[id(tokenizer)] = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+            texts = self._texts[tokenizer] = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
         self.texts = texts
+        self.allowed: dict[tuple[str, int], list[int]] = {}  # rows share them: one scan per text
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         for row in range(input_ids.shape[0]):
             done = self.tokenizer.decode(input_ids[row, self.prompt_length:].tolist())
             if len(done) >= len(self.heal):
                 continue
-            remaining = self.heal[len(done):]
-            allowed = [i for i, t in enumerate(self.texts[: scores.shape[-1]])
-                       if t and (t.startswith(remaining) or remaining.startswith(t))]
+            key = (self.heal[len(done):], scores.shape[-1])
+            if key not in self.allowed:
+                self.allowed[key] = healing_tokens(self.texts[: key[1]], key[0])
+            allowed = self.allowed[key]
             masked = torch.full_like(scores[row], float("-inf"))
             masked[allowed] = scores[row, allowed]
             scores[row] = masked
