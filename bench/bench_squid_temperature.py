@@ -111,15 +111,17 @@ def _recovery(name: str):
     """A `Recovery` from its name: none, first32, last512 or first16+last512."""
     from context.squid.compose import Recovery
 
-    first = last = 0
+    first = last = window = sinks = 0
     for part in name.split("+"):
         if part.startswith("first"):
             first = int(part[5:])
         elif part.startswith("last"):
             last = int(part[4:])
+        elif part.startswith("w"):
+            window, sinks = (int(x) for x in part[1:].split("s"))
         elif part != "none":
             raise SystemExit(f"unknown recovery {part!r}: none, firstK, lastK or firstK+lastK")
-    return Recovery(first_k=first, last_k=last)
+    return Recovery(first_k=first, last_k=last, window=window, sinks=sinks)
 
 
 if __name__ == "__main__":

@@ -268,6 +268,10 @@ class SquidCacheConfig:
     recompute_first: int = field(default=32, metadata=_range(0, 4096))
     # ... and the last tokens of the documents, those nearest the text after them.
     recompute_last: int = field(default=0, metadata=_range(0, 1 << 16))
+    # While recomputed, those tokens attend to the prefix, each document's first `recompute_sinks`
+    # tokens and the `recompute_window` positions before them (0: to everything before them).
+    recompute_window: int = field(default=0, metadata=_range(0, 1 << 20))
+    recompute_sinks: int = field(default=4, metadata=_range(0, 4096))
     blend_ratio: float = field(default=0.0, metadata=_range(0.0, 1.0))
     # When a request's documents differ from the last request's, first-k recovery recomputes each
     # changed document and this many after it; documents further on keep the recovery they had

@@ -97,6 +97,22 @@ def rope_shift_reference(
     angles = _shift_angles(delta, inv_freq.to(keys.device), batch, seq)
     cos = angles.cos().to(torch.float32)  # [b, 1, seq, half]
     sin = angles.sin().to(torch.float32)
+    separate = out is None or (out.dtype == torch.float32
+                               and out.untyped_storage().data_ptr() != keys.untyped_storage().data_ptr())
+    if layout == "rotate_half" and keys.dtype == torch.float32 and separate:
+        # Written straight into `out`, half by half, with no temporaries: on the CPU the shift is
+        # bound by memory traffic, and composing a request moves every document's keys.
+        if out is None:
+            out = torch.empty_like(keys)
+        x1, x2 = keys[..., :half], keys[..., half:rot]
+        o1, o2 = out[..., :half], out[..., half:rot]
+        torch.mul(x1, cos, out=o1)
+        o1.addcmul_(x2, sin, value=-1)
+        torch.mul(x2, cos, out=o2)
+        o2.addcmul_(x1, sin)
+        if rot < head_dim:
+            out[..., rot:] = keys[..., rot:]
+        return out
     x = keys[..., :rot].to(torch.float32)  # [batch, kv_heads, seq, rot]
     if layout == "rotate_half":
         x1, x2 = x[..., :half], x[..., half:]

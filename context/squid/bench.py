@@ -45,6 +45,9 @@ BENCH_RECOVERIES = (
     Recovery(first_k=32, blend_ratio=0.10),
     # the last 512 tokens (at 512-token documents, the last document: the one nearest the query)
     Recovery(last_k=512), Recovery(first_k=16, last_k=512), Recovery(first_k=32, last_k=512),
+    # the same, attending while recomputed to the prefix, 16 sinks per document and a window
+    Recovery(first_k=32, last_k=512, window=1024, sinks=16),
+    Recovery(first_k=32, last_k=512, window=512, sinks=16),
     # composed after a swap of the middle document, refreshing only it (the default), or it and
     # the next one
     Recovery(first_k=32, following=0),

@@ -44,6 +44,11 @@ class Recovery:
     which follows the prefix exactly); `blend_ratio`: CacheBlend's share of the most-deviating
     document tokens (0 = off). They may be combined.
 
+    `window` (0 = off) narrows what first-k and last-k tokens attend to while they are recomputed:
+    the prefix, the first `sinks` tokens of each document before them and the `window` positions
+    just before them. Their attention, most of a recompute's cost at a few thousand positions, then
+    costs in proportion to the window, not to the whole context.
+
     `following` applies when a composition copies documents from a previous one: first-k recovery
     recomputes each changed document and the `following` documents after it; documents further on
     keep the recovery they had, made with the old document in front of them (None: every document
@@ -54,12 +59,15 @@ class Recovery:
     blend_ratio: float = 0.0
     following: int | None = None
     last_k: int = 0
+    window: int = 0
+    sinks: int = 0
 
     @property
     def name(self) -> str:
         parts = [f"first{self.first_k}"] if self.first_k else []
         parts += [f"last{self.last_k}"] if self.last_k else []
         parts += [f"blend{round(self.blend_ratio * 100)}"] if self.blend_ratio else []
+        parts += [f"w{self.window}s{self.sinks}"] if self.window else []
         if self.following is not None and (self.first_k or self.last_k):
             parts.append(f"next{self.following}")
         return "squid" + "".join(f"_{p}" for p in parts)
@@ -146,19 +154,13 @@ def _concatenate(runtime, prefix: PrefixKV, documents: list[DocumentKV], recover
             start, end = spans[i]
             keys[:, :, start:end] = previous.keys[:, :, start:end]
             values[:, :, start:end] = previous.values[:, :, start:end]
-    if moved:
-        doc_keys = torch.cat([documents[i].keys.to(device) for i in moved], dim=2)  # [layers, kv, S', hd]
-        deltas = torch.cat([torch.full((documents[i].length,), spans[i][0] - documents[i].start,
-                                       dtype=torch.long) for i in moved])
-        inv_freq = runtime.model.model.rotary_emb.inv_freq
-        # Layers play the batch dimension: one call moves every document by its own delta.
-        shifted = rope_shift(doc_keys, deltas.to(device), inv_freq, layout=_rotary_layout(runtime.model))
-        at = 0
-        for i in moved:
-            start, end = spans[i]
-            keys[:, :, start:end] = shifted[:, :, at : at + end - start]
-            values[:, :, start:end] = documents[i].values.to(device)
-            at += end - start
+    inv_freq = runtime.model.model.rotary_emb.inv_freq
+    for i in moved:
+        # Layers play the batch dimension; each document moves by its own delta, straight into place.
+        start, end = spans[i]
+        rope_shift(documents[i].keys.to(device), start - documents[i].start, inv_freq,
+                   layout=_rotary_layout(runtime.model), out=keys[:, :, start:end])
+        values[:, :, start:end] = documents[i].values.to(device)
     token_ids = prefix.token_ids + tuple(t for d in documents for t in d.token_ids)
     return keys, values, token_ids, tuple(spans), reused
 
@@ -172,6 +174,27 @@ def _to_refresh(reused: list[bool], following: int | None) -> list[bool]:
         since = 0 if not same else None if since is None else since + 1
         out.append(since is not None and (following is None or since <= following))
     return [False] + out[1:] if out else out
+
+
+def _runs(positions: list[int]) -> list[list[int]]:
+    """Sorted positions split into runs of consecutive ones."""
+    runs: list[list[int]] = []
+    for p in positions:
+        if runs and runs[-1][-1] == p - 1:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    return runs
+
+
+def _visible(spans, start: int, recovery: Recovery, device) -> torch.Tensor:
+    """What a run of recomputed tokens from `start` on attends to under `recovery.window`: the
+    prefix, each earlier document's first `sinks` tokens and the `window` positions before `start`
+    (besides the run itself)."""
+    cols = set(range(spans[0][0]))
+    cols.update(p for s, e in spans if s < start for p in range(s, min(e, s + recovery.sinks, start)))
+    cols.update(range(max(0, start - recovery.window), start))
+    return torch.tensor(sorted(cols), dtype=torch.long, device=device)
 
 
 def _recover(runtime, keys, values, token_ids, spans, recovery: Recovery,
@@ -197,7 +220,10 @@ def _recover(runtime, keys, values, token_ids, spans, recovery: Recovery,
         chosen = [p for (start, end), again in zip(spans, refresh, strict=True) if again
                   for p in range(start, end) if p < start + recovery.first_k or p >= tail]
         if chosen:
-            recompute_tokens(model, keys, values, ids, torch.tensor(chosen, device=device))
+            groups = None
+            if recovery.window:
+                groups = [(len(run), _visible(spans, run[0], recovery, device)) for run in _runs(chosen)]
+            recompute_tokens(model, keys, values, ids, torch.tensor(chosen, device=device), groups=groups)
         work += len(chosen) * n_layers
     if recovery.blend_ratio:
         candidates = torch.tensor([p for start, end in spans[1:] for p in range(start, end)], device=device)

@@ -54,16 +54,47 @@ def _project_kv(layer, hidden, cos, sin):
     return q, k, v
 
 
-def _layer_step(layer, hidden, q, keys_l, values_l, mask):
-    """The rest of one decoder layer for the chosen tokens, given their fresh query."""
+def _layer_step(layer, hidden, q, keys_l, values_l, plan):
+    """The rest of one decoder layer for the chosen tokens, given their fresh query.
+
+    `plan`: (first row, end row, columns, mask) per group of chosen tokens; each group attends to
+    its own columns of the layer's `keys_l`/`values_l` [kv_heads, S, head_dim].
+    """
     attn = layer.self_attn
-    # [1, heads, m, head_dim] against [1, kv_heads, S, head_dim]; GQA repeats the KV heads.
-    out = F.scaled_dot_product_attention(
-        q, keys_l[None], values_l[None], attn_mask=mask, scale=attn.scaling, enable_gqa=True
-    )
+    outs = []
+    for first, end, columns, mask in plan:
+        # [1, heads, m, head_dim] against [1, kv_heads, n, head_dim]; GQA repeats the KV heads.
+        outs.append(F.scaled_dot_product_attention(
+            q[:, :, first:end], keys_l[:, columns][None], values_l[:, columns][None], attn_mask=mask,
+            scale=attn.scaling, enable_gqa=True))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
     out = attn.o_proj(out.transpose(1, 2).reshape(*hidden.shape[:-1], -1))
     hidden = hidden + out
     return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+
+def _plan(selected: torch.Tensor, groups) -> list:
+    """Per group of chosen tokens: its rows, the columns it attends to and its causal mask."""
+    if groups is None:
+        # A chosen token at position p sees every context position <= p: none sees past the last one.
+        seen = int(selected[-1]) + 1
+        return [(0, len(selected), slice(0, seen),
+                 torch.arange(seen, device=selected.device)[None, :] <= selected[:, None])]
+    plan, first = [], 0
+    for rows, columns in groups:
+        mine = selected[first : first + rows]
+        seen = int(mine[-1]) + 1
+        if columns is None:
+            at = slice(0, seen)
+            mask = torch.arange(seen, device=selected.device)[None, :] <= mine[:, None]
+        else:
+            at = torch.unique(torch.cat([columns[columns < seen], mine]))  # sorted
+            mask = at[None, :] <= mine[:, None]
+        plan.append((first, first + rows, at, mask))
+        first += rows
+    if first != len(selected):
+        raise ValueError(f"groups cover {first} of {len(selected)} chosen tokens")
+    return plan
 
 
 def recompute_tokens(
@@ -76,6 +107,7 @@ def recompute_tokens(
     first_layer: int = 0,
     hidden: torch.Tensor | None = None,
     last_layer: int | None = None,
+    groups: list[tuple[int, torch.Tensor | None]] | None = None,
 ) -> torch.Tensor:
     """Recompute the `selected` positions (sorted [m] indices into the context) in place.
 
@@ -83,6 +115,11 @@ def recompute_tokens(
     `token_ids` [S] its tokens. Layers `first_layer` to `last_layer` (exclusive; default all) run,
     starting from `hidden` [1, m, d] (default: the token embeddings). Returns the hidden states
     after the last layer run.
+
+    `groups` (default: one group, attending to everything before it): consecutive groups of the
+    chosen tokens as (how many, columns), each attending to its sorted `columns` of the context
+    besides itself (None: every position before it). The projections and MLPs run on all chosen
+    tokens at once; attention costs in proportion to each group's columns.
     """
     layers = model.model.layers
     last_layer = len(layers) if last_layer is None else last_layer
@@ -90,15 +127,13 @@ def recompute_tokens(
     if hidden is None:
         hidden = model.model.embed_tokens(token_ids[selected][None])  # [1, m, d]
     cos, sin = model.model.rotary_emb(hidden, position_ids=positions)
-    # A chosen token at position p sees every context position <= p: none sees past the last one.
-    seen = int(selected[-1]) + 1
-    mask = torch.arange(seen, device=keys.device)[None, :] <= selected[:, None]  # [m, seen]
+    plan = _plan(selected, groups)
     for index in range(first_layer, last_layer):
         layer = layers[index]
         q, k, v = _project_kv(layer, hidden, cos, sin)
         keys[index][:, selected] = k[0].to(keys.dtype)
         values[index][:, selected] = v[0].to(values.dtype)
-        hidden = _layer_step(layer, hidden, q, keys[index][:, :seen], values[index][:, :seen], mask)
+        hidden = _layer_step(layer, hidden, q, keys[index], values[index], plan)
     return hidden
 
 

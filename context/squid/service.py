@@ -39,7 +39,9 @@ _MIB = 1 << 20
 def recovery_from_config(config: SquidCacheConfig) -> Recovery:
     following = config.recompute_following
     return Recovery(first_k=config.recompute_first, last_k=config.recompute_last,
-                    blend_ratio=config.blend_ratio, following=None if following < 0 else following)
+                    blend_ratio=config.blend_ratio, following=None if following < 0 else following,
+                    window=config.recompute_window,
+                    sinks=config.recompute_sinks if config.recompute_window else 0)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,20 @@ def test_per_document_deltas_in_one_call_and_in_place():
     torch.testing.assert_close(cached, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_shift_into_a_slice_of_a_larger_tensor_writes_only_that_slice():
+    # Composition shifts each document straight into its span of the composed keys.
+    inv_freq = _inv_freq(64)
+    raw = torch.randn(3, 2, 7, 64)
+    cached = _rotate(raw, torch.arange(7), inv_freq, "rotate_half")
+    composed = torch.zeros(3, 2, 20, 64)
+    got = rope_shift(cached, 9, inv_freq, out=composed[:, :, 9:16])
+    expected = _rotate(raw, torch.arange(9, 16), inv_freq, "rotate_half")
+    torch.testing.assert_close(composed[:, :, 9:16], expected, rtol=1e-5, atol=1e-5)
+    assert got.data_ptr() == composed[:, :, 9:16].data_ptr()
+    assert not composed[:, :, :9].any() and not composed[:, :, 16:].any()
+    torch.testing.assert_close(got, rope_shift(cached.double(), 9, inv_freq).float(), rtol=1e-6, atol=1e-6)
+
+
 def test_partial_rotary_leaves_the_other_channels_alone():
     inv_freq = _inv_freq(32)  # 32 of 64 channels rotate
     keys = torch.randn(1, 2, 9, 64)

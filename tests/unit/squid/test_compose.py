@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -131,6 +133,46 @@ def test_last_k_recovery_recomputes_only_the_tokens_nearest_the_query(runtime, p
     assert whole.recomputed_fraction == pytest.approx(sum(lengths[1:]) / sum(lengths))
 
 
+def test_a_window_that_covers_everything_changes_nothing(runtime, prefix, docs):
+    for recovery in (Recovery(first_k=6), Recovery(last_k=12), Recovery(first_k=4, last_k=12)):
+        whole = compose(runtime, prefix, docs, recovery=recovery)
+        wide = compose(runtime, prefix, docs, recovery=replace(recovery, window=10_000))
+        assert torch.allclose(wide.keys, whole.keys, atol=ATOL) and torch.allclose(wide.values, whole.values,
+                                                                                   atol=ATOL)
+        assert wide.recomputed_fraction == whole.recomputed_fraction
+
+
+def _poked(entry, at: int):
+    """`entry` (the prefix or a document) with the keys and values of its token `at` changed."""
+    keys, values = entry.keys.clone(), entry.values.clone()
+    keys[:, :, at] += 1.0
+    values[:, :, at] -= 1.0
+    return replace(entry, keys=keys, values=values)
+
+
+def test_windowed_recovery_attends_only_to_the_prefix_the_sinks_and_the_window(runtime, prefix, docs):
+    # The last document is recomputed attending to the prefix, each document's first 2 tokens and
+    # the 4 positions before it: a change anywhere else before it leaves it as it was.
+    recovery = Recovery(last_k=docs[-1].length, window=4, sinks=2)
+    assert recovery.name == f"squid_last{docs[-1].length}_w4s2"
+    middle = docs[1]
+    assert middle.length > 8
+
+    def last(prefix_, docs_):
+        ctx = compose(runtime, prefix_, docs_, recovery=recovery)
+        return ctx.keys[:, :, ctx.spans[-1][0] :], ctx.values[:, :, ctx.spans[-1][0] :]
+
+    untouched = last(prefix, docs)
+    plain = compose(runtime, prefix, docs)
+    assert not torch.allclose(untouched[1], plain.values[:, :, plain.spans[-1][0] :], atol=1e-3)  # recomputed
+    unseen = last(prefix, [docs[0], _poked(middle, 3), docs[2]])  # neither a sink nor in the window
+    assert all(torch.equal(a, b) for a, b in zip(unseen, untouched, strict=True))
+    for changed in (last(_poked(prefix, prefix.length - 1), docs),  # the prefix
+                    last(prefix, [docs[0], _poked(middle, 1), docs[2]]),  # a sink
+                    last(prefix, [docs[0], _poked(middle, middle.length - 2), docs[2]])):  # the window
+        assert not torch.allclose(changed[1], untouched[1], atol=1e-4)
+
+
 def test_generation_from_a_composed_cache_leaves_the_entries_untouched(runtime, prefix, docs):
     before = [(d.keys.clone(), d.values.clone()) for d in docs]
     prefix_keys = prefix.keys.clone()
@@ -197,8 +239,8 @@ def test_a_swap_refreshes_the_changed_document_and_following_ones_and_keeps_the_
     again = compose(runtime, prefix, after, recovery=recovery, previous=before)
     fresh = compose(runtime, prefix, after, recovery=Recovery(first_k=6))
     end_refreshed, start_kept = again.spans[1 + following][1], again.spans[2 + following][0]
-    assert torch.allclose(again.keys[:, :, :end_refreshed], fresh.keys[:, :, :end_refreshed], atol=1e-5)
-    assert torch.allclose(again.values[:, :, :end_refreshed], fresh.values[:, :, :end_refreshed], atol=1e-5)
+    assert torch.allclose(again.keys[:, :, :end_refreshed], fresh.keys[:, :, :end_refreshed], atol=ATOL)
+    assert torch.allclose(again.values[:, :, :end_refreshed], fresh.values[:, :, :end_refreshed], atol=ATOL)
     assert torch.equal(again.keys[:, :, start_kept:], before.keys[:, :, start_kept:])
     assert torch.equal(again.values[:, :, start_kept:], before.values[:, :, start_kept:])
     start_last, end_last = again.spans[3]

@@ -45,6 +45,8 @@ def test_missing_documents_are_encoded_in_the_background_then_composed(service):
 def test_the_configured_recovery_is_the_one_composed(runtime, tmp_path):
     config = replace(CONFIG, recompute_first=0, recompute_last=5, recompute_following=-1)
     assert recovery_from_config(config) == Recovery(last_k=5, following=None)
+    windowed = replace(config, recompute_window=512, recompute_sinks=8)
+    assert recovery_from_config(windowed) == Recovery(last_k=5, following=None, window=512, sinks=8)
     svc = SquidService(runtime, config, tmp_path)
     try:
         ctx = svc.context_for([DOC_A, DOC_B], wait=True)
