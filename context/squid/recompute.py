@@ -75,16 +75,12 @@ def _layer_step(layer, hidden, q, keys_l, values_l, plan):
 
 def _plan(selected: torch.Tensor, groups) -> list:
     """Per group of chosen tokens: its rows, the columns it attends to and its causal mask."""
-    if groups is None:
-        # A chosen token at position p sees every context position <= p: none sees past the last one.
-        seen = int(selected[-1]) + 1
-        return [(0, len(selected), slice(0, seen),
-                 torch.arange(seen, device=selected.device)[None, :] <= selected[:, None])]
     plan, first = [], 0
-    for rows, columns in groups:
+    for rows, columns in groups or [(len(selected), None)]:
         mine = selected[first : first + rows]
         seen = int(mine[-1]) + 1
         if columns is None:
+            # A chosen token at position p sees every context position <= p: none past the last one.
             at = slice(0, seen)
             mask = torch.arange(seen, device=selected.device)[None, :] <= mine[:, None]
         else:
