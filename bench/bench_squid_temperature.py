@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperatures", default="1,0.95,0.9,0.85,0.8")
     parser.add_argument("--shares", default="1", help="APE's share factors S (1 = none)")
     parser.add_argument("--recoveries", default="none,first32",
-                        help="none, firstK, lastK or firstK+lastK, comma-separated")
+                        help="none, firstK, lastK or wWsS (window, sinks), joined by +, comma-separated")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", action="store_true")
@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _recovery(name: str):
-    """A `Recovery` from its name: none, first32, last512 or first16+last512."""
+    """A `Recovery` from its name: none, first32, last512, first16+last512 or first32+last512+w1024s16
+    (a 1,024-position window with 16 sinks per document)."""
     from context.squid.compose import Recovery
 
     first = last = window = sinks = 0
@@ -120,7 +121,7 @@ def _recovery(name: str):
         elif part.startswith("w"):
             window, sinks = (int(x) for x in part[1:].split("s"))
         elif part != "none":
-            raise SystemExit(f"unknown recovery {part!r}: none, firstK, lastK or firstK+lastK")
+            raise SystemExit(f"unknown recovery {part!r}: none, firstK, lastK, wWsS, joined by +")
     return Recovery(first_k=first, last_k=last, window=window, sinks=sinks)
 
 
