@@ -35,6 +35,7 @@ from .config import ModelConfig, default_cache_dir
 from .errors import GenerationCancelled, ModelLoadError, ModelNotFoundError
 from .foreground import foreground, foreground_busy
 from .loading import file_lock, model_loading
+from .progress import progress
 
 __all__ = [
     "EMBEDDED_MODEL_NAME",
@@ -168,40 +169,52 @@ def conversion_lock_for(target: Path) -> Path:
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
     """Dequantize a GGUF model into a transformers directory at `target`, atomically."""
-    import safetensors.torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("converting %s once into %s (later starts skip this)", gguf.name, target)
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        state = {k: v.contiguous() for k, v in model.state_dict().items()}
-        if model.config.tie_word_embeddings:
-            # Shared storage cannot be saved twice; from_pretrained re-ties it on load.
-            state.pop("lm_head.weight", None)
-        safetensors.torch.save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        model.config.save_pretrained(str(tmp))
-        model.generation_config.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
-        config_path = tmp / "config.json"
-        config = json.loads(config_path.read_text())
-        # The weights are dequantized now; a leftover gguf quantization_config makes trainers
-        # refuse the model as quantized.
-        config.pop("quantization_config", None)
-        config_path.write_text(json.dumps(config, indent=2))
-        manifest = {
-            "format": CACHE_FORMAT,
-            "source": str(gguf),
-            "files": {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()},
-        }
-        (tmp / CACHE_MANIFEST).write_text(json.dumps(manifest, indent=2))
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    # ~20 s on two cores, once: say what is happening (stderr; stdout may be the LSP stream).
+    with progress(3, f"converting {gguf.name} (once; later starts skip this)", unit="stages") as shown:
+        try:
+            shown.update(0, stage="tokenizer")
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            shown.update(1, stage="dequantizing the weights")
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            shown.update(1, stage="saving")
+            _save_converted(model, tokenizer, gguf, tmp)
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(tmp, target)
+            shown.update(1, stage=None)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save_converted(model, tokenizer, gguf: Path, tmp: Path) -> None:
+    """Write the dequantized model, its configs and tokenizer, and the manifest into `tmp`."""
+    import safetensors.torch
+
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        # Shared storage cannot be saved twice; from_pretrained re-ties it on load.
+        state.pop("lm_head.weight", None)
+    safetensors.torch.save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    model.config.save_pretrained(str(tmp))
+    model.generation_config.save_pretrained(str(tmp))
+    tokenizer.save_pretrained(str(tmp))
+    config_path = tmp / "config.json"
+    config = json.loads(config_path.read_text())
+    # The weights are dequantized now; a leftover gguf quantization_config makes trainers
+    # refuse the model as quantized.
+    config.pop("quantization_config", None)
+    config_path.write_text(json.dumps(config, indent=2))
+    manifest = {
+        "format": CACHE_FORMAT,
+        "source": str(gguf),
+        "files": {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()},
+    }
+    (tmp / CACHE_MANIFEST).write_text(json.dumps(manifest, indent=2))
 
 
 def _unreadable_model_errors() -> tuple[type[Exception], ...]:

@@ -13,6 +13,8 @@ from context.index.repomap import render_repo_map
 from context.index.retrieval import search
 from context.index.semantic import default_ranker
 from context.index.store import IndexStore
+from context.index.types import IndexReport
+from context.progress import progress
 from context.runtime import model_token_counter
 
 __all__ = ["run_index", "run_search", "run_map"]
@@ -33,8 +35,14 @@ def _open_indexed(root: Path) -> tuple[IndexStore, SquidConfig]:
     """The store of `root`, indexed first when it holds nothing yet."""
     store, indexer, config = _open(root)
     if store.stats()["files"] == 0:
-        indexer.index_all()
+        _index_with_progress(indexer, root)
     return store, config
+
+
+def _index_with_progress(indexer: Indexer, root: Path) -> IndexReport:
+    """A full pass, its progress on stderr (stdout carries the command's result)."""
+    with progress(None, f"indexing {root}", unit="files") as shown:
+        return indexer.index_all(progress=shown.update_to)
 
 
 def _check_root(path: Path) -> Path | None:
@@ -51,7 +59,7 @@ def run_index(path: Path, as_json: bool) -> int:
         return 2
     store, indexer, _ = _open(root)
     with store:
-        report = indexer.index_all()
+        report = _index_with_progress(indexer, root)
     summary = {
         "files": report.files, "chunks": report.chunks, "symbols": report.symbols,
         "skipped": dict(sorted(report.skipped.items())), "seconds": round(report.seconds, 3),

@@ -44,6 +44,16 @@ def test_index_json_counts_files_chunks_symbols_and_skips(project):
     assert report["chunks"] >= 3
 
 
+def test_index_shows_progress_on_stderr_and_its_result_on_stdout(project):
+    out = run("index", str(project))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"indexed {project.resolve()}: 3 files")
+    assert len(out.stdout.splitlines()) == 1
+    progress = [line for line in out.stderr.splitlines() if line.startswith("squidcode: indexing ")]
+    assert progress[0] == f"squidcode: indexing {project.resolve()}: started"
+    assert progress[-1].startswith(f"squidcode: indexing {project.resolve()}: done, 3/3 files (100%) in ")
+
+
 def test_search_finds_the_definition_first_with_relative_paths(project):
     out = run("search", str(project), "where is draw_circle defined", "-k", "3", "--json")
     assert out.returncode == 0, out.stderr

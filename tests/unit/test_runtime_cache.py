@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -121,8 +122,9 @@ def test_intact_copy_loads_from_cache(cache, fake_convert):
     assert fake_convert == []
 
 
-def test_truncated_weights_are_converted_again(cache, pristine):
-    """A real reconversion: the copy fails the manifest's size check and is rebuilt from GGUF."""
+def test_truncated_weights_are_converted_again(cache, pristine, capsys):
+    """A real reconversion: the copy fails the manifest's size check and is rebuilt from GGUF,
+    its stages shown on stderr (stdout may be the LSP stream)."""
     target = _target(cache)
     with (target / WEIGHTS).open("rb") as handle:
         head = handle.read(1 << 20)
@@ -133,6 +135,12 @@ def test_truncated_weights_are_converted_again(cache, pristine):
 
     assert not runtime.loaded_from_cache
     assert runtime.cache_dir == cache
+    out, err = capsys.readouterr()
+    assert out == ""
+    shown = [line for line in err.splitlines() if line.startswith("squidcode: converting ")]
+    assert shown[0].endswith(": started, 3 stages")
+    assert "1/3 stages (33%)" in shown[1] and "stage=dequantizing the weights" in shown[1]
+    assert re.search(r": done, 3/3 stages \(100%\) in [\d.]+s$", shown[-1])
     _assert_manifest_valid(target, pristine)
     # The conversion was atomic: no staging directory is left next to the copy.
     assert [p.name for p in (cache / "models").iterdir()] == [target.name]
