@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
 from pathlib import Path
 
-__all__ = ["add_train_parser", "run_train"]
+__all__ = ["StepProgress", "add_train_parser", "run_train", "step_postfix"]
 
 
 def add_train_parser(sub) -> None:
@@ -104,27 +105,25 @@ def _train(config, args) -> int:
     install_stop_signals(stop)
     _init_distributed(config)
     if args.once:
-        import os
-
         from feedback.train.service import run_round
 
         os.nice(max(0, config.train.nice - os.nice(0)))
-        result = run_round(config, steps=args.steps, should_stop=stop.is_set)
+        with StepProgress() as on_step:
+            result = run_round(config, steps=args.steps, should_stop=stop.is_set, on_step=on_step)
+        # The gate's decision is the command's result: stdout, as text or JSON.
         print(json.dumps(result.__dict__) if args.json else f"{result.state}: {result.message}")
         return 0
     if not config.train.enabled:
         print("squidcode: train.enabled is false; set it in the config to train in the background "
               "(or run `squidcode train --once`)", file=sys.stderr)
         return 2
-    rounds = run_scheduler(config, stop=stop, steps=args.steps)
+    rounds = run_scheduler(config, stop=stop, steps=args.steps, round_fn=_reported_round)
     print(f"scheduler stopped after {rounds} round(s)")
     return 0
 
 
 def _init_distributed(config) -> None:
     """Join the process group when launched by torchrun (WORLD_SIZE > 1): data-parallel training."""
-    import os
-
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return
     import torch.distributed as dist
@@ -132,3 +131,53 @@ def _init_distributed(config) -> None:
     if not dist.is_initialized():
         backend = "nccl" if config.train.device == "cuda" else "gloo"
         dist.init_process_group(backend)
+
+
+def _reported_round(config, **kwargs):
+    """One scheduler round with its steps and the gate's decision on stderr (the trainer's log)."""
+    from context.progress import note
+    from feedback.train.service import run_round
+
+    with StepProgress() as on_step:
+        result = run_round(config, on_step=on_step, **kwargs)
+    note(f"round {result.state}: {result.message}")
+    return result
+
+
+def step_postfix(record) -> dict[str, float]:
+    """What a training step's progress line shows of its `StepRecord`."""
+    return {"reward": record.mean_reward, "kl": record.kl}
+
+
+class StepProgress:
+    """A round's training steps on stderr (a bar, or plain lines), fed by `run_round(on_step=...)`.
+
+    It opens with the round, so that loading the model is not silent, and closes after the last
+    step, saying that the promotion gate evaluates next (which takes a while of its own). Under
+    torchrun only process 0 reports.
+    """
+
+    def __init__(self, stream=None):
+        self._stream = stream
+        self._display = None
+
+    def __enter__(self) -> StepProgress:
+        from context.progress import start_progress
+
+        if os.environ.get("RANK", "0") == "0":
+            self._display = start_progress(None, "training", unit="steps", stream=self._stream)
+        return self
+
+    def __call__(self, record, target: int) -> None:
+        from context.progress import note
+
+        if self._display is None or self._display.closed:
+            return
+        self._display.update_to(record.step, target, **step_postfix(record))
+        if record.step >= target:
+            self._display.close()
+            note("promotion gate: evaluating the new adapter against the one in use", self._stream)
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if self._display is not None:
+            self._display.close(failed=exc_type is not None)

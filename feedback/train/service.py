@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from context.config import ModelConfig, SquidConfig, TrainConfig
 from context.errors import TrainingError
@@ -27,6 +28,9 @@ from .dataset import (
     split_by_time,
 )
 from .status import TrainPaths, train_paths, write_status
+
+if TYPE_CHECKING:
+    from .trainer import StepRecord
 
 __all__ = ["BUNDLED_TASKS", "RoundResult", "episode_reward", "load_training_data", "run_round", "task_reward"]
 
@@ -87,10 +91,12 @@ def _load_model(config: SquidConfig):
 def run_round(
     config: SquidConfig, *, steps: int | None = None, source: EpisodeSource | None = None,
     should_stop: Callable[[], bool] = lambda: False, paths: TrainPaths | None = None,
+    on_step: Callable[[StepRecord, int], None] | None = None,
 ) -> RoundResult:
     """Train `steps` steps (default train.steps) then gate; stopped early it keeps the checkpoint.
 
     Episodes come from `source`, by default the user's local feedback store (feedback.db_path).
+    `on_step(record, target_step)` follows each step (on process 0 only), as the status file does.
     """
     from .gate import decide_promotion
     from .policy import attach_lora
@@ -124,14 +130,16 @@ def run_round(
     target = (trainer.step_count if resumed else 0) + (steps or cfg.steps)
     log.info("training (%s) to step %d on %d examples", "resumed" if resumed else "new", target, len(train))
 
-    def on_step(record) -> None:
+    def report_step(record) -> None:
         if trainer.rank != 0:
             return
         history = [asdict(r) for r in trainer.history[-50:]]
         write_status(paths.status, "training", step=record.step, steps=target, reward=record.mean_reward,
                      kl=record.kl, adapter=registry.current_id(), history=history)
+        if on_step is not None:
+            on_step(record, target)
 
-    trainer.run(target, should_stop=should_stop, on_step=on_step)
+    trainer.run(target, should_stop=should_stop, on_step=report_step)
     if trainer.rank != 0:
         # Process 0 evaluates, gates and promotes; the others only trained alongside it.
         return RoundResult("trained", trainer.step_count, registry.current_id(), "data-parallel worker")

@@ -3,8 +3,10 @@ rollback), a rejected round, and a SIGTERM mid-round that loses nothing."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from feedback.train.trainer import StepRecord
 from lsp_server.cli import main
+from lsp_server.cli_train import StepProgress, step_postfix
 from tests.unit.train.conftest import tiny_model_dir  # noqa: F401 - fixture
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,6 +59,32 @@ def test_once_trains_gates_promotes_and_rolls_back(workspace, capsys):
     assert "adapter in use: none (base model); versions: v0001" in capsys.readouterr().out
     assert main(["train", "rollback"]) == 1
     assert "nothing to roll back" in capsys.readouterr().err
+
+
+def test_once_reports_each_step_with_reward_and_kl_on_stderr(workspace, capsys):
+    capsys.readouterr()
+    assert main(["train", "--once", "--steps", "2", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["state"] == "promoted"  # stdout holds the JSON result alone
+    lines = [line for line in err.splitlines() if line.startswith("squidcode: ")]
+    assert lines[0] == "squidcode: training: started"
+    assert re.fullmatch(r"squidcode: training: 1/2 steps \(50%\), [\d.]+s, reward=\S+, kl=\S+", lines[1])
+    assert re.fullmatch(r"squidcode: training: done, 2/2 steps \(100%\) in [\d.]+s, reward=\S+, kl=\S+",
+                        lines[2])
+    assert lines[3] == "squidcode: promotion gate: evaluating the new adapter against the one in use"
+
+
+def test_step_progress_shows_a_step_records_reward_and_kl():
+    record = StepRecord(step=3, mean_reward=0.41234, kl=0.0031234, loss=0.1, clip_fraction=0.0,
+                        skipped_groups=0, groups=2, seconds=12.5)
+    assert step_postfix(record) == {"reward": 0.41234, "kl": 0.0031234}
+    stream = io.StringIO()
+    with StepProgress(stream) as on_step:
+        on_step(record, 6)
+    lines = stream.getvalue().splitlines()
+    assert re.fullmatch(r"squidcode: training: 3/6 steps \(50%\), [\d.]+s, reward=0\.4123, kl=0\.003123",
+                        lines[1])
+    assert lines[-1].startswith("squidcode: training: stopped at 3/6 steps (50%) after ")
 
 
 def test_a_round_over_the_kl_limit_is_rejected(workspace, capsys):
