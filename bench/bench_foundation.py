@@ -480,10 +480,14 @@ async def lsp_session(prefix: str, workspace: Path, requests: int, timeout: floa
 
 
 def run_lsp(prefix: str, runs: int, requests: int, timeout: float) -> list[dict]:
+    from context.progress import progress
+
     sessions = []
-    for _ in range(runs):
-        with tempfile.TemporaryDirectory(prefix="squid-bench-ws-") as tmp:
-            sessions.append(asyncio.run(lsp_session(prefix, Path(tmp), requests, timeout)))
+    with progress(runs, "LSP sessions", unit="servers") as shown:
+        for _ in range(runs):
+            with tempfile.TemporaryDirectory(prefix="squid-bench-ws-") as tmp:
+                sessions.append(asyncio.run(lsp_session(prefix, Path(tmp), requests, timeout)))
+            shown.update(1, ready_s=sessions[-1]["model_ready_s"])
     return sessions
 
 
@@ -506,6 +510,8 @@ def ensure_default_cache() -> str:
 
 
 def run_benchmark(runs: int, cold_runs: int, requests: int, diag_runs: int, progress) -> dict:
+    from context.progress import progress as progress_bar
+
     report: dict = {"machine": machine_info(), "runs": runs, "cold_runs": cold_runs,
                     "lsp_requests_per_server": requests, "loadavg": {"start": loadavg()}}
     report["default_cache"] = ensure_default_cache()
@@ -517,13 +523,16 @@ def run_benchmark(runs: int, cold_runs: int, requests: int, diag_runs: int, prog
 
     progress(f"model load: {runs} warm, {cold_runs} cold (interleaved, fresh processes)")
     warm, cold = [], []
-    for i in range(max(runs, cold_runs)):
-        if i < runs:
-            warm.append(run_child("load"))
-        if i < cold_runs:
-            with tempfile.TemporaryDirectory(prefix="squid-bench-cold-") as tmp:
-                env = dict(os.environ, XDG_CACHE_HOME=tmp)
-                cold.append(run_child("load", env=env))
+    with progress_bar(runs + cold_runs, "model loads", unit="loads") as shown:
+        for i in range(max(runs, cold_runs)):
+            if i < runs:
+                warm.append(run_child("load"))
+                shown.update(1, warm_s=warm[-1]["load_s"])
+            if i < cold_runs:
+                with tempfile.TemporaryDirectory(prefix="squid-bench-cold-") as tmp:
+                    env = dict(os.environ, XDG_CACHE_HOME=tmp)
+                    cold.append(run_child("load", env=env))
+                shown.update(1, cold_s=cold[-1]["load_s"])
     report["load"] = {"warm": warm, "cold": cold}
     report["loadavg"]["after_load"] = loadavg()
 
