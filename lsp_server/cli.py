@@ -1,4 +1,4 @@
-"""The `squidcode` command: serve, complete, doctor, demo, index, search, map, bench."""
+"""The `squidcode` command: serve, complete, setup, doctor, demo, index, search, map, bench."""
 
 from __future__ import annotations
 
@@ -49,7 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     complete.add_argument("location", type=_parse_location, metavar="FILE:LINE:COL")
     complete.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    doctor = sub.add_parser("doctor", help="check the model, device, grammars, tools and folders")
+    from .cli_setup import add_parser as add_setup_parser
+
+    add_setup_parser(sub)
+
+    doctor = sub.add_parser("doctor", help="check the model, device, compiler, grammars, tools and folders")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     doctor.add_argument("--no-load", action="store_true", help="find the model but do not load it")
 
@@ -104,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command == "complete":
         return _complete(args)
+    if args.command == "setup":
+        from .cli_setup import run_setup
+
+        return run_setup(args)
     if args.command == "doctor":
         from .doctor import run_doctor
 

@@ -22,6 +22,8 @@ from . import __version__
 __all__ = ["Check", "collect_checks", "run_doctor", "GRAMMARS", "data_dir"]
 
 GRAMMARS = ("python", "javascript", "typescript", "go", "rust", "lua")
+COMPILER_INSTALL = ("install a C compiler (Debian/Ubuntu: apt install gcc; Fedora: dnf install gcc; "
+                    "macOS: xcode-select --install), or point CC at one")
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+    # A check that is not required only warns: squidcode works without it, more slowly.
+    required: bool = True
 
 
 def data_dir() -> Path:
@@ -62,7 +66,6 @@ def check_torch() -> Check:
 
 def check_model(config: SquidConfig, load: bool) -> Check:
     from context.runtime import (
-        EMBEDDED_INSTALL_HINT,
         ModelRuntime,
         cache_is_complete,
         converted_dir_for,
@@ -81,10 +84,30 @@ def check_model(config: SquidConfig, load: bool) -> Check:
         runtime = ModelRuntime(config.model, config.resolved_cache_dir()).load()
         result = runtime.generate("def hello():\n", max_new_tokens=4)
     except SquidcodeError as exc:
-        fix = EMBEDDED_INSTALL_HINT if config.model.path is None else "set model.path to a model directory"
+        fix = "squidcode setup" if config.model.path is None else "set model.path to a model directory"
         return Check("model", False, str(exc), fix)
     return Check("model", True, f"{where}; loaded on {runtime.device} in {runtime.load_seconds:.1f}s; "
                  f"generates ({result.tokens_per_s:.0f} tok/s)")
+
+
+def check_compiler() -> Check:
+    """The C compiler, and that it builds the fused CPU decode step (`kernels/cpu_decode.c`).
+
+    Builds the step now unless this machine's build is cached; without it generation uses torch."""
+    from kernels import cpu_decode
+
+    if cpu_decode.load_library() is not None:
+        cc = cpu_decode.compiler()
+        return Check("C compiler", True, f"{cc} builds the fused decode step ({cpu_decode.library_path(cc)})")
+    reason = cpu_decode.unavailable_reason()
+    if not cpu_decode.SOURCE.is_file():
+        fix = f"reinstall squidcode: this installation lacks {cpu_decode.SOURCE.name}"
+    elif cpu_decode.compiler() is None:
+        fix = COMPILER_INSTALL
+    else:
+        fix = f"{COMPILER_INSTALL}; it must build C11 with OpenMP (-fopenmp)"
+    detail = f"no fused decode step ({reason}): generation falls back to torch, slower"
+    return Check("C compiler", False, detail, fix, required=False)
 
 
 def check_grammars() -> Check:
@@ -143,6 +166,7 @@ def collect_checks(load_model: bool = True, workspace: Path | None = None) -> li
         lambda: check_config(workspace),
         check_torch,
         lambda: check_model(config, load_model),
+        check_compiler,
         check_grammars,
         lambda: _tool_version("git", "install git (Debian/Ubuntu: apt-get install git)"),
         lambda: _tool_version("ruff", "pip install ruff"),
@@ -158,7 +182,8 @@ def run_doctor(as_json: bool = False, load_model: bool = True) -> int:
         print(json.dumps([asdict(c) for c in checks], indent=2))
     else:
         for check in checks:
-            print(f"{'ok ' if check.ok else 'FAIL'} {check.name}: {check.detail}")
+            mark = "ok " if check.ok else "FAIL" if check.required else "warn"
+            print(f"{mark} {check.name}: {check.detail}")
             if not check.ok and check.fix:
                 print(f"     fix: {check.fix}")
-    return 0 if all(c.ok for c in checks) else 1
+    return 0 if all(c.ok for c in checks if c.required) else 1

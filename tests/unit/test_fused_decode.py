@@ -2,12 +2,14 @@
 
 Checked against the lean engine's torch step on the real embedded model over real code (same
 tokens, logits within float32 rounding), for both weight layouts and both thread counts, and for
-what happens when the library cannot be built or a cached copy is damaged: the engine falls back
-to its torch steps and generation goes on.
+what happens when the library cannot be built, its source is not installed or a cached copy is
+damaged: the engine falls back to its torch steps (one warning per process) and generation goes on;
+and for the cache key, which names the CPU the library was built for.
 """
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 needs_compiler = pytest.mark.skipif(
-    cpu_decode._compiler() is None, reason="no C compiler (cc): install gcc (.ci/system-packages.sh)")
+    cpu_decode.compiler() is None, reason="no C compiler (cc): install gcc (.ci/system-packages.sh)")
 
 
 @pytest.fixture
@@ -189,26 +191,67 @@ def test_a_position_outside_the_cache_is_refused(runtime, kernel_cache):
     assert not keys.any()  # refused before anything was written
 
 
-def test_without_a_compiler_the_engine_decodes_with_torch_steps(runtime, kernel_cache, monkeypatch):
-    monkeypatch.setenv("CC", "no-such-compiler-squidcode")
+def _fallback_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == cpu_decode.__name__ and r.levelname == "WARNING"]
+
+
+def test_without_a_compiler_the_engine_decodes_with_torch_steps(runtime, kernel_cache, monkeypatch, caplog):
+    monkeypatch.setenv("CC", "/nonexistent")
     engine = DecodeEngine(runtime.model, quantize_head=False)
     assert engine.fused_step is None
-    assert "no C compiler" in cpu_decode._failure
+    assert "no C compiler (/nonexistent)" in cpu_decode.unavailable_reason()
     plain = DecodeEngine(runtime.model, quantize_head=False, fused_step=False)
     ids = _prompt(runtime)
     assert _greedy(engine, ids, 4)[0] == _greedy(plain, ids, 4)[0]
+    assert DecodeEngine(runtime.model, quantize_head=False).fused_step is None  # not tried again ...
+    [warning] = _fallback_warnings(caplog)  # ... and said once per process
+    assert "torch" in warning and "no C compiler" in warning
 
 
-def test_a_failing_build_is_reported_and_not_used(runtime, kernel_cache, monkeypatch):
+def test_a_failing_build_is_reported_and_not_used(runtime, kernel_cache, monkeypatch, caplog):
     monkeypatch.setenv("CC", "false")  # a "compiler" that exits 1
     assert DecodeEngine(runtime.model, quantize_head=False).fused_step is None
-    assert "false failed" in cpu_decode._failure
+    assert cpu_decode.load_library() is None
+    assert "false failed" in cpu_decode.unavailable_reason()
     assert not list(kernel_cache.glob("cpu_decode-*.so"))
+    assert len(_fallback_warnings(caplog)) == 1
+
+
+def test_an_installation_without_the_c_source_decodes_with_torch(runtime, kernel_cache, monkeypatch, caplog,
+                                                                 tmp_path):
+    # A wheel that left cpu_decode.c out: the first generation must still work.
+    monkeypatch.setattr(cpu_decode, "SOURCE", tmp_path / "cpu_decode.c")
+    engine = DecodeEngine(runtime.model, quantize_head=False)
+    assert engine.fused_step is None and engine.fused_head is None
+    assert len(_greedy(engine, _prompt(runtime), 2)[0]) == 2
+    assert cpu_decode.load_library() is None
+    [warning] = _fallback_warnings(caplog)
+    assert "cpu_decode.c is not installed" in warning
+
+
+def test_the_cached_library_is_keyed_by_the_cpu(kernel_cache, monkeypatch):
+    # -march=native code built on one machine can die of an illegal instruction on another
+    # that shares the home directory: each CPU gets its own build.
+    cc = cpu_decode.compiler() or "cc"
+    monkeypatch.setattr(cpu_decode, "cpu_identity", lambda: "model name=A; flags=sse2 avx2")
+    first = cpu_decode.library_path(cc)
+    assert cpu_decode.library_path(cc) == first
+    monkeypatch.setattr(cpu_decode, "cpu_identity", lambda: "model name=A; flags=sse2 avx2 avx512f")
+    assert cpu_decode.library_path(cc) != first
+    assert first.parent == kernel_cache
+
+
+def test_the_cpu_identity_names_this_machines_instruction_set():
+    identity = cpu_decode.cpu_identity()
+    assert identity.startswith(f"machine={platform.machine()}")
+    if Path("/proc/cpuinfo").is_file() and platform.machine() == "x86_64":
+        assert "flags=" in identity and "sse2" in identity  # every x86-64 CPU has SSE2
 
 
 @needs_compiler
 def test_a_damaged_cached_library_is_built_again(runtime, kernel_cache):
-    target = cpu_decode.library_path(cpu_decode._compiler())
+    target = cpu_decode.library_path(cpu_decode.compiler())
     target.parent.mkdir(parents=True)
     target.write_bytes(b"\x7fELF truncated")
     engine = DecodeEngine(runtime.model, quantize_head=False)
