@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -151,18 +152,29 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(args) -> int:
     from . import create_server
+    from .connection import ClientOutput
 
     server = create_server()
     if args.tcp:
         host, port = args.tcp
         server.start_tcp(host, port)
-        return 0
-    # stdout carries the protocol: anything else printed there (a stray print, a progress bar)
-    # would corrupt it, so the rest of the process writes to stderr.
-    protocol_out = sys.stdout.buffer
-    sys.stdout = sys.stderr
-    server.start_io(sys.stdin.buffer, protocol_out)
-    return 0
+    else:
+        # stdout carries the protocol: anything else printed there (a stray print, a progress bar)
+        # would corrupt it, so the rest of the process writes to stderr.
+        protocol_out = ClientOutput(sys.stdout.buffer)
+        sys.stdout = sys.stderr
+        server.start_io(sys.stdin.buffer, protocol_out)
+        protocol_out.close()
+    # However the connection ended (`exit`, the client gone, a broken pipe), background work stops
+    # and the stores close before the interpreter does.
+    server.stop_background_work()
+    code = server.exit_code
+    logging.shutdown()
+    sys.stderr.flush()
+    # Everything is closed and flushed. A thread still inside native code (a model load that cannot
+    # be interrupted) would make the interpreter's own teardown abort the process (SIGABRT), so the
+    # process ends here, with the code LSP asks for.
+    os._exit(code)
 
 
 def _complete(args) -> int:

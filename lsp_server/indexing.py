@@ -11,6 +11,8 @@ from lsprotocol import types
 from context.errors import SquidcodeError
 from context.index.service import IndexService
 
+from .connection import post_to_loop
+
 __all__ = ["start_index", "stop_index", "INDEX_STATUS"]
 
 log = logging.getLogger(__name__)
@@ -41,12 +43,12 @@ def start_index(ls) -> None:
         send_index_status(ls)
 
     def on_done(report, error) -> None:
-        loop.call_soon_threadsafe(finish, error)
+        post_to_loop(loop, finish, error)
 
     service.start(
         on_progress=reporter.report_threadsafe,
         on_done=on_done,
-        on_update=lambda: loop.call_soon_threadsafe(send_index_status, ls),
+        on_update=lambda: post_to_loop(loop, send_index_status, ls),
     )
 
 
@@ -84,7 +86,7 @@ class _ProgressReporter:
         percent = int(done * 100 / total)
         if percent != self._last_percent:
             self._last_percent = percent
-            self._loop.call_soon_threadsafe(self._report, done, total, percent)
+            post_to_loop(self._loop, self._report, done, total, percent)
 
     def _report(self, done: int, total: int, percent: int) -> None:
         if self._token is not None:

@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,9 +21,10 @@ from typing import Any
 from urllib.parse import unquote
 
 from lsprotocol import types
-from pygls.exceptions import JsonRpcException, JsonRpcParseError
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidRequest, JsonRpcParseError
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
+from pygls.protocol.json_rpc import RPCRequest
 from pygls.uris import to_fs_path
 
 from agent.completion import Completion, CompletionRequest, complete, warm_window
@@ -31,7 +33,10 @@ from context.errors import SquidcodeError
 from context.foreground import foreground
 from context.runtime import ModelRuntime, get_runtime
 
+from .connection import post_to_loop
+from .indexing import stop_index
 from .positions import offset_at
+from .squid_context import completion_references, stop_squid
 
 __all__ = ["SquidServer", "SquidProtocol", "SupersedeRegistry", "SERVER_NAME", "CONFIG_SECTION"]
 
@@ -39,10 +44,21 @@ log = logging.getLogger(__name__)
 
 SERVER_NAME = "squidcode"
 CONFIG_SECTION = "squidcode"
+# How long stopping waits for a model load in flight before the process exits around it.
+MODEL_LOAD_WAIT_S = 2.0
 
 
 class SquidProtocol(LanguageServerProtocol):
-    """Answers a request whose params do not match the LSP schema with an error, not silence."""
+    """Answers a request whose params do not match the LSP schema with an error, not silence; and
+    a request after `shutdown` with InvalidRequest, as LSP asks (pygls drops it, and the client waits)."""
+
+    def handle_message(self, message) -> None:
+        if self._shutdown and isinstance(message, RPCRequest) and message.method != types.EXIT:
+            log.info("%s after shutdown: answered InvalidRequest", message.method)
+            self._send_response(message.id, error=JsonRpcInvalidRequest(
+                "the server is shutting down (shutdown was requested)").to_response_error())
+            return
+        super().handle_message(message)
 
     def structure_message(self, data: dict[str, Any]):
         try:
@@ -51,6 +67,18 @@ class SquidProtocol(LanguageServerProtocol):
             if "id" in data and "method" in data:
                 self._send_response(data["id"], error=exc.to_response_error())
             raise
+
+
+class _UndecodableFrameFilter(logging.Filter):
+    """Drops pygls' ERROR-with-traceback for a frame that is not UTF-8 JSON: bad input from the
+    client, answered with a parse error and logged as one warning by `report_server_error`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, json.JSONDecodeError | UnicodeDecodeError)
+
+
+logging.getLogger("pygls.server").addFilter(_UndecodableFrameFilter())
 
 
 @dataclass
@@ -86,8 +114,14 @@ class SupersedeRegistry:
             if self._pending.get(key) is pending:
                 del self._pending[key]
 
+    def cancel_all(self) -> None:
+        """Cancel every live request (the server is stopping): generation stops between tokens."""
+        with self._lock:
+            for pending in self._pending.values():
+                pending.cancelled.set()
 
-def _in_daemon_thread(fn, *args) -> asyncio.Future:
+
+def _in_daemon_thread(fn, *args) -> tuple[asyncio.Future, threading.Thread]:
     """Run `fn` on a daemon thread: a slow model load (a first GGUF conversion takes ~20 s) must not
     hold up the process's exit when the editor shuts the server down."""
     loop = asyncio.get_running_loop()
@@ -101,12 +135,13 @@ def _in_daemon_thread(fn, *args) -> asyncio.Future:
         try:
             result = fn(*args)
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine, not swallowed
-            loop.call_soon_threadsafe(settle, "set_exception", exc)
+            post_to_loop(loop, settle, "set_exception", exc)
         else:
-            loop.call_soon_threadsafe(settle, "set_result", result)
+            post_to_loop(loop, settle, "set_result", result)
 
-    threading.Thread(target=target, name="squid-model-load", daemon=True).start()
-    return future
+    thread = threading.Thread(target=target, name="squid-model-load", daemon=True)
+    thread.start()
+    return future, thread
 
 
 class SquidServer(LanguageServer):
@@ -124,9 +159,24 @@ class SquidServer(LanguageServer):
         self.supersede = SupersedeRegistry()
         # Model work is serialised on one thread; the event loop never runs it.
         self.model_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="squid-model")
+        # Agent episodes, one at a time: each one is long, and the model is one per process.
+        self.agent_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="squid-agent")
         self.runtime: ModelRuntime | None = None
         self.model_error: str | None = None
         self._model_task: asyncio.Task | None = None
+        self._model_thread: threading.Thread | None = None
+        # Set when the client asked for `shutdown` (or went away): requests get nothing, background
+        # work stops, and `stop_background_work` closes the stores once nothing can touch them.
+        self.stopping = threading.Event()
+        self.shutdown_requested = False
+        self.exit_code = 0  # `exit` before `shutdown` makes it 1 (LSP); a client that vanishes, 0
+        self._stopped = False
+        self._stop_lock = threading.Lock()
+        # (name, hook) called by `stop_background_work` after model work and the index have stopped,
+        # in order: features that own something to flush or close (feedback) add theirs.
+        self.stop_hooks: list[tuple[str, Callable[[], None]]] = []
+        # Threads started for background work (the repo map's pre-encode), joined on stop.
+        self.background_threads: list[threading.Thread] = []
         # Set once `initialized` has merged the client's settings; requests wait for it so that
         # none is answered under defaults the user has overridden.
         self.config_ready = asyncio.Event()
@@ -212,7 +262,9 @@ class SquidServer(LanguageServer):
         token = await self.begin_progress("Loading model", model_config.path or "embedded model")
         try:
             # The engine too, so that the first keystroke does not wait for it.
-            self.runtime = await _in_daemon_thread(lambda: get_runtime(model_config, cache_dir).prepare())
+            future, self._model_thread = _in_daemon_thread(
+                lambda: get_runtime(model_config, cache_dir).prepare())
+            self.runtime = await future
         except SquidcodeError as exc:
             self.model_error = str(exc)
             log.error("model unavailable: %s", exc)
@@ -257,7 +309,7 @@ class SquidServer(LanguageServer):
             await asyncio.wait_for(self.config_ready.wait(), timeout=10)
         except TimeoutError:
             log.warning("no `initialized` from the client yet; completing with the settings known so far")
-        if not self.config.completion.enabled:
+        if not self.config.completion.enabled or self.stopping.is_set():
             return None
         opened = self.open_document_text(uri)
         if opened is None:
@@ -268,30 +320,24 @@ class SquidServer(LanguageServer):
         pending = self.supersede.begin(uri)
         try:
             await asyncio.sleep(self.config.completion.debounce_ms / 1000)
-            if not self.supersede.is_current(uri, pending):
+            if not self.supersede.is_current(uri, pending) or self.stopping.is_set():
                 return None
             runtime = await self.model_ready()
-            if runtime is None or not self.supersede.is_current(uri, pending):
+            if runtime is None or not self.supersede.is_current(uri, pending) or self.stopping.is_set():
                 return None
-            from .squid_context import completion_references
-
             # Background work (indexing, the repo map, embeddings) pauses until this returns.
             with foreground():
                 references = completion_references(self, uri, runtime)
-                loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(
-                    self.model_executor,
-                    complete,
-                    runtime,
-                    request,
-                    self.config.completion,
-                    pending.cancelled.is_set,
-                    references,
-                )
-            if (result is None or result.dropped_tokens) and self.supersede.is_current(uri, pending):
+                work = self.run_model_work(complete, runtime, request, self.config.completion,
+                                        pending.cancelled.is_set, references)
+                if work is None:
+                    return None
+                result = await work
+            if ((result is None or result.dropped_tokens) and self.supersede.is_current(uri, pending)
+                    and not self.stopping.is_set()):
                 # A shorter window answered this keystroke: the whole one is prefilled while the
                 # editor is idle, and gives way as soon as the next completion waits.
-                loop.run_in_executor(self.model_executor, self._warm_window, runtime, request, references)
+                self.run_model_work(self._warm_window, runtime, request, references)
             return result
         except asyncio.CancelledError:
             pending.cancelled.set()
@@ -299,16 +345,67 @@ class SquidServer(LanguageServer):
         finally:
             self.supersede.finish(uri, pending)
 
+    def run_model_work(self, fn, *args) -> asyncio.Future | None:
+        """`fn(*args)` on the model's thread; None once the server is stopping (its executor is shut)."""
+        if self.stopping.is_set():
+            return None
+        try:
+            return asyncio.get_running_loop().run_in_executor(self.model_executor, fn, *args)
+        except RuntimeError:  # shut down between the check and the call
+            return None
+
     def _warm_window(self, runtime: ModelRuntime, request: CompletionRequest, references) -> None:
         try:
-            warm_window(runtime, request, self.config.completion, references)
+            warm_window(runtime, request, self.config.completion, references,
+                        should_stop=self.stopping.is_set)
         except Exception:  # noqa: BLE001 - background work: the next completion prefills what it needs
             log.exception("warming the completion window failed")
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def stop_background_work(self, timeout: float = 30.0) -> None:
+        """Stop everything that runs beside the client's requests, then close what it writes to.
+
+        Called at `shutdown`, and again (a no-op then) when the connection ends, however it ends.
+        The order is what keeps stores safe: requests are cancelled and the model's threads drained
+        before the index and the feedback store close, so no request ever touches a closed store;
+        and no thread is left inside torch when the interpreter exits (that aborted the process).
+        """
+        with self._stop_lock:  # a second caller (exit arriving mid-shutdown) waits for the first
+            if self._stopped:
+                return
+            self.stopping.set()
+            self.supersede.cancel_all()
+            steps: list[tuple[str, Callable[[], None]]] = [
+                ("squid", lambda: stop_squid(self)),  # the pre-encoder stops between chunks, joined
+                ("repo map", lambda: [thread.join(timeout) for thread in self.background_threads]),
+                # Generation polls its cancel flag between tokens, warming between chunks: both end soon.
+                ("model work", lambda: self.model_executor.shutdown(wait=True, cancel_futures=True)),
+                ("agent", lambda: self.agent_executor.shutdown(wait=True, cancel_futures=True)),
+                # A model load cannot be interrupted (it converts, or compiles the fused step); the
+                # process exits around it (`lsp_server.cli`), and its files are written atomically.
+                ("model load", lambda: self._model_thread and self._model_thread.join(MODEL_LOAD_WAIT_S)),
+                ("index", lambda: stop_index(self)),
+                *self.stop_hooks,
+            ]
+            spent = []
+            for name, step in steps:
+                began = time.monotonic()
+                try:
+                    step()
+                except Exception:  # noqa: BLE001 - one part failing to stop must not keep others open
+                    log.exception("stopping %s failed", name)
+                spent.append((name, time.monotonic() - began))
+            self._stopped = True
+            log.info("background work stopped in %.2fs (%s)", sum(s for _, s in spent),
+                     ", ".join(f"{name} {s:.2f}s" for name, s in spent if s >= 0.01))
 
     # -- documents -----------------------------------------------------------------------------
 
     def notify_document_listeners(self, method: str, params: Any) -> None:
         """Hand a document notification to each listener; a failing one is logged and skipped."""
+        if self._stopped:
+            return  # the listeners' stores are closed; the client is leaving
         for listener in self.document_listeners:
             try:
                 listener(method, params)

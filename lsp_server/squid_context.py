@@ -48,8 +48,10 @@ def _watch_index(ls, service: SquidService) -> None:
         return
     ls.squid_index_seen = index
     index.add_path_listener(lambda paths: _current(ls, service) and service.invalidate_paths(paths))
-    threading.Thread(target=_preencode_repo_map, args=(ls, service, index), name="squid-repo-map",
-                     daemon=True).start()
+    thread = threading.Thread(target=_preencode_repo_map, args=(ls, service, index), name="squid-repo-map",
+                              daemon=True)
+    ls.background_threads.append(thread)
+    thread.start()
 
 
 def _preencode_repo_map(ls, service: SquidService, index) -> None:
@@ -57,9 +59,14 @@ def _preencode_repo_map(ls, service: SquidService, index) -> None:
     from context.index.indexer import lower_thread_priority
     from context.index.repomap import rank_files
 
+    def pause() -> None:
+        if ls.stopping.is_set():
+            raise _Stopping
+        pause_for_foreground()
+
     lower_thread_priority()
     try:
-        top = [path for path, _ in rank_files(index.store, pause=pause_for_foreground)[:_REPO_MAP_FILES]]
+        top = [path for path, _ in rank_files(index.store, pause=pause)[:_REPO_MAP_FILES]]
         epoch = service.epoch()  # a file that changes after this point is not stored from old text
         docs = []
         for path in top:
@@ -70,8 +77,14 @@ def _preencode_repo_map(ls, service: SquidService, index) -> None:
                 continue
         if _current(ls, service):
             service.schedule(docs, epoch=epoch)
+    except _Stopping:
+        return
     except (SquidcodeError, OSError, sqlite3.Error) as exc:
         log.info("squid: no repo map to pre-encode from (%s)", exc)
+
+
+class _Stopping(Exception):
+    """The server stopped while the repo map was being ranked."""
 
 
 def _current(ls, service: SquidService) -> bool:

@@ -43,18 +43,20 @@ async def _watch(ls: SquidServer) -> None:
     # A promoted adapter that did not load is not retried until the pointer changes.
     nothing_failed = object()
     failed: object = nothing_failed
-    while True:
+    while not ls.stopping.is_set():
         await asyncio.sleep(POLL_S)
         runtime = ls.runtime
-        if runtime is None:
+        if runtime is None or ls.stopping.is_set():
             continue
         root = train_paths(ls.config).adapters
         wanted = read_pointer(root).get("current")
         if wanted == runtime.adapter_id or wanted == failed:
             continue
-        loop = asyncio.get_running_loop()
+        work = ls.run_model_work(sync_runtime_adapter, runtime, root)
+        if work is None:
+            return  # stopping
         try:
-            changed = await loop.run_in_executor(ls.model_executor, sync_runtime_adapter, runtime, root)
+            changed = await work
         except AdapterError as exc:
             failed = wanted
             log.error("promoted adapter not applied: %s", exc)

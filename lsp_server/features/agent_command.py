@@ -12,14 +12,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
 from lsprotocol import types
 from lsprotocol.converters import get_converter
-from pygls.exceptions import JsonRpcInternalError, JsonRpcInvalidParams, JsonRpcRequestCancelled
+from pygls.exceptions import (
+    JsonRpcInternalError,
+    JsonRpcInvalidParams,
+    JsonRpcInvalidRequest,
+    JsonRpcRequestCancelled,
+)
 from pygls.uris import to_fs_path
 
 from agent.episode import AgentResult, StepRecord
@@ -36,6 +40,7 @@ from ..agent_feedback import (
     remember_returned_edit,
     track_applied_agent_edit,
 )
+from ..connection import post_to_loop
 from ..server import SquidServer
 
 __all__ = [
@@ -46,8 +51,6 @@ log = logging.getLogger(__name__)
 
 AGENT_RUN = "squidcode.agent.run"
 AGENT_APPLIED = "squidcode.agent.applied"
-# One episode at a time: each one is long, and the model is one per process.
-_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="squid-agent")
 
 
 def parse_arguments(args: tuple) -> dict[str, Any]:
@@ -154,7 +157,8 @@ class _Progress:
         if self.token is None:
             return
         message = f"{number}. {step.tool}: {'ok' if step.ok else 'failed'}"
-        self.loop.call_soon_threadsafe(
+        post_to_loop(
+            self.loop,
             self.ls.work_done_progress.report,
             self.token,
             types.WorkDoneProgressReport(message=message, cancellable=True),
@@ -193,6 +197,8 @@ async def _backend(ls: SquidServer, agent_config):
 
 async def run_agent_command(ls: SquidServer, args: tuple) -> dict[str, Any]:
     request = parse_arguments(args)
+    if ls.stopping.is_set():
+        raise JsonRpcInvalidRequest("squidcode: the server is shutting down")
     if not ls.config.agent.enabled:
         raise JsonRpcInternalError("squidcode: the agent is turned off (agent.enabled = false)")
     fs = to_fs_path(unquote(request["uri"]))
@@ -217,11 +223,11 @@ async def run_agent_command(ls: SquidServer, args: tuple) -> dict[str, Any]:
         memory=open_memory(ls.config, workspace.root),
         buffers=buffers,
         on_step=progress.step,
-        should_stop=lambda: stop.is_set() or progress.cancelled(),
+        should_stop=lambda: stop.is_set() or progress.cancelled() or ls.stopping.is_set(),
     )
     agent_request = AgentRequest(request["instruction"], path, request["range"], request["k"])
     try:
-        result = await asyncio.get_running_loop().run_in_executor(_EXECUTOR, loop.run, agent_request)
+        result = await asyncio.get_running_loop().run_in_executor(ls.agent_executor, loop.run, agent_request)
     except asyncio.CancelledError:
         stop.set()
         progress.end("cancelled")

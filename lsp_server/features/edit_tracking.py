@@ -9,7 +9,6 @@ workspace/didRenameFiles are handled here. A timer judges due checkpoints about 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import logging
 
 from lsprotocol import types
@@ -56,7 +55,7 @@ def _start(ls: SquidServer, config: SquidConfig) -> None:
     ls.feedback_uploader = Uploader(recorder)
     ls.feedback_uploader.start()
     ls.status_sections["feedback"] = lambda: _status_section(recorder)
-    atexit.register(_stop, ls)
+    ls.stop_hooks.append(("feedback", lambda: _stop(ls)))
     try:
         # Kept on the server: the loop holds tasks only weakly.
         ls.feedback_tick_task = asyncio.get_running_loop().create_task(_tick_forever(ls))

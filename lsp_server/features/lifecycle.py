@@ -8,7 +8,7 @@ import logging
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 
-from ..indexing import start_index, stop_index
+from ..indexing import start_index
 from ..logging_bridge import LOGGED_PACKAGES, LspLogHandler
 from ..server import CONFIG_SECTION, SquidServer
 from .adapters import start_adapter_watch
@@ -37,8 +37,22 @@ def register(server: SquidServer) -> None:
         start_adapter_watch(ls)
 
     @server.feature(types.SHUTDOWN)
-    def on_shutdown(ls: SquidServer, params: None) -> None:
-        stop_index(ls)
+    async def on_shutdown(ls: SquidServer, params: None) -> None:
+        # Answered once background work has stopped and the stores are closed: a client that
+        # kills the process right after the response loses nothing.
+        log.info("shutdown requested: stopping background work")
+        ls.shutdown_requested = True
+        ls.stopping.set()
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, ls.stop_background_work)
+        except asyncio.CancelledError:
+            # `exit` came before this answer and the loop is closing: the stop goes on in its
+            # thread, and the process waits for it before it ends (`lsp_server.cli`).
+            return
+
+    @server.feature(types.EXIT)
+    def on_exit(ls: SquidServer, params: None) -> None:
+        ls.exit_code = 0 if ls.shutdown_requested else 1
 
 
 async def pull_client_settings(ls: SquidServer):
