@@ -27,24 +27,17 @@ import sqlite3
 import threading
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import sqlite_utils
 
 from .errors import MemoryStoreError
 
 __all__ = ["Note", "MemoryStore", "default_memory_path"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS notes(
-  id INTEGER PRIMARY KEY, workspace TEXT NOT NULL, subject TEXT NOT NULL, body TEXT NOT NULL,
-  kind TEXT NOT NULL, avoid TEXT NOT NULL DEFAULT '', created REAL NOT NULL, last_used REAL NOT NULL,
-  uses INTEGER NOT NULL DEFAULT 0);
-CREATE UNIQUE INDEX IF NOT EXISTS notes_subject ON notes(workspace, subject);
-CREATE TABLE IF NOT EXISTS corrections(
-  workspace TEXT NOT NULL, key TEXT NOT NULL, count INTEGER NOT NULL, last_seen REAL NOT NULL,
-  PRIMARY KEY(workspace, key));
-"""
 CORRECTION_THRESHOLD = 2
 _SNIPPET = 120
 
@@ -65,6 +58,27 @@ def default_memory_path(cache_dir: Path) -> Path:
     return cache_dir / "agent" / "memory.sqlite"
 
 
+def _create_tables(db: sqlite_utils.Database) -> None:
+    """The notes and corrections tables and the one-note-per-subject index; a file that has them
+    already (from this code or from the SQL DDL before it: the same columns) is left as it is."""
+    db["notes"].create(
+        {"id": int, "workspace": str, "subject": str, "body": str, "kind": str, "avoid": str,
+         "created": float, "last_used": float, "uses": int},
+        pk="id",
+        not_null={"workspace", "subject", "body", "kind", "avoid", "created", "last_used", "uses"},
+        defaults={"avoid": "", "uses": 0},
+        if_not_exists=True,
+    )
+    db["notes"].create_index(["workspace", "subject"], index_name="notes_subject", unique=True,
+                             if_not_exists=True)
+    db["corrections"].create(
+        {"workspace": str, "key": str, "count": int, "last_seen": float},
+        pk=("workspace", "key"),
+        not_null={"workspace", "key", "count", "last_seen"},
+        if_not_exists=True,
+    )
+
+
 def _short(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= _SNIPPET else text[: _SNIPPET - 3] + "..."
@@ -83,34 +97,38 @@ class MemoryStore:
             self._conn = sqlite3.connect(
                 str(self.path), check_same_thread=False, isolation_level=None, timeout=10
             )
-            self._conn.executescript(_SCHEMA)
+            # No sqlite-utils plugins: nothing installed elsewhere gets to change this connection.
+            self._db = sqlite_utils.Database(self._conn, execute_plugins=False)
+            _create_tables(self._db)
         except (OSError, sqlite3.Error) as exc:
             raise MemoryStoreError(f"cannot open the agent memory {self.path}: {exc}") from exc
 
     def close(self) -> None:
         self._conn.close()
 
-    def _run(self, sql: str, params: tuple = ()) -> list[tuple]:
+    @contextmanager
+    def _locked(self) -> Iterator[sqlite_utils.Database]:
+        """The database, for one operation under the lock; sqlite3 errors become MemoryStoreError."""
         try:
             with self._lock:
-                return self._conn.execute(sql, params).fetchall()
+                yield self._db
         except sqlite3.Error as exc:
             raise MemoryStoreError(f"the agent memory {self.path} failed: {exc}") from exc
+
+    def _run(self, sql: str, params: tuple = ()) -> list[tuple]:
+        with self._locked() as db:
+            return db.execute(sql, params).fetchall()
 
     # -- notes -------------------------------------------------------------------------------
 
     def remember(self, subject: str, body: str, kind: str, avoid: str = "") -> int:
         """Write a note; an older note on the same subject is superseded (replaced)."""
         now = self.now()
-        self._run("DELETE FROM notes WHERE workspace = ? AND subject = ?", (self.workspace, subject))
-        self._run(
-            "INSERT INTO notes(workspace, subject, body, kind, avoid, created, last_used) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (self.workspace, subject, body, kind, avoid, now, now),
-        )
-        return self._run(
-            "SELECT id FROM notes WHERE workspace = ? AND subject = ?", (self.workspace, subject)
-        )[0][0]
+        note = {"workspace": self.workspace, "subject": subject, "body": body, "kind": kind,
+                "avoid": avoid, "created": now, "last_used": now}
+        # INSERT OR REPLACE: the unique (workspace, subject) index makes the older note go, uses and all.
+        with self._locked() as db:
+            return db["notes"].insert(note, replace=True).last_pk
 
     def notes(self, all_workspaces: bool = False) -> list[Note]:
         where, params = ("", ()) if all_workspaces else ("WHERE workspace = ?", (self.workspace,))
@@ -169,6 +187,8 @@ class MemoryStore:
         if not before or before == after:
             return None
         key = hashlib.sha1(f"{before}\0{after}".encode()).hexdigest()
+        # Plain SQL: an upsert that adds to the stored count, which sqlite-utils' upsert (it sets
+        # values) cannot say in one statement.
         self._run(
             "INSERT INTO corrections(workspace, key, count, last_seen) VALUES (?, ?, 1, ?) "
             "ON CONFLICT(workspace, key) DO UPDATE SET count = count + 1, last_seen = excluded.last_seen",

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import sqlite3
+
+import pytest
+
+from agent.errors import MemoryStoreError
 from agent.memory import MemoryStore
 from agent.tools import default_registry
 
@@ -82,6 +87,62 @@ def test_forget_by_id_and_workspaces_are_separate(tmp_path):
     assert [n.body for n in other.notes()] == ["other body"]
     assert mem.forget(note) and not mem.forget(note)
     assert len(mem.notes(all_workspaces=True)) == 1
+
+
+# The DDL the store ran before its tables were created through sqlite-utils, verbatim.
+OLD_DDL = """
+CREATE TABLE IF NOT EXISTS notes(
+  id INTEGER PRIMARY KEY, workspace TEXT NOT NULL, subject TEXT NOT NULL, body TEXT NOT NULL,
+  kind TEXT NOT NULL, avoid TEXT NOT NULL DEFAULT '', created REAL NOT NULL, last_used REAL NOT NULL,
+  uses INTEGER NOT NULL DEFAULT 0);
+CREATE UNIQUE INDEX IF NOT EXISTS notes_subject ON notes(workspace, subject);
+CREATE TABLE IF NOT EXISTS corrections(
+  workspace TEXT NOT NULL, key TEXT NOT NULL, count INTEGER NOT NULL, last_seen REAL NOT NULL,
+  PRIMARY KEY(workspace, key));
+"""
+
+
+def _layout(path) -> dict:
+    conn = sqlite3.connect(path)
+    try:
+        tables = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        # (name, type, notnull, default, pk) of each column; (name, unique, origin) of each index.
+        columns = {t: [tuple(c[1:]) for c in conn.execute(f"PRAGMA table_info({t})")] for t in tables}
+        indexes = {t: sorted(tuple(i[1:4]) for i in conn.execute(f"PRAGMA index_list({t})")) for t in tables}
+        return {"columns": columns, "indexes": indexes}
+    finally:
+        conn.close()
+
+
+def test_a_new_file_has_the_layout_of_the_earlier_ddl_and_an_old_file_opens(tmp_path):
+    old = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(old)
+    conn.executescript(OLD_DDL)
+    conn.execute("INSERT INTO notes(workspace, subject, body, kind, created, last_used) "
+                 "VALUES ('/ws', 'style', 'Use tabs', 'agent', 1.0, 1.0)")
+    conn.commit()
+    conn.close()
+    MemoryStore(tmp_path / "new.sqlite", "/ws").close()
+    assert _layout(tmp_path / "new.sqlite") == _layout(old)
+    mem = MemoryStore(old, "/ws", now=Clock())
+    [note] = mem.notes()
+    assert (note.subject, note.body, note.uses) == ("style", "Use tabs", 0)
+    # Writing a note on the same subject replaces it: a new row, its use count reset.
+    mem.recall("tabs")
+    newer = mem.remember("style", "Use spaces", "agent")
+    assert [(n.id, n.body, n.uses) for n in mem.notes()] == [(newer, "Use spaces", 0)]
+    assert newer != note.id
+
+
+def test_a_database_error_is_a_memory_store_error(tmp_path):
+    (tmp_path / "memory.sqlite").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(MemoryStoreError, match="cannot open the agent memory"):
+        store(tmp_path)
+    mem = store(tmp_path / "fresh")
+    mem.close()
+    with pytest.raises(MemoryStoreError, match="failed"):
+        mem.remember("s", "body", "agent")
 
 
 def test_the_memory_tool_stores_and_recalls(ctx, tmp_path):

@@ -1,0 +1,97 @@
+"""The collector's SQLite store on real files: a file made by the earlier CREATE TABLE opens as it is,
+a retried batch is stored once, and database errors become FeedbackStoreError, which the app
+answers with 503 (driven through its ASGI interface)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from context.errors import FeedbackStoreError
+from feedback.collector import CollectorStore, create_app
+
+TOKEN = "team-token-0123456789"
+
+# The statement the store ran before its table was created through sqlite-utils, verbatim.
+OLD_DDL = ("CREATE TABLE IF NOT EXISTS received (id TEXT PRIMARY KEY, team TEXT NOT NULL, "
+           "tbl TEXT NOT NULL, row TEXT NOT NULL, received_at REAL NOT NULL)")
+
+
+def events(*ids: str) -> list[dict]:
+    return [{"id": i, "table": "episodes", "row": {"id": i, "kind": "completion"}} for i in ids]
+
+
+def layout(path) -> tuple:
+    conn = sqlite3.connect(path)
+    try:
+        return (conn.execute("PRAGMA journal_mode").fetchone()[0],
+                [tuple(c[1:]) for c in conn.execute("PRAGMA table_info(received)")],
+                [tuple(i[1:4]) for i in conn.execute("PRAGMA index_list(received)")])
+    finally:
+        conn.close()
+
+
+def test_an_old_file_opens_and_a_new_one_has_its_layout(tmp_path):
+    old = tmp_path / "old.db"
+    conn = sqlite3.connect(old)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(OLD_DDL)
+    with conn:
+        conn.execute("INSERT INTO received VALUES ('a1', 'team', 'episodes', '{}', 1.0)")
+    conn.close()
+    CollectorStore(tmp_path / "new.db").close()
+    assert layout(tmp_path / "new.db") == layout(old)
+    store = CollectorStore(old)
+    try:
+        assert store.stats("team") == {"events": 1, "by_table": {"episodes": 1}}
+    finally:
+        store.close()
+
+
+def test_a_retried_batch_is_stored_once(tmp_path):
+    store = CollectorStore(tmp_path / "collector.db")
+    try:
+        assert store.insert("team", events("a1", "a2")) == (2, 0)
+        assert store.insert("team", events("a1", "a2", "a3")) == (1, 2)
+        assert store.stats("team") == {"events": 3, "by_table": {"episodes": 3}}
+        assert store.stats("other") == {"events": 0, "by_table": {}}
+    finally:
+        store.close()
+
+
+def test_a_store_that_cannot_be_opened_raises_feedback_store_error(tmp_path):
+    (tmp_path / "a-file").write_text("in the way")
+    with pytest.raises(FeedbackStoreError, match="cannot create the collector database"):
+        CollectorStore(tmp_path / "a-file" / "collector.db")
+    (tmp_path / "garbage.db").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(FeedbackStoreError, match="cannot open the collector database"):
+        CollectorStore(tmp_path / "garbage.db")
+
+
+async def call(app, method: str, path: str, body: bytes = b"") -> tuple[int, dict]:
+    sent: list[dict] = []
+    scope = {"type": "http", "method": method, "path": path,
+             "headers": [(b"authorization", f"Bearer {TOKEN}".encode())]}
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return sent[0]["status"], json.loads(sent[1]["body"])
+
+
+async def test_store_errors_are_answered_with_503(tmp_path):
+    store = CollectorStore(tmp_path / "collector.db")
+    app = create_app(store, {TOKEN: "team"})
+    batch = json.dumps({"events": events("b1")}).encode()
+    assert await call(app, "POST", "/v1/events", batch) == (200, {"accepted": 1, "duplicates": 0})
+    store.close()  # every later use of the database fails
+    status, body = await call(app, "POST", "/v1/events", batch)
+    assert status == 503 and "cannot store events" in body["error"]
+    status, body = await call(app, "GET", "/v1/stats")
+    assert status == 503 and "cannot read" in body["error"]
