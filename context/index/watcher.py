@@ -1,7 +1,7 @@
 """Keep the index current while files change: a watchdog observer on the roots feeding the indexer.
 
-File events (and the editor's didSave / didChangeWatchedFiles, through `notify_saved` /
-`notify_changed`) go into one pending set. A worker thread waits until events have been quiet for
+File events (the observer's, and the editor's didSave / didChangeWatchedFiles, all through the
+`notify_*` methods) go into one pending set. A worker thread waits until events have been quiet for
 the debounce interval (or a cap has passed since the first one), then applies them: moves first, as
 renames that keep a file's rows when its content is unchanged, then every other touched path is
 re-checked against the disk (indexed, or dropped if gone or now skipped). Events in VCS internals
@@ -10,8 +10,11 @@ and cache folders never reach the queue.
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
+import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -31,7 +34,13 @@ from .indexer import Indexer, lower_thread_priority, merge_reports
 from .types import IndexReport
 from .walk import ALWAYS_SKIP_DIRS
 
-__all__ = ["IndexWatcher", "IGNORED_DIR_NAMES", "FULL_PASS_PATHS"]
+__all__ = [
+    "IndexWatcher",
+    "IGNORED_DIR_NAMES",
+    "FULL_PASS_PATHS",
+    "PRUNING_TESTED_WATCHDOG",
+    "prunes_ignored_folders",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +52,22 @@ IGNORED_DIR_NAMES = ALWAYS_SKIP_DIRS
 FULL_PASS_PATHS = 500
 _IGNORED_EVENTS = (DirModifiedEvent, FileOpenedEvent, FileClosedNoWriteEvent)
 
+# The (major, minor) watchdog releases whose inotify internals the pruned observer (`_observer`) was
+# tested with: watchdog has no public way to leave folders out of a recursive watch, so it subclasses
+# private hooks (InotifyWatchGroup._add_all_callbacks/_add_callback, InotifyEmitter._inotify and
+# _inotify_fd, BaseObserver._emitter_class). Tested with 7.1.0 (tests/unit/index/test_watcher.py).
+# Not 7.0: its InotifyWatchGroup._recursive_simulate looks up a watch for every folder below a new
+# one and raises KeyError on a pruned one (a new folder holding node_modules); 6.x and older have no
+# InotifyWatchGroup. Any other version gets watchdog's plain observer: the same events, with
+# inotify watches on the ignored folders too. Add a release here only after the watcher tests pass on it.
+PRUNING_TESTED_WATCHDOG = frozenset({(7, 1)})
+
 
 class _Handler(FileSystemEventHandler):
+    """Forwards watchdog's events to the watcher through its public notify_* methods."""
+
     def __init__(self, watcher: IndexWatcher) -> None:
-        self._watcher = watcher
+        self.watcher = watcher
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         if isinstance(event, _IGNORED_EVENTS):
@@ -54,9 +75,9 @@ class _Handler(FileSystemEventHandler):
         src = os.fsdecode(event.src_path)
         dest = os.fsdecode(event.dest_path) if event.dest_path else ""
         if dest:
-            self._watcher._add_move(Path(src), Path(dest))
+            self.watcher.notify_moved(Path(src), Path(dest))
         else:
-            self._watcher._add_paths([Path(src)])
+            self.watcher.notify_changed([Path(src)])
 
 
 class IndexWatcher:
@@ -135,8 +156,21 @@ class IndexWatcher:
         self._add_paths([Path(path)])
 
     def notify_changed(self, paths: Iterable[Path]) -> None:
-        """The editor reports created / changed / deleted files (didChangeWatchedFiles)."""
+        """Files were created, changed or deleted (the observer's events; the editor's
+        didChangeWatchedFiles)."""
         self._add_paths([Path(p) for p in paths])
+
+    def notify_moved(self, old: Path, new: Path) -> None:
+        """A file or folder moved from `old` to `new`: its rows follow it when the content is unchanged."""
+        old, new = Path(old), Path(new)
+        old_wanted, new_wanted = self._wanted(old), self._wanted(new)
+        if old_wanted and new_wanted:
+            with self._cond:
+                self._moves.append((old, new))
+                self._touch()
+        elif old_wanted or new_wanted:
+            # Moved into or out of an ignored folder: for the index, a deletion or a creation.
+            self._add_paths([old if old_wanted else new])
 
     def set_overlay(self, path: Path, text: str) -> None:
         """An editor buffer's unsaved text for `path`: recorded now, indexed on the watcher's thread."""
@@ -163,16 +197,6 @@ class IndexWatcher:
             with self._cond:
                 self._paths.update(dict.fromkeys(wanted))
                 self._touch()
-
-    def _add_move(self, old: Path, new: Path) -> None:
-        old_wanted, new_wanted = self._wanted(old), self._wanted(new)
-        if old_wanted and new_wanted:
-            with self._cond:
-                self._moves.append((old, new))
-                self._touch()
-        elif old_wanted or new_wanted:
-            # Moved into or out of an ignored folder: for the index, a deletion or a creation.
-            self._add_paths([old if old_wanted else new])
 
     def _touch(self) -> None:
         now = time.monotonic()
@@ -251,27 +275,49 @@ class IndexWatcher:
             self.on_batch(report)
 
 
+def _watchdog_version() -> tuple[int, int] | None:
+    """The installed watchdog's (major, minor), or None when its metadata cannot say."""
+    try:
+        match = re.match(r"(\d+)\.(\d+)", importlib.metadata.version("watchdog"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def prunes_ignored_folders() -> bool:
+    """Whether the observer leaves ignored folders unwatched here: Linux's inotify observer, on a
+    watchdog release listed in PRUNING_TESTED_WATCHDOG."""
+    # Other platforms' observers watch a tree through one handle, and Linux without inotify support
+    # gets watchdog's polling observer: nothing to prune there.
+    inotify = sys.platform.startswith("linux") and Observer.__module__ == "watchdog.observers.inotify"
+    return inotify and _watchdog_version() in PRUNING_TESTED_WATCHDOG
+
+
 def _observer(ignored_dir_names: frozenset[str]):
-    """A watchdog observer that, on Linux, puts no inotify watch on ignored folders at all.
+    """A watchdog observer that, where `prunes_ignored_folders()`, puts no inotify watch on ignored
+    folders at all; elsewhere watchdog's own observer.
 
     watchdog's recursive inotify watch adds one kernel watch per directory, `.git/objects` and
     `node_modules` included: tens of thousands in a JavaScript project, past the default
     `max_user_watches`, for events the handler drops anyway. The watch group here prunes those
-    folders from its walk and from directories created later. Other platforms' observers watch a
-    tree through one handle and need no pruning; a watchdog whose inotify classes lack the hooks
-    used here (another major version) is used unpruned.
+    folders from its walk and from directories created later.
     """
-    try:
-        from watchdog.observers import inotify
-    except ImportError:  # not Linux
-        return Observer()
-    group_cls = getattr(inotify, "InotifyWatchGroup", None)
-    hooks = callable(getattr(group_cls, "_add_all_callbacks", None))
-    if Observer is not inotify.InotifyObserver or not hooks:
-        return Observer()
-    ignored = frozenset(os.fsencode(name) for name in ignored_dir_names)
+    if prunes_ignored_folders():
+        return _pruned_inotify_observer(frozenset(os.fsencode(name) for name in ignored_dir_names))
+    if Observer.__module__ == "watchdog.observers.inotify":
+        log.info("watchdog %s is not a release the watcher's folder pruning was tested with (%s); "
+                 "ignored folders such as .git and node_modules get inotify watches too",
+                 ".".join(map(str, _watchdog_version() or ("unknown",))),
+                 ", ".join(f"{major}.{minor}" for major, minor in sorted(PRUNING_TESTED_WATCHDOG)))
+    return Observer()
 
-    class PrunedWatchGroup(group_cls):
+
+def _pruned_inotify_observer(ignored: frozenset[bytes]):
+    """watchdog's inotify observer with a watch group that never watches an `ignored` folder, in its
+    first walk or when one appears later. Private watchdog API throughout: see PRUNING_TESTED_WATCHDOG."""
+    from watchdog.observers import inotify
+
+    class PrunedWatchGroup(inotify.InotifyWatchGroup):
         def _add_all_callbacks(self, path: bytes) -> None:
             parts = [] if path == self.path else os.path.relpath(path, self.path).split(os.fsencode(os.sep))
             if ignored.intersection(parts):  # e.g. a .git or node_modules created later

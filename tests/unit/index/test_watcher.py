@@ -4,6 +4,7 @@ same queue, and a save is searchable quickly (the measured p50/p95 are printed).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import statistics
@@ -17,7 +18,7 @@ import pytest
 from context.index.indexer import Indexer
 from context.index.store import IndexStore
 from context.index.types import IndexReport
-from context.index.watcher import IndexWatcher
+from context.index.watcher import IndexWatcher, prunes_ignored_folders
 
 BASE = {
     "pkg/__init__.py": "",
@@ -134,7 +135,8 @@ def inotify_watches() -> int:
     return count
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify watches are a Linux resource")
+@pytest.mark.skipif(not prunes_ignored_folders(),
+                    reason="pruning needs Linux's inotify and a watchdog in PRUNING_TESTED_WATCHDOG")
 def test_ignored_folders_get_no_inotify_watch(tmp_path):
     """`.git` and `node_modules` hold most of a project's directories; none of them is watched."""
     root = tmp_path / "ws"
@@ -161,6 +163,28 @@ def test_ignored_folders_get_no_inotify_watch(tmp_path):
             time.sleep(0.2)
             assert inotify_watches() - before == 5
         assert wait_for(lambda: inotify_watches() == before)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify watches are a Linux resource")
+def test_an_untested_watchdog_release_gets_the_plain_observer(tmp_path, monkeypatch, caplog):
+    """Outside the releases the pruning was tested with, watchdog's own observer watches everything
+    (ignored folders included) and changes still reach the index."""
+    monkeypatch.setattr("context.index.watcher.PRUNING_TESTED_WATCHDOG", frozenset())
+    assert not prunes_ignored_folders()
+    root = tmp_path / "ws"
+    for i in range(5):
+        (root / "node_modules" / f"dep{i}").mkdir(parents=True)
+    (root / "pkg").mkdir()
+    with IndexStore(tmp_path / "db.sqlite3") as store:
+        indexer = Indexer([root], store)
+        indexer.index_all()
+        before = inotify_watches()
+        with caplog.at_level(logging.INFO, logger="context.index.watcher"), \
+                IndexWatcher(indexer, debounce_s=0.01):
+            assert wait_for(lambda: inotify_watches() - before == 8)  # ws, pkg, node_modules + 5 deps
+            (root / "pkg" / "mod.py").write_text("def seen_unpruned():\n    pass\n", encoding="utf-8")
+            assert wait_for(lambda: "seen_unpruned" in symbol_names(store))
+        assert "not a release the watcher's folder pruning was tested with" in caplog.text
 
 
 def test_a_root_below_a_folder_named_like_a_skipped_one(tmp_path):
@@ -213,6 +237,13 @@ def test_editor_notifications_without_an_observer(ws, tmp_path):
             watcher.notify_changed([ws / "pkg/maths.py", ws / "pkg/other.py"])
             assert wait_for(lambda: "other" in symbol_names(store) and "pkg/maths.py" not in rels(store))
             assert watcher.wait_idle(10)
+            parsed = sum(r.parsed for r in batches.reports)
+            # An editor rename (workspace/didRenameFiles) keeps the file's rows: nothing is re-parsed.
+            (ws / "pkg/urls.py").rename(ws / "pkg/addresses.py")
+            watcher.notify_moved(ws / "pkg/urls.py", ws / "pkg/addresses.py")
+            assert wait_for(lambda: "pkg/addresses.py" in rels(store) and "pkg/urls.py" not in rels(store))
+            assert watcher.wait_idle(10)
+            assert sum(r.parsed for r in batches.reports) == parsed
         assert batches.reports[-1].files == store.stats()["files"]
 
 
