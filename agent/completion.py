@@ -12,17 +12,19 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from context.boundary import CursorContext, cursor_context, cut_at_boundary, is_mid_line, suggestion
 from context.config import CompletionConfig
 from context.errors import GenerationCancelled, SquidcodeError
+from context.prompt_record import ReferenceIdentity, ServedPrompt, window_ids
 from context.runtime import ModelRuntime
 
 __all__ = [
     "CompletionRequest",
     "Completion",
     "CursorContext",
+    "ServedPrompt",
     "cursor_context",
     "build_prompt_ids",
     "cut_at_boundary",
@@ -32,9 +34,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Characters per token is ~3-4 for code; reading 8x the token budget in characters is always enough
-# and keeps a huge document from being tokenized whole.
-_CHARS_PER_TOKEN_CEILING = 8
 # Instruct-tuned models drift into chat markdown; a fence never belongs in a code suggestion.
 _PROSE_STOPS = ("```",)
 
@@ -51,40 +50,60 @@ class CompletionRequest:
 
 @dataclass(frozen=True)
 class Completion:
-    """Text to insert at the cursor, with what it cost."""
+    """Text to insert at the cursor, with what it cost and the prompt it was answered from."""
 
     text: str
     latency_s: float
     prompt_tokens: int
     new_tokens: int
     stop_reason: str
-    reference_tokens: int = 0  # tokens of Squid-composed reference documents before the prompt
-    # Tokens of the `prefix_tokens` window left out to answer within `keystroke_prefill_tokens`.
-    dropped_tokens: int = 0
+    prompt: ServedPrompt  # recorded with the episode; the trainer prompts with it as it is
+
+    @property
+    def reference_tokens(self) -> int:
+        """Tokens of Squid-composed reference documents before the prompt."""
+        return self.prompt.reference_tokens
+
+    @property
+    def dropped_tokens(self) -> int:
+        """Tokens of the `prefix_tokens` window left out to answer within `keystroke_prefill_tokens`."""
+        return self.prompt.dropped_tokens
 
 
 def build_prompt_ids(runtime: ModelRuntime, prefix: str, budget_tokens: int) -> list[int]:
     """Token ids of the text before the cursor, at most `budget_tokens`, nearest text kept."""
-    window = prefix[-budget_tokens * _CHARS_PER_TOKEN_CEILING :]
-    ids = runtime.encode(window)
-    return ids[-budget_tokens:]
+    return window_ids(runtime.encode, prefix, budget_tokens)
 
 
-def _reference_cache(references, prefix: str):
-    """A private cache of the Squid-composed reference documents, or (None, 0) without any."""
+@dataclass(frozen=True)
+class _References:
+    """The reference documents composed for one request: a private cache and what it holds."""
+
+    cache: object = None
+    tokens: int = 0
+    identities: tuple[ReferenceIdentity, ...] = ()
+
+
+def _reference_cache(references, prefix: str) -> _References:
+    """A private cache of the Squid-composed reference documents (an empty one without any)."""
     if references is None:
-        return None, 0
+        return _References()
     try:
         composed = references.compose(prefix)
     except (SquidcodeError, RuntimeError, ValueError, OSError) as exc:
         # References only improve a completion; one that cannot have them still gets one.
         log.warning("squid: reference documents unavailable (%s); completing without them", exc)
-        return None, 0
+        return _References()
     if composed is None:
-        return None, 0
+        return _References()
     log.info("squid: %d reference documents composed (%d tokens, recomputed %.0f%%)",
              len(composed.spans), composed.offset, 100 * composed.recomputed_fraction)
-    return composed.new_cache(), composed.offset
+    sources = composed.sources or (None,) * len(composed.spans)
+    identities = tuple(
+        ReferenceIdentity(key.content, source, end - start)
+        for key, (start, end), source in zip(composed.document_keys, composed.spans, sources, strict=True)
+    )
+    return _References(composed.new_cache(), composed.offset, identities)
 
 
 def complete(
@@ -104,18 +123,6 @@ def complete(
         return _complete(runtime, request, config, should_stop, references)
 
 
-def _healed_prompt(runtime, prefix: str, config: CompletionConfig) -> tuple[list[int], str]:
-    """(prompt token ids, text cut off their end for generation to regenerate)."""
-    prompt_ids = build_prompt_ids(runtime, prefix, config.prefix_tokens)
-    # Token healing: a prompt ending in whitespace (indentation, a space after `return`) ends on
-    # a token the model rarely saw there; drop it and let generation regenerate it.
-    if len(prompt_ids) > 1:
-        last_text = runtime.decode(prompt_ids[-1:])
-        if last_text and not last_text.strip():
-            return prompt_ids[:-1], last_text
-    return prompt_ids, ""
-
-
 def warm_window(runtime: ModelRuntime, request: CompletionRequest, config: CompletionConfig,
                 references=None, should_stop: Callable[[], bool] | None = None) -> bool:
     """Prefill the whole completion window at `request`'s cursor while nothing waits on the model.
@@ -127,19 +134,20 @@ def warm_window(runtime: ModelRuntime, request: CompletionRequest, config: Compl
     if config.keystroke_prefill_tokens <= 0:
         return True  # completions prefill the whole window themselves
     ctx = cursor_context(request.text, request.offset, config.suffix_lines)
-    prompt_ids, _ = _healed_prompt(runtime, ctx.prefix, config)
-    past, _ = _reference_cache(references, ctx.prefix)
-    return runtime.warm(prompt_ids, past=past, should_stop=should_stop)
+    prompt = ServedPrompt.build(runtime, ctx, config)
+    past = _reference_cache(references, ctx.prefix).cache
+    return runtime.warm(list(prompt.ids), past=past, should_stop=should_stop)
 
 
 def _complete(runtime, request, config, should_stop, references) -> Completion | None:
     started = time.perf_counter()
     ctx = cursor_context(request.text, request.offset, config.suffix_lines)
-    prompt_ids, heal = _healed_prompt(runtime, ctx.prefix, config)
+    prompt = ServedPrompt.build(runtime, ctx, config)
+    prompt_ids, heal = list(prompt.ids), prompt.heal
     stop = tuple(config.stop) + (("\n",) if is_mid_line(ctx) else ("\n\n\n",))
     if request.language != "markdown":
         stop += _PROSE_STOPS
-    past, reference_tokens = _reference_cache(references, ctx.prefix)
+    composed = _reference_cache(references, ctx.prefix)
     try:
         result = runtime.generate(
             prompt_ids,
@@ -148,7 +156,7 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
             temperature=config.temperature,
             should_stop=should_stop,
             heal=heal,
-            past=past,
+            past=composed.cache,
             prefill_limit=config.keystroke_prefill_tokens,
         )
     except GenerationCancelled:
@@ -178,14 +186,14 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
         prompt_tokens=result.prompt_tokens,
         new_tokens=new_tokens,
         stop_reason=reason,
-        reference_tokens=reference_tokens,
-        dropped_tokens=result.dropped_tokens,
+        prompt=replace(prompt, stop=stop, dropped_tokens=result.dropped_tokens,
+                       references=composed.identities, reference_tokens=composed.tokens),
     )
 
 
 def _finish(runtime, prompt_ids, generated: str, ctx, config, stop, should_stop, references):
     """Up to `finish_tokens` more after `prompt_ids` + `generated`, or None when cancelled."""
-    past, _ = _reference_cache(references, ctx.prefix)  # a fresh copy: generation may extend one
+    past = _reference_cache(references, ctx.prefix).cache  # a fresh copy: generation may extend one
     try:
         more = runtime.generate(
             prompt_ids + runtime.encode(generated),

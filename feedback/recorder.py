@@ -29,13 +29,14 @@ from typing import Any
 
 from context.config import FeedbackConfig
 from context.errors import FeedbackStoreError
+from context.prompt_record import ServedPrompt
 
 from .consent import Consent
 from .redact import for_storage, redact
 from .store import JSON_COLUMNS, FeedbackStore, default_db_path, translate_sqlite_error
 from .tracking import EditTracker, Observation, Pos, TextChange
 
-__all__ = ["FeedbackRecorder", "new_id"]
+__all__ = ["FeedbackRecorder", "new_id", "SERVED_PROMPT_KEY"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 MAX_PENDING_ROWS = 100_000
 _RETRY_S = (0.05, 0.2, 1.0, 5.0, 30.0)
 _SESSION_TOUCH_S = 60.0
+# A completion episode's `extra` holds its `ServedPrompt` under this key, without the window's text:
+# that is the episode's `prompt_text`.
+SERVED_PROMPT_KEY = "served_prompt"
 
 
 def new_id() -> str:
@@ -57,6 +61,10 @@ def sanitize_row(table: str, row: dict[str, Any], mode: str) -> dict[str, Any]:
     """
     row = {k: json.loads(v) if k in JSON_COLUMNS and isinstance(v, str) else v for k, v in row.items()}
     if table == "episodes":
+        served = (row.get("extra") or {}).get(SERVED_PROMPT_KEY)
+        if served is not None:
+            stored = _stored_prompt(served, row.get("prompt_text"), mode)
+            row["extra"] = {**row["extra"], SERVED_PROMPT_KEY: stored}
         row["prompt_text"], row["prompt_hash"] = for_storage(row.get("prompt_text"), mode)
         row["output"], row["output_hash"] = for_storage(row.get("output"), mode)
         row["instruction"] = (
@@ -77,6 +85,14 @@ def sanitize_row(table: str, row: dict[str, Any], mode: str) -> dict[str, Any]:
     elif table == "outcomes":
         row["kept_text"], row["kept_hash"] = for_storage(row.get("kept_text"), mode)
     return row
+
+
+def _stored_prompt(served: dict, window: str | None, mode: str) -> dict:
+    """A served prompt as an episode keeps it: redacted, its token ids only where redaction left the
+    window as it was (ids of a secret spell the secret), no code at all unless `mode` keeps code."""
+    record = ServedPrompt.from_json(served, text=window or "")
+    stored = record.for_storage(lambda text: redact(text).text, keep_code=mode == "full")
+    return stored.to_json(with_text=False)
 
 
 def _sanitize_candidate(candidate: dict, mode: str) -> dict:
@@ -166,21 +182,26 @@ class FeedbackRecorder:
         uri: str,
         position: Pos,
         output: str,
-        prompt_text: str,
+        prompt_text: str = "",
         model_id: str | None,
         adapter_id: str | None = None,
         language: str | None = None,
         context_refs: Iterable[dict] = (),
         latency_s: float | None = None,
         extra: dict | None = None,
+        served: ServedPrompt | None = None,
     ) -> str | None:
         """A completion shown to the user; its id, or None when recording is off.
 
-        `prompt_text` is what the prompt was built from (the text before the cursor); `extra` says
-        how (e.g. {"prompt_builder": "completion.prefix", "prefix_tokens": 1024}).
+        `served` is the prompt it was answered from: its window's text is stored as the episode's
+        `prompt_text`, the rest in `extra[SERVED_PROMPT_KEY]` (redacted on the writer thread). Without
+        it `prompt_text` is the text before the cursor and `extra` may say how the prompt was built.
         """
         if not self.config.record:
             return None
+        if served is not None:
+            prompt_text = served.text
+            extra = {**(extra or {}), SERVED_PROMPT_KEY: served.to_json(with_text=False)}
         episode_id = new_id()
         now, mono = self.clock(), self.monotonic()
         self._note_output(episode_id, mono, model_id)

@@ -93,6 +93,7 @@ class ComposedContext:
     logits: torch.Tensor | None = None
     # What the context was made of, so that the next composition can copy what is unchanged.
     document_keys: tuple = ()
+    sources: tuple[str | None, ...] = ()  # each document's file (`DocumentKV.source`)
     prefix_hash: str = ""
     recovery: Recovery | None = None
     reused_documents: int = 0
@@ -271,6 +272,7 @@ def compose(
         timings["recompute_s"] = time.perf_counter() - started
         ctx = ComposedContext(keys, values, token_ids, spans, runtime.model.config, fraction, timings,
                               document_keys=tuple(d.key for d in documents), prefix_hash=prefix.hash,
+                              sources=tuple(d.source for d in documents),
                               recovery=recovery, reused_documents=sum(reused))
         if query_ids:
             started = time.perf_counter()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from context.prompt_record import ServedPrompt
 from feedback.rewards import RewardContext
 
 __all__ = [
@@ -62,18 +63,17 @@ class TrainingExample:
     test_asserts: tuple[str, ...] = ()
     language: str = "python"
     # A completion episode: the raw text before the cursor, continued as the server continues it
-    # (no chat template), and its answers cut where an inline completion is cut (`max_lines`).
+    # (no chat template), and its answers cut where an inline completion is cut.
     # None: a chat prompt (`prompt_messages`), as agent episodes and the task set use.
     prompt_text: str | None = None
     # The whitespace the cursor's line held before the completion (cut off `prompt_text`; the
     # answers and `kept_text` start with it). The server's prompt ended with it and regenerated it
     # (token healing), and so do the trainer's.
     prompt_lead: str = ""
-    max_lines: int = 8
-    prompt_tokens: int = 1024  # the completion's prompt budget (completion.prefix_tokens) then
-    # Tokens a completion then got to close a string or bracket it ran out of tokens inside
-    # (completion.finish_tokens); 0: it was cut back instead (episodes recorded before it existed).
-    finish_tokens: int = 0
+    # The prompt the completion was served with (`prompt_text + prompt_lead` is its window): the
+    # trainer prompts with its ids and cuts samples by its settings. None: a completion example
+    # built by hand, prompted from `prompt_text` by the serving rule with the default settings.
+    served: ServedPrompt | None = None
     # What the example is about (a file's function, a file): the held-out split keeps a group whole,
     # so the gate never scores the model on code it was trained on. "" = a group of its own.
     group: str = ""
@@ -91,7 +91,8 @@ def example_from_episode(episode: Any) -> TrainingExample | None:
     """A training example from one stored episode; None when it cannot teach anything.
 
     Reads attributes (or mapping keys) named as the fields of TrainingExample, plus `outcome`
-    ("kept" | "modified" | "reverted") and `context_documents` as (path, text) pairs or mappings.
+    ("kept" | "modified" | "reverted") and `context_documents` as (path, text) pairs or mappings;
+    `served` may be a `ServedPrompt` or its JSON.
     An episode whose outcome left no reference text (kept nothing, reverted nothing) is skipped.
     """
     get = episode.get if isinstance(episode, dict) else lambda name, default=None: getattr(
@@ -108,15 +109,17 @@ def example_from_episode(episode: Any) -> TrainingExample | None:
         for d in get("context_documents", ()) or ()
     )
     verification = dict(get("verification", {}) or {})
+    served = get("served")
+    if isinstance(served, dict):
+        served = ServedPrompt.from_json(served)
     return TrainingExample(
         id=str(get("id")), created_at=float(get("created_at")), instruction=get("instruction") or "",
         original=get("original") or "", context_documents=docs, output=get("output"),
         candidates=tuple(get("candidates", ()) or ()), kept_text=kept_text, reverted=reverted,
         reverted_text=reverted_text, verification=verification,
         test_asserts=tuple(verification.get("test_asserts", ())), language=get("language") or "python",
-        prompt_text=get("prompt_text"), max_lines=int(get("max_lines", 8) or 8),
-        prompt_tokens=int(get("prompt_tokens", 1024) or 1024), group=str(get("group", "") or ""),
-        finish_tokens=int(get("finish_tokens", 0) or 0), prompt_lead=get("prompt_lead") or "",
+        prompt_text=get("prompt_text"), prompt_lead=get("prompt_lead") or "", served=served,
+        group=str(get("group", "") or ""),
     )
 
 

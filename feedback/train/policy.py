@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from context.boundary import cursor_context, is_mid_line, opens_block, suggestion
+from context.boundary import is_mid_line, opens_block, suggestion
 from context.generation import healing_tokens
 from context.loading import model_loading
+from context.prompt_record import ServedPrompt, TokenizerCodec
 
 from .logprobs import token_logprobs
 
@@ -27,6 +28,7 @@ __all__ = [
     "completion_prompt",
     "sample_example",
     "sample_group",
+    "served_prompt",
 ]
 
 
@@ -76,34 +78,36 @@ def example_prompt_ids(tokenizer, example) -> torch.Tensor:
     return completion_prompt(tokenizer, example)[0]
 
 
+def served_prompt(example) -> ServedPrompt:
+    """The prompt a completion example was served with; for one built by hand, a record of its text
+    with the default settings."""
+    return example.served or ServedPrompt.from_text(example.prompt_text + example.prompt_lead)
+
+
 def completion_prompt(tokenizer, example) -> tuple[torch.Tensor, str]:
-    """(ids [1, P], heal) of a completion example, as `agent.completion` builds them: the raw text
-    before the cursor (no chat template), its nearest `prompt_tokens` kept; a last token of only
-    whitespace is cut off, and its text (`heal`) is what every answer must start by regenerating."""
-    budget_tokens = example.prompt_tokens
-    text = example.prompt_text + example.prompt_lead
-    ids = list(tokenizer(text[-budget_tokens * 8:], add_special_tokens=False)["input_ids"])[-budget_tokens:]
-    heal = ""
-    if len(ids) > 1:
-        last = tokenizer.decode(ids[-1:])
-        if last and not last.strip():
-            ids, heal = ids[:-1], last
+    """(ids [1, P], heal) of a completion example: the prompt ids the completion was answered from,
+    as recorded (`ServedPrompt.model_ids`; the raw text before the cursor, no chat template), and the
+    whitespace cut off their end (`heal`) that every answer must start by regenerating."""
+    ids, heal = served_prompt(example).model_ids(TokenizerCodec(tokenizer))
     return torch.tensor([ids], dtype=torch.long), heal
 
 
 def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: int,
                    max_new_tokens: int, temperature: float) -> SampledGroup:
     """`sample_group` for a training example. A completion's samples are generated and cut as the
-    completion path does it (`completion_prompt`, `context.boundary.suggestion`), so the reward
-    judges what a user would have seen; their tokens past it are masked out of the loss. Each text
-    starts with the example's `prompt_lead`, as its `kept_text` does."""
+    completion path did it (`completion_prompt`, `context.boundary.suggestion` with the served
+    settings and the text after the cursor), so the reward judges what a user would have seen; their
+    tokens past it are masked out of the loss. Each text starts with the example's `prompt_lead`, as
+    its `kept_text` does. A completion gets at most the tokens it was served with (`max_tokens`)."""
     if example.prompt_text is None:
         return sample_group(model, tokenizer, prompt, group_size, max_new_tokens, temperature)
+    served = served_prompt(example)
     _, heal = completion_prompt(tokenizer, example)
     lead = example.prompt_lead
-    full = example.prompt_text + lead
-    ctx = cursor_context(full, len(full), 0)
-    finish = example.finish_tokens if not is_mid_line(ctx) and opens_block(ctx.line_prefix) else 0
+    ctx = served.cursor_context()
+    if served.max_tokens is not None:
+        max_new_tokens = min(max_new_tokens, served.max_tokens)
+    finish = served.finish_tokens if not is_mid_line(ctx) and opens_block(ctx.line_prefix) else 0
     group = sample_group(model, tokenizer, prompt, group_size, max_new_tokens + finish, temperature, heal)
     eos = eos_token_ids(model, tokenizer)
     texts = []
@@ -112,7 +116,8 @@ def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: 
         ids = group.completions[row, :length].tolist()
         first_eos = next((i for i, token in enumerate(ids) if token in eos), None)
         generated = tokenizer.decode(ids, skip_special_tokens=True)[len(heal):]
-        shown = _shown(tokenizer, ids, first_eos, heal, max_new_tokens, finish, ctx, example)
+        shown = _shown(tokenizer, ids, first_eos, heal, max_new_tokens, finish, ctx, served.max_lines,
+                       example.language)
         # The text after `prompt_text`: the lead, then what the completion path would insert.
         texts.append(lead + shown)
         end = len(heal) + (generated.find(shown) + len(shown) if shown else 0)
@@ -121,7 +126,7 @@ def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: 
 
 
 def _shown(tokenizer, ids: list[int], first_eos: int | None, heal: str, budget: int, finish: int,
-           ctx, example) -> str:
+           ctx, max_lines: int, language: str) -> str:
     """The suggestion the completion path would have made of one sampled row (`ids`, its first
     end-of-sequence token at `first_eos`): its first `budget` tokens, `finish` more when it ran
     out inside something it opened."""
@@ -134,8 +139,7 @@ def _shown(tokenizer, ids: list[int], first_eos: int | None, heal: str, budget: 
         return text(total), first_eos is None or first_eos >= total
 
     ran_out = first_eos is None or first_eos >= budget
-    return suggestion(text(budget), ctx, example.max_lines, ran_out, example.language,
-                      more if finish else None)
+    return suggestion(text(budget), ctx, max_lines, ran_out, language, more if finish else None)
 
 
 def _tokens_covering(tokenizer, ids: list[int], end: int) -> int:

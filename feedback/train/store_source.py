@@ -1,9 +1,10 @@
 """The feedback store as the trainer's EpisodeSource: recorded episodes become training examples.
 
-A completion episode is trained as the server completes: the raw text before the cursor, continued
-without a chat template, its samples cut where inline completions are cut (the trailing
-indentation of the cursor's line moves into the answers, as the completion path regenerates it);
-an agent episode keeps its instruction. The outcome at the last checkpoint supplies the reference texts a
+A completion episode is trained on the prompt it was served with (`context.prompt_record.ServedPrompt`,
+passed through as it was recorded: the same token ids, the same settings), continued without a chat
+template, its samples cut where inline completions are cut (the trailing indentation of the cursor's
+line moves into the answers, as the completion path regenerates it); an agent episode keeps its
+instruction. The outcome at the last checkpoint supplies the reference texts a
 reward compares fresh samples with: the region's final text when the user kept or modified it,
 the model's output when the user reverted it. Episodes never accepted, or not yet judged, teach
 nothing and are left out (`example_from_episode` skips an episode without reference texts).
@@ -16,7 +17,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FeedbackStoreSource", "COMPLETION_INSTRUCTION", "episode_as_example_fields", "episode_group"]
+from context.prompt_record import ServedPrompt
+from feedback.recorder import SERVED_PROMPT_KEY
+
+__all__ = [
+    "FeedbackStoreSource",
+    "COMPLETION_INSTRUCTION",
+    "episode_as_example_fields",
+    "episode_group",
+    "served_prompt_of",
+]
 
 COMPLETION_INSTRUCTION = "Continue this code from where it stops. Answer with the code only."
 _KEPT = ("unchanged", "mostly_unchanged", "modified")
@@ -34,14 +44,11 @@ def episode_as_example_fields(record: Any) -> dict[str, Any] | None:
     else:
         instruction = episode.get("instruction") or ""
     status = last["status"]
-    prompt_text, lead, max_lines, budget, finish = None, "", 8, 1024, 0
+    prompt_text, lead, served = None, "", None
     if episode["kind"] == "completion":
-        prefix = episode.get("prompt_text") or ""
-        prompt_text = prefix.rstrip(" \t")
-        lead = prefix[len(prompt_text):]
-        max_lines = int(extra.get("max_lines") or 8)
-        budget = int(extra.get("prefix_tokens") or 1024)
-        finish = int(extra.get("finish_tokens") or 0)
+        served = served_prompt_of(episode)
+        prompt_text = served.text.rstrip(" \t")
+        lead = served.text[len(prompt_text):]
     kept = last.get("kept_text") if status in _KEPT else None
     output = episode.get("output")
     return {
@@ -57,11 +64,29 @@ def episode_as_example_fields(record: Any) -> dict[str, Any] | None:
         "language": episode.get("language") or "python",
         "prompt_text": prompt_text,
         "prompt_lead": lead,
-        "max_lines": max_lines,
-        "prompt_tokens": budget,
-        "finish_tokens": finish,
+        "served": served,
         "group": episode_group(episode.get("uri") or "", prompt_text),
     }
+
+
+def served_prompt_of(episode: dict[str, Any]) -> ServedPrompt:
+    """The prompt a completion episode was served with, as the recorder stored it.
+
+    Fallback for an episode recorded before prompts were (no `extra.served_prompt`): a record of its
+    `prompt_text` (the last `prefix_tokens * 6` characters before the cursor) without token ids, with
+    the settings its `extra` names, and for the rest `CompletionConfig`'s defaults, except that
+    `finish_tokens` is 0 where it is not named (recorded before completions were finished) and
+    `max_tokens` unknown (the trainer's own budget). The trainer tokenizes that text by the serving
+    rule: the served ids, unless the served window reached further back than the recorded text.
+    """
+    extra = episode.get("extra") or {}
+    text = episode.get("prompt_text") or ""
+    recorded = extra.get(SERVED_PROMPT_KEY)
+    if recorded is not None:
+        return ServedPrompt.from_json(recorded, text=text)
+    named = {key: int(extra[key]) for key in ("prefix_tokens", "max_lines") if extra.get(key)}
+    return ServedPrompt.from_text(text, finish_tokens=int(extra.get("finish_tokens") or 0), max_tokens=None,
+                                  **named)
 
 
 _DEFINITION = re.compile(

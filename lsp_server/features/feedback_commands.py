@@ -16,7 +16,6 @@ from pygls.exceptions import JsonRpcInvalidParams
 
 from agent.completion import Completion
 
-from ..positions import offset_at
 from ..server import SquidServer
 
 __all__ = [
@@ -35,9 +34,6 @@ ACCEPT_COMMAND = "squidcode.completion.accept"
 STATUS_COMMAND = "squidcode.feedback.status"
 SET_RECORD_COMMAND = "squidcode.feedback.setRecord"
 SET_SHARE_COMMAND = "squidcode.feedback.setShare"
-# What a completion's prompt is rebuilt from: the text before the cursor, at most this many characters
-# per prompt token of the configured budget (tokens of code average well under 6 characters).
-_PROMPT_CHARS_PER_TOKEN = 6
 
 
 def accept_command(episode_id: str | None, text: str) -> types.Command:
@@ -68,27 +64,22 @@ def _record_completion(
     opened = ls.open_document_text(uri)
     if recorder is None or opened is None or not completion.text:
         return None
-    text, language = opened
-    budget = ls.config.completion.prefix_tokens
-    prefix = text[: offset_at(text, position)][-budget * _PROMPT_CHARS_PER_TOKEN :]
+    _, language = opened
     runtime = ls.runtime
     return recorder.record_completion_episode(
         uri=uri,
         position=(position.line, position.character),
         output=completion.text,
-        prompt_text=prefix,
+        # The prompt as the completion was served with it (its window, ids and settings), not
+        # rebuilt from the document, which may have changed since.
+        served=completion.prompt,
         model_id=model_id_of(ls),
         adapter_id=getattr(runtime, "adapter_id", None),
         language=language,
         latency_s=round(completion.latency_s, 4),
         extra={
             "prompt_builder": "completion.prefix",
-            "prefix_tokens": budget,
-            "max_lines": ls.config.completion.max_lines,
-            "finish_tokens": ls.config.completion.finish_tokens,
-            "prompt_tokens": completion.prompt_tokens,
-            # > 0: a shorter window answered (`keystroke_prefill_tokens`); prompt_text is the whole one
-            "dropped_tokens": completion.dropped_tokens,
+            "prompt_tokens": completion.prompt_tokens,  # prefilled for this answer (not held in cache)
             "new_tokens": completion.new_tokens,
         },
     )

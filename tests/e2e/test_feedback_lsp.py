@@ -98,6 +98,15 @@ def outcomes(db_path: Path, episode_id: str) -> list[tuple[float, str]]:
         store.close()
 
 
+def stored_episode(db_path: Path, episode_id: str) -> dict:
+    store = FeedbackStore(db_path, readonly=True)
+    try:
+        return next(item.episode for item in store.episodes_with_outcomes()
+                    if item.episode["id"] == episode_id)
+    finally:
+        store.close()
+
+
 async def wait_for_outcomes(db_path: Path, episode_id: str, count: int) -> list[tuple[float, str]]:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -151,6 +160,11 @@ async def test_kept_completion_reads_unchanged(client: LanguageClient):
     change(client, uri, 3, (0, 0), (0, 0), "\n\n")
     found = await wait_for_outcomes(client.db_path, argument["episodeId"], 2)
     assert [status for _, status in found] == ["unchanged", "unchanged"]
+    # Recorded with the prompt it was served: its window (the whole document here) and token ids.
+    episode = stored_episode(client.db_path, argument["episodeId"])
+    served = episode["extra"]["served_prompt"]
+    assert episode["prompt_text"] == text and served["start"] == 0 and served["ids"]
+    assert not served["heal"].strip() and served["max_tokens"] == 8
 
 
 async def test_consent_switches_and_bad_arguments(client: LanguageClient):

@@ -195,6 +195,11 @@ def test_completion_reads_references_through_squid(runtime, service):
     assert service.wait_idle(120)
     second = complete(runtime, request, config, references=refs)
     assert second is not None and second.reference_tokens > first.prompt_tokens // 4
+    # The served prompt names the documents it followed: content hash, file, tokens (no text).
+    (reference,) = second.prompt.references
+    assert reference.path == "/w/names.py" and reference.hash
+    assert 0 < reference.tokens < second.reference_tokens  # the shared prefix comes first
+    assert first.prompt.references == ()
     off = complete(runtime, request, config)
     assert off is not None and off.reference_tokens == 0 and off.text == first.text
 
