@@ -4,9 +4,10 @@ SQLite through sqlite-utils, in WAL mode so readers (reports, the uploader) neve
 with `PRAGMA user_version` as the schema version and an ordered list of migrations. Every row has a
 globally unique text id (uuid4 hex), which is also what makes uploads idempotent.
 
-Nothing here redacts or decides what to keep: the recorder hands over rows that are already safe to
-write. All writes are transactions; a process killed mid-write loses at most the transaction under
-way, never one that returned.
+The recorder hands over rows that are already safe to write; the one redaction here runs when a
+store opens after the redaction rules changed (`feedback.redact.RULES_VERSION`): what it holds is
+redacted again under the new rules. All writes are transactions; a process killed mid-write loses at
+most the transaction under way, never one that returned.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import sqlite_utils
 
 from context.config import FeedbackConfig, default_data_dir
 from context.errors import FeedbackStoreError
+
+from .redact import RULES_VERSION, redact, text_hash
 
 __all__ = [
     "FeedbackStore",
@@ -137,6 +140,7 @@ class FeedbackStore:
             self.db = sqlite_utils.Database(conn)
             if not readonly:
                 self._migrate()
+                _redact_stored_texts(conn, self.path)
             elif self.schema_version() > SCHEMA_VERSION:
                 raise FeedbackStoreError(f"{self.path} was written by a newer squidcode")
         except OSError as exc:
@@ -306,3 +310,107 @@ def _decode(row: dict[str, Any]) -> dict[str, Any]:
         if isinstance(row[key], str):
             row[key] = json.loads(row[key])
     return row
+
+
+# -- redacting what is stored under the current rules ----------------------------------------------
+
+# The code texts of each table and the column of each one's hash (None: not hashed), as the recorder
+# writes them; JSON columns are read by `_redact_json_fields`.
+_CODE_TEXTS: dict[str, dict[str, str | None]] = {
+    "episodes": {"instruction": None, "prompt_text": "prompt_hash", "output": "output_hash"},
+    "events": {},
+    "outcomes": {"kept_text": "kept_hash"},
+}
+_REDACTION_BATCH = 500
+
+
+def _redact_stored_texts(conn: sqlite3.Connection, path: Path | str = "") -> int:
+    """Redact every stored code text again, once per `RULES_VERSION`; the number of rows changed.
+
+    A text kept in full gets the current rules and its hash is recomputed from the result; a row of
+    the `hashed` mode holds only hashes, which are left alone. One transaction, read in batches.
+    """
+    if _rules_version(conn) >= RULES_VERSION:
+        return 0
+    with conn:
+        conn.execute("BEGIN IMMEDIATE")
+        if _rules_version(conn) >= RULES_VERSION:
+            return 0  # another process did it while this one waited for the lock
+        changed = sum(_redact_table(conn, table) for table in _CODE_TEXTS)
+        conn.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('redaction_rules', ?)", [str(RULES_VERSION)]
+        )
+    if changed:
+        log.info("feedback store %s: %d rows redacted again (rules version %d)", path, changed, RULES_VERSION)
+    return changed
+
+
+def _redact_table(conn: sqlite3.Connection, table: str) -> int:
+    changed = last = 0
+    query = f"SELECT rowid, * FROM {table} WHERE rowid > ? ORDER BY rowid LIMIT ?"
+    while True:
+        cursor = conn.execute(query, [last, _REDACTION_BATCH])
+        names = [d[0] for d in cursor.description]
+        batch = cursor.fetchall()
+        if not batch:
+            return changed
+        for values in batch:
+            row = dict(zip(names, values, strict=True))
+            last = row.pop("rowid")
+            updates = _redacted_columns(table, row)
+            if updates:
+                assignments = ", ".join(f"{column} = ?" for column in updates)
+                conn.execute(f"UPDATE {table} SET {assignments} WHERE rowid = ?", [*updates.values(), last])
+                changed += 1
+
+
+def _rules_version(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT value FROM meta WHERE key = 'redaction_rules'").fetchone()
+    return int(row[0]) if row and str(row[0]).isdigit() else 0
+
+
+def _redacted_columns(table: str, row: dict[str, Any]) -> dict[str, Any]:
+    """The columns of `row` that the current rules change (a hash follows its text)."""
+    updates = {column: row[column] for column in _redact_fields(row, _CODE_TEXTS[table])}
+    json_fields = {
+        "episodes": [("context_refs", None), ("candidates", {"diff": "diff_hash", "checks": None})],
+        "events": [("data", {"new_text": "new_text_hash", "old_text": "old_text_hash"})],
+    }.get(table, [])
+    for column, fields in json_fields:
+        clean = _redact_json_fields(row.get(column), fields)
+        if clean is not None:
+            updates[column] = clean
+    return updates
+
+
+def _redact_fields(item: dict[str, Any], fields: dict[str, str | None]) -> list[str]:
+    """Redact `item`'s text fields in place and set their hashes; the keys that changed."""
+    changed = []
+    for field, hash_field in fields.items():
+        text = item.get(field)
+        clean = redact(text).text if isinstance(text, str) else text
+        if clean != text:
+            item[field] = clean
+            changed.append(field)
+            if hash_field and item.get(hash_field) is not None:
+                item[hash_field] = text_hash(clean)
+                changed.append(hash_field)
+    return changed
+
+
+def _redact_json_fields(stored: Any, fields: dict[str, str | None] | None) -> str | None:
+    """A JSON column (one object or a list of them) with `fields` of each object redacted (every
+    string but "hash" when `fields` is None); None when nothing changed."""
+    if not isinstance(stored, str):
+        return None
+    try:
+        value = json.loads(stored)
+    except ValueError:
+        clean = redact(stored).text  # not JSON after all: redact it as text
+        return clean if clean != stored else None
+    changed = False
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, dict):
+            names = fields or {k: None for k, v in item.items() if isinstance(v, str) and k != "hash"}
+            changed |= bool(_redact_fields(item, names))
+    return json.dumps(value) if changed else None
