@@ -11,15 +11,17 @@ the same text and return spans:
 - credentials in place: URLs with any userinfo, `.pgpass` lines, `curl -u user:pass`,
   `mysql -pSECRET`, `docker login -p`;
 - assignments to a secret-sounding name in any syntax (code, .env, shell, YAML, TOML, INI, JSON,
-  XML, .netrc, command-line flags, HTTP headers), whatever the value's characters.
+  XML, .netrc, command-line flags, HTTP headers), whatever the value's characters. Where a value
+  ends and whether it is code (`password = get_password()`, `token = self.token`, `api_key: str`)
+  or a literal depends on the syntax, read from the name's line (`_syntax`).
 
-Overlapping spans are merged (redact more, never less) and replaced once. Every pattern starts on a
-literal or a rare character and every repetition is bounded, so the time is linear in the text.
+Overlapping spans are merged (redact more, never less) and replaced once. Patterns start on a
+literal or behind one cheap check, and every repetition is bounded; the text is scanned in chunks
+against a time budget, and what the budget leaves unscanned is replaced whole.
 
 It errs toward redacting: a lost literal in a training example costs little, a leaked key costs a
-lot. What it leaves alone is code that names a secret without holding one (`password =
-get_password()`, `token = self.token`, `api_key: str`). `RULES_VERSION` changes with the rules, so
-that a store re-redacts what it already holds (`feedback.store`).
+lot. `RULES_VERSION` changes with the rules, so that a store redacts again what it already holds
+(`feedback.store`).
 """
 
 from __future__ import annotations
@@ -301,12 +303,15 @@ def redact(text: str | bytes | None) -> Redaction:
         return Redaction("[REDACTED:oversized]", ("oversized",))
     deadline = time.monotonic() + _BUDGET_S + _BUDGET_S_PER_MB * len(text) / 1e6
     scan = _Scan.of(text)
-    spans = _blocks(text)
+    blocks = _blocks(text)
+    spans = list(blocks)
     for start in range(0, len(text), _CHUNK):
         if time.monotonic() > deadline:
             spans.append(_Span(start, len(text), "unscanned", 0))
             break
         end = min(len(text), start + _CHUNK)
+        if any(block.start <= start and end <= block.end for block in blocks):
+            continue  # inside a private key already redacted whole
         spans += _tokens(scan, start, end) + _in_place(scan, start, end) + _assignments(scan, start, end)
     return _apply(text, spans)
 
@@ -360,8 +365,8 @@ def _apply(text: str, spans: list[_Span]) -> Redaction:
 
 def _blocks(text: str) -> list[_Span]:
     spans = []
-    position = 0
-    while "PRIVATE KEY" in text and (begin := _PRIVATE_KEY_BEGIN.search(text, position)):
+    position = 0 if "PRIVATE KEY" in text else len(text)
+    while begin := _PRIVATE_KEY_BEGIN.search(text, position):
         end = _PRIVATE_KEY_END.search(text, begin.end())
         position = end.end() if end else len(text)
         spans.append(_Span(begin.start(), position, "private_key", 0))
