@@ -169,7 +169,9 @@ _CLI_USER = re.compile(r"-(?:u|-user|-proxy-user)(?:[ \t]+|=)")
 # Tools whose `-p` takes the password (elsewhere `-p` is a port or --parents); found lower-cased,
 # then `-p` looked for, case-sensitively, on the rest of the line.
 _CLI_PASSWORD_TOOL = re.compile(r"(?:mysql\w*|mariadb\w*|mycli|sshpass|login)\b")
-_REGISTRY_LOGIN = re.compile(r"(?:docker|podman|nerdctl|buildah|skopeo|oras|helm)(?:[ \t]+registry)?[ \t]+$")
+_REGISTRY_LOGIN = re.compile(
+    r"(?:docker|podman|nerdctl|buildah|skopeo|oras|helm|az|cf|oc)(?:[ \t]+(?:registry|acr))?[ \t]+$"
+)
 _CLI_PASSWORD_FLAG = re.compile(r"[ \t]-p(?:[ \t]+)?(?=[^\s-])")
 # host:port:database:user:password; found from its port, then the host checked to the line start
 _PGPASS = re.compile(r":(?:\d{1,5}|\*):[^\s:]{1,255}:[^\s:]{1,255}:(?=\S)")
@@ -178,7 +180,19 @@ _PGPASS_HOST = re.compile(r"[^\s:#'\"]{1,255}")
 # -- assignments ---------------------------------------------------------------------------------
 # A secret-sounding word, the rest of its identifier, closing quotes or brackets, a separator. Run
 # on the lower-cased text; the name, its syntax and the value are then read (and judged) in Python.
-_ASSIGN_SEP = r"(?:[ \t]*(?::=|=>|\?=|==|!=|=|:(?![:/]))[ \t]*|>|[ \t]+value[ \t]*=[ \t]*|[ \t]+)"
+_ASSIGN_SEP = (
+    r"(?:[ \t]*(?::=|=>|\?=|==|!=|=|:(?![:/]))[ \t]*|>|[ \t]+value[ \t]*=[ \t]*|[ \t]+"
+    r"|(?<=[\"'])[ \t]*,[ \t]*(?=[rbuf]?[\"']))"
+)
+# `os.Setenv("DB_PASSWORD", "x")`, `System.setProperty("db.password", "x")`: the name, then the value
+_SETTER_CALL = re.compile(r"(?i)(?:set\w*|put\w*|getenv|get|fetch|env|define|add)\([ \t]*[\"']$")
+# `<entry key="password">x</entry>`, `<parameter name="password">x</parameter>`
+_MARKUP_KEY = re.compile(r"(?i)(?:key|name|id)[ \t]*=[ \t]*[\"']$")
+# `- name: DB_PASSWORD` then `value: x` (Kubernetes env), `{"name": "DB_PASSWORD", "value": "x"}`
+_NAME_VALUE = re.compile(
+    r"name[\"']?[ \t]*[:=][ \t]*[\"']?([a-z0-9_.\-]{2,80})[\"']?[ \t]*(?:,[ \t]*|\r?\n[ \t]*(?:-[ \t]+)?)"
+    r"[\"']?value[\"']?[ \t]*[:=][ \t]*"
+)
 _ASSIGN = re.compile(
     r"(?:pass|pwd|secret|token|key|auth|cred|salt|cookie|session|dsn|hmac|bearer|basic|jwt|sig)"
     rf"[\w.\-]{{0,60}}[\"'\]]{{0,2}}{_ASSIGN_SEP}"
@@ -191,7 +205,7 @@ _STRONG_ROOTS = tuple(
     "password passwd passphrase secret token apikey credential privatekey accesskey secretkey authkey "
     "masterkey clientsecret".split()
 )
-_STRONG_WORDS = {"pwd", "pw", "creds", "bearer", "jwt"}
+_STRONG_WORDS = {"pass", "pwd", "pw", "creds", "bearer", "jwt"}
 _NOT_SECRET_WORDS = frozenset(
     "tokenize tokenizer tokenized tokenizing tokenization detokenize untokenize secretary "
     "passwordless tokenstream tokenizers".split()
@@ -203,7 +217,7 @@ _KEY_QUALIFIERS = frozenset(
 )
 _WEAK_WORDS = frozenset(
     "key sig signature salt hmac cookie cookies session sessionid sid dsn auth license licence "
-    "private passwords secrets tokens credentials keys basic authorization pass".split()
+    "private passwords secrets tokens credentials keys basic authorization".split()
 )
 # A last word that makes a strong name describe the secret instead of holding it.
 _META_WORDS = frozenset(
@@ -254,9 +268,10 @@ _NETRC_PREFIX = re.compile(
 _REFERENCE = re.compile(
     r"\$\{?[\w:.\-]*\}?|\$\(.*|\$\{\{.*|\{\{.*\}\}|<[\w\- .]*>|%\(?\w*\)?[sdr]|\*+|[xX.]{3,}"
 )
-_REFERENCE_START = re.compile(r"!(?:Ref|Sub|GetAtt|ImportValue|vault|env)\b|\*\w|&\w|secretKeyRef|valueFrom")
+_REFERENCE_START = re.compile(r"!(?:Ref|Sub|GetAtt|ImportValue|vault|env)\b|\*\w|secretKeyRef|valueFrom")
 _FALLBACK_LITERAL = re.compile(r"(?:,|\bor\b|\|\||\?\?|\?:)\s*[rbu]?([\"'])((?:[^\"'\\]|\\.){3,200})\1")
 _OPENER = {")": "(", "]": "[", "}": "{"}
+_MORE_LITERALS = re.compile(r"(?:[ \t]*,[ \t]*[rbu]?([\"'])(?:[^\"'\\\n]|\\.)*\1)+")
 _TEMPLATING = ("code", "string", "comment")  # syntaxes where `{x}`, `%s` in a string are templates
 _STRING_BODY = {q: re.compile(rf"(?:[^{q}\\\n]|\\.)*") for q in "\"'`"}
 _GLUED = re.compile(r"(?:\"[^\"\n]*\"|'[^'\n]*'|[\w$@#%^&*!+=.-])*")
@@ -458,12 +473,30 @@ def _in_place(scan: _Scan, start: int, end: int) -> list[_Span]:
             value_start, value_end = _value_bounds(text, flag.end())
             if not _is_reference(text[value_start:value_end]):
                 spans.append(_Span(value_start, value_end, "cli_password", 2))
+    for match in _matches(_NAME_VALUE, scan.lowered, start, end):
+        span = _named_value(text, match)
+        if span is not None:
+            spans.append(span)
     for match in _matches(_PGPASS, text, start, end):
         newline = text.rfind("\n", max(0, match.start() - 256), match.start())
         line_start = newline + 1 if newline >= 0 or match.start() <= 256 else -1
         if line_start >= 0 and _PGPASS_HOST.fullmatch(text, line_start, match.start()):
             spans.append(_Span(match.end(), _line_end(text, match.end()), "pgpass_password", 2))
     return spans
+
+
+def _named_value(text: str, match: re.Match[str]) -> _Span | None:
+    """The value of a `name: X` / `value: y` pair whose X is a secret's name."""
+    name = text[match.start(1) : match.end(1)]
+    strength = _name_strength(name)
+    if strength == 0:
+        return None
+    site = _Site(name, strength, ":", "config", "", "")
+    if _opening_quote(text, match.end()):
+        return _quoted_value(text, site, match.end())
+    value_start, value_end = match.end(), _line_end(text, match.end())
+    value = text[value_start:value_end].rstrip().rstrip(",}")
+    return _literal(site, value_start, value)
 
 
 def _url_userinfo(match: re.Match[str]) -> list[_Span]:
@@ -548,12 +581,17 @@ def _syntax(name: str, sep: str, spaced: bool, before: str, prefix: str, in_stri
     """How the value after this name is written, which decides where it ends and what is code."""
     if name.startswith("-"):
         return "flag"
+    if sep == ",":
+        return "code" if _SETTER_CALL.search(prefix) else None
+    if sep == ">" and before in ('"', "'") and _MARKUP_KEY.search(prefix):
+        return "markup"
     if sep in (">", "value="):
         return "markup" if (before == "<") == (sep == ">") else None
     if sep == "":
         return "words"
     if in_string:
-        return "string"  # "X-Api-Key: abc" or "token=%s" inside a string literal
+        # "X-Api-Key: abc" or "token=%s" inside a string literal; not f"{token:02x}"
+        return None if before == "{" else "string"
     if before in ("?", "&", ";") or before in (":", "/", "=") and sep == "=" and not spaced:
         return "query"
     comment = _COMMENT_PREFIX.match(prefix)
@@ -576,9 +614,9 @@ def _name_strength(name: str) -> int:
         return 0
     strong = weak = False
     for i, word in enumerate(lowered):
-        if word in _NOT_SECRET_WORDS:
-            continue
-        if word in _STRONG_WORDS or any(root in word for root in _STRONG_ROOTS) or words[i] == "PASS":
+        if word in _NOT_SECRET_WORDS or word == "pass" and i < len(lowered) - 1:
+            continue  # `pass_stmt`, `pass_through`: "pass" is a secret's name only at the end
+        if word in _STRONG_WORDS or any(root in word for root in _STRONG_ROOTS):
             if word in ("passwords", "secrets", "tokens", "credentials"):
                 weak = True
             else:
@@ -615,6 +653,9 @@ def _whitespace_value(text: str, site: _Site, start: int, netrc: bool) -> bool:
     if lowered in ("password", "passwd", "account") and _NETRC_PREFIX.fullmatch(site.line_prefix):
         if site.line_prefix.strip() or netrc:
             return True
+    quote = _opening_quote(text, start)
+    if site.strength == 2 and quote and quote[0] in ("'", '"') and lowered not in ("pass", "pw"):
+        return True  # `WITH PASSWORD 'x'` (SQL), `proxy_set_header X-Api-Key "x"` (nginx)
     words = text[start : _line_end(text, start)].split()
     if site.strength < 2 or site.line_prefix.strip() or len(words) != 1:
         return False
@@ -674,7 +715,7 @@ def _scheme_token(text: str, site: _Site, start: int) -> _Span | None:
 
 def _opening_quote(text: str, start: int) -> tuple[str, int] | None:
     """(quote, its position) when a string literal starts at `start`: "..", '''..''', r"..", f'..'."""
-    prefix = re.match(r"[rbufRBUF]{0,2}(\"\"\"|'''|[\"'`])", text[start : start + 5])
+    prefix = re.match(r"[rbufRBUF]{0,2}(\"\"\"|'''|[\"'`]|\\[\"'])", text[start : start + 5])
     return (prefix.group(1), start + prefix.start(1)) if prefix else None
 
 
@@ -697,7 +738,7 @@ def _quoted_value(text: str, site: _Site, start: int) -> _Span | None:
     quote, position = _opening_quote(text, start)
     value_start = position + len(quote)
     limit = min(len(text), value_start + _MAX_VALUE)
-    if len(quote) == 3:
+    if len(quote) > 1:  # '''..''', or \"..\" inside a JSON string (a notebook's source)
         end = text.find(quote, value_start, limit)
         end = limit if end < 0 else end
     else:  # up to the closing quote, or the end of the line when it is not closed there
@@ -711,6 +752,10 @@ def _quoted_value(text: str, site: _Site, start: int) -> _Span | None:
     if site.syntax in ("config", "query", "flag", "words") and text.startswith(quote, end):
         glued = _GLUED.match(text, end + len(quote), min(len(text), end + len(quote) + _MAX_VALUE))
         end = glued.end() if glued.end() > glued.start() else end  # shell glue: P='ab'"cd"ef
+    elif site.syntax == "code" and "," in site.line_prefix and text.startswith(quote, end):
+        # `user, password = "wile", "coyote"`: which literal is the secret is not known; all of them
+        more = _MORE_LITERALS.match(text, end + len(quote), _line_end(text, end))
+        end = more.end() - 1 if more and more.end() > more.start() else end
     return _Span(value_start, end, _assigned_kind(site), 3)
 
 
@@ -772,6 +817,8 @@ def _assigned_kind(site: _Site) -> str:
 def _is_code_in_config(value: str, site: _Site) -> bool:
     """A config-looking line whose value is still code: `password: str`, `key=self._key, x=y`."""
     stripped = value.strip()
+    if stripped[:1] in ("(", "[", "{"):
+        return True  # a tuple, list or object: its literals are judged as code (`_code_value`)
     if site.sep == ":" and (_is_type(stripped) or re.fullmatch(r"[A-Z][a-z]+[A-Z]?[A-Za-z]*", stripped)):
         return True  # a type or a class: `password: SecretStr`
     if re.fullmatch(r"[\w.\[\], |]+?\s*=\s*.+", stripped) and site.sep == ":":

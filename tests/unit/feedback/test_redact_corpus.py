@@ -532,6 +532,38 @@ def key_cases(f: Fake, t: dict[str, str]) -> list[dict]:
     return [{"kind": kind, "text": text, "secret": secret} for kind, text, secret in cases]
 
 
+def more_code_and_config_cases(f: Fake, t: dict[str, str]) -> list[dict]:
+    """Shapes found by probing after the first corpus: setters, SQL, notebooks, k8s env pairs."""
+    pw, pw2, pw3, pw4 = f.password(), f.password(), f.password(), f.password()
+    cases = [
+        ("go", f'os.Setenv("DB_PASSWORD", "{pw}")\n', pw),
+        ("python", f'os.environ.setdefault("API_TOKEN", "{pw2}")\n', pw2),
+        ("java", f'System.setProperty("db.password", "{pw3}");\n', pw3),
+        ("python", f'user, password = "svc", "{pw4}"\n', pw4),
+        ("sql", f"CREATE USER app WITH PASSWORD '{pw}';\n", pw),
+        ("sql", f"cur.execute(\"ALTER ROLE app WITH PASSWORD '{pw2}'\")\n", pw2),
+        ("nginx", f'proxy_set_header X-Api-Key "{pw3}";\n', pw3),
+        ("notebook", f'  "source": [\n    "password = \\"{pw4}\\"\\n",\n    "connect(password)"\n  ]\n', pw4),
+        ("yaml", f"db:\n  password: &db_password {pw}\nreplica:\n  password: *db_password\n", pw),
+        (
+            "yaml",
+            f"containers:\n  - name: api\n    env:\n      - name: DB_PASSWORD\n        value: {pw2}\n",
+            pw2,
+        ),
+        ("json", f'{{"environment": [{{"name": "STRIPE_SECRET", "value": "{pw3}"}}]}}\n', pw3),
+        ("xml", f'<map>\n  <entry key="password">{pw4}</entry>\n</map>\n', pw4),
+        ("xml", f'<parameters>\n  <parameter name="apiToken">{pw}</parameter>\n</parameters>\n', pw),
+        ("log", f"DEBUG auth user=admin pass={pw2} ok\n", pw2),
+        ("shell", f"az login --service-principal -u http://ci-app -p {pw3} --tenant acme\n", pw3),
+        ("shell", f"helm upgrade api ./chart --set db.password={pw4}\n", pw4),
+        ("systemd", f'[Service]\nEnvironment="DB_PASSWORD={pw}"\n', pw),
+        ("docker-compose", f'services:\n  db:\n    environment:\n      - "MYSQL_ROOT_PASSWORD={pw2}"\n', pw2),
+        ("jdbc", f"jdbc:postgresql://db:5432/app?user=app&password={pw3}&ssl=true\n", pw3),
+        ("url", f"DATABASE_URL=mysql://app:p@ss:{pw4}@db/app\n", pw4),
+    ]
+    return [{"kind": kind, "text": text, "secret": secret} for kind, text, secret in cases]
+
+
 def bare_token_cases(f: Fake, t: dict[str, str]) -> list[dict]:
     """Every provider token on its own in a line of code, a log and prose."""
     templates = [
@@ -585,6 +617,10 @@ CLEAN = [
     "mysql -u root -p\n",
     "url = 'https://example.com/api/v1/users?page=2'\n",
     "print(f'token={token!r}')\n",
+    "x = f'token {token:02x}'\n",
+    "    (the default of None has the same effect), or pass 'ignore' to ignore\n",
+    "pass_stmt: 'pass'\n",
+    "raise TypeError('pwd: expected bytes, got %s' % type(pwd).__name__)\n",
 ]
 
 
@@ -597,6 +633,7 @@ def build_corpus(seed: int = SEED) -> dict:
         *shell_and_log_cases(fake, tokens),
         *key_cases(fake, tokens),
         *bare_token_cases(fake, tokens),
+        *more_code_and_config_cases(fake, tokens),
     ]
     return {"seed": seed, "secrets": secrets, "clean": CLEAN}
 
