@@ -275,6 +275,7 @@ _MORE_LITERALS = re.compile(r"(?:[ \t]*,[ \t]*[rbu]?([\"'])(?:[^\"'\\\n]|\\.)*\1
 _TEMPLATING = ("code", "string", "comment")  # syntaxes where `{x}`, `%s` in a string are templates
 _STRING_BODY = {q: re.compile(rf"(?:[^{q}\\\n]|\\.)*") for q in "\"'`"}
 _GLUED = re.compile(r"(?:\"[^\"\n]*\"|'[^'\n]*'|[\w$@#%^&*!+=.-])*")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _MARKER = re.compile(r"\[REDACTED:[\w.-]+\]")
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
 
@@ -306,7 +307,8 @@ def redact(text: str | bytes | None) -> Redaction:
     """`text` with every secret-looking substring replaced by `[REDACTED:kind]`.
 
     Never raises on odd input: bytes are decoded (invalid UTF-8 kept as surrogates), NULs and lone
-    surrogates are ordinary characters. Time is bounded: the text is scanned in chunks, and what a
+    surrogates are ordinary characters, and the lone surrogates come back as U+FFFD, so that the text
+    can be stored (SQLite refuses them). Time is bounded: the text is scanned in chunks, and what a
     time budget (`_BUDGET_S` plus `_BUDGET_S_PER_MB`) leaves unscanned is replaced whole, as is a
     text over `MAX_SCANNED_CHARS`.
     """
@@ -328,7 +330,10 @@ def redact(text: str | bytes | None) -> Redaction:
         if any(block.start <= start and end <= block.end for block in blocks):
             continue  # inside a private key already redacted whole
         spans += _tokens(scan, start, end) + _in_place(scan, start, end) + _assignments(scan, start, end)
-    return _apply(text, spans)
+    result = _apply(text, spans)
+    if not result.text.isascii() and _SURROGATE.search(result.text):
+        result = Redaction(_SURROGATE.sub("\ufffd", result.text), result.kinds)
+    return result
 
 
 @dataclass(frozen=True)
