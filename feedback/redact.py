@@ -33,7 +33,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["redact", "Redaction", "for_storage", "text_hash", "shannon_entropy", "RULES_VERSION"]
 
@@ -780,7 +780,7 @@ def _bare_value(text: str, site: _Site, start: int) -> _Span | None:
         return _literal(site, start, text[start : end if end >= 0 else line_end])
     value = re.split(r"[ \t]+(?:#|//)", text[start:head_end], maxsplit=1)[0].rstrip()
     if syntax == "comment":
-        return _literal(_weak(site), start, value)  # prose and grammar: only a random value
+        return _literal(replace(site, strength=1), start, value)  # prose, grammar: only a random value
     if syntax == "config" and _is_code_in_config(value, site):
         syntax = "code"
     if syntax != "code" and head_end < line_end:
@@ -788,7 +788,7 @@ def _bare_value(text: str, site: _Site, start: int) -> _Span | None:
     if syntax == "code":
         annotated = re.match(r"([\w.\[\], |]+?)[ \t]*=[ \t]*", value) if site.sep == ":" else None
         if annotated and _is_type(annotated.group(1)):  # `password: str = "x"`: judge the default
-            site = _Site(site.name, site.strength, "=", "code", site.line_prefix, site.in_string)
+            site = replace(site, sep="=")
             default = start + annotated.end()
             return _quoted_value(text, site, default) if _opening_quote(text, default) else None
         if site.sep == ":" or _is_code(value, site):
@@ -798,16 +798,17 @@ def _bare_value(text: str, site: _Site, start: int) -> _Span | None:
     return _literal(site, start, value)
 
 
-def _weak(site: _Site) -> _Site:
-    return _Site(site.name, 1, site.sep, site.syntax, site.line_prefix, site.in_string)
-
-
 def _literal(site: _Site, start: int, value: str) -> _Span | None:
     value = value.rstrip()
     if site.syntax in ("config", "code", "comment"):
         value = value.rstrip(";,")
-        # the end of the code around it: `{"TOKEN": None}`
-        while value and value[-1] in _OPENER and value.count(value[-1]) > value.count(_OPENER[value[-1]]):
+        for _ in range(8):  # the end of the code around it: `{"TOKEN": None}`
+            if (
+                not value
+                or value[-1] not in _OPENER
+                or value.count(value[-1]) <= value.count(_OPENER[value[-1]])
+            ):
+                break
             value = value[:-1].rstrip(";, ")
     templating = site.syntax in ("code", "comment")
     if not _worth_redacting(value[:_JUDGED], site, templating=templating, quoted=False):
