@@ -212,6 +212,9 @@ class TrainConfig:
     # Promotion: held-out and regression rewards may fall at most this much; KL must stay below.
     promote_tolerance: float = field(default=0.02, metadata=_range(0.0, 2.0))
     promote_max_kl: float = field(default=0.1, metadata=_range(0.0, 100.0))
+    # An adapter must change something: its KL from the model it would replace at least this, and
+    # some greedy answer on the gate's examples different (identical answers are never promoted).
+    promote_min_kl: float = field(default=1e-4, metadata=_range(0.0, 100.0))
     # Verifiable tasks (JSON, see tests/data/grpo_tasks.json): the fixed regression set, and the
     # training data while the feedback store has no episodes. None: the bundled set.
     task_set: str | None = None

@@ -168,28 +168,31 @@ def run_round(
 def _gate(model, tokenizer, cfg: TrainConfig, held_out, regression, promoted, decide, reward_fn):
     """Held-out episodes are scored as training scores them; the regression tasks by their tests
     and solutions alone (the user's preference is not what they check)."""
-    from .gate import evaluate
+    from .gate import eval_metrics, evaluate
 
-    def on(examples, adapter=True):
+    def on(examples, adapter=True, replaces=None):
         fn = task_reward if examples is regression else reward_fn
-        return evaluate(model, tokenizer, examples, fn, cfg.max_new_tokens, adapter=adapter)
+        return evaluate(model, tokenizer, examples, fn, cfg.max_new_tokens, adapter=adapter,
+                        replaces=replaces)
 
-    candidate, candidate_reg = on(held_out), on(regression)
     if promoted is None:
+        candidate, candidate_reg = on(held_out), on(regression)
         baseline, baseline_reg = on(held_out, adapter=False), on(regression, adapter=False)
     else:
-        # The adapter in use now is the one to beat: load it beside the candidate and compare.
+        # The adapter in use now is the one to beat: load it beside the candidate and compare (the
+        # candidate's KL from it says how much the round changed).
         model.load_adapter(str(promoted.path), adapter_name="baseline")
-        model.set_adapter("baseline")
         try:
+            candidate, candidate_reg = on(held_out, replaces="baseline"), on(regression, replaces="baseline")
+            model.set_adapter("baseline")
             baseline, baseline_reg = on(held_out), on(regression)
         finally:
             model.set_adapter("default")
             model.delete_adapter("baseline")
-    decision = decide(candidate, baseline, candidate_reg, baseline_reg,
-                      tolerance=cfg.promote_tolerance, max_kl=cfg.promote_max_kl)
-    metrics = {"held_out": asdict(candidate), "held_out_baseline": asdict(baseline),
-               "regression": asdict(candidate_reg), "regression_baseline": asdict(baseline_reg),
+    decision = decide(candidate, baseline, candidate_reg, baseline_reg, tolerance=cfg.promote_tolerance,
+                      max_kl=cfg.promote_max_kl, min_kl=cfg.promote_min_kl)
+    metrics = {"held_out": eval_metrics(candidate), "held_out_baseline": eval_metrics(baseline),
+               "regression": eval_metrics(candidate_reg), "regression_baseline": eval_metrics(baseline_reg),
                "reasons": list(decision.reasons)}
     return decision, metrics
 
