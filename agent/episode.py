@@ -33,16 +33,21 @@ def new_episode_id() -> str:
 
 @dataclass
 class StepRecord:
-    """One tool call the episode made (`output` is what the model read back)."""
+    """One tool call the episode made (`output` is what the model read back). A step whose answer
+    could not be parsed is tool "invalid": `output` says why, `answer` is the model's raw answer."""
 
     tool: str
     args: dict[str, Any]
     ok: bool
     output: str = ""
     seconds: float = 0.0
+    answer: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"tool": self.tool, "args": self.args, "ok": self.ok}
+        out: dict[str, Any] = {"tool": self.tool, "args": self.args, "ok": self.ok}
+        if self.answer:
+            out.update(error=self.output, answer=self.answer)
+        return out
 
 
 @dataclass
@@ -93,12 +98,14 @@ class AgentResult:
         return chosen.changes if chosen else []
 
     def to_json(self) -> dict[str, Any]:
-        """The CLI's `--json` object (exactly these keys)."""
+        """The CLI's `--json` object (exactly these keys; `error` is None unless the backend failed)."""
         return {
             "diff": self.diff,
             "steps": [s.to_json() for s in self.steps],
             "candidates": [c.to_json() for c in self.candidates],
             "chosen": self.chosen,
+            "stop_reason": self.stop_reason,
+            "error": self.error,
         }
 
 

@@ -162,7 +162,7 @@ class AgentLoop:
             action = self._action(sample, default_path)
             if isinstance(action, ParseFailure):
                 reprompts += 1
-                self._record(result, StepRecord("invalid", {}, False, action.message))
+                self._record(result, StepRecord("invalid", {}, False, action.message, answer=sample.text))
                 if reprompts > self.config.reprompts:
                     result.stop_reason = "unparsable"
                     return

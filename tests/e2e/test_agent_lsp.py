@@ -220,7 +220,9 @@ async def test_run_with_progress_and_apply(scripted: LanguageClient, project: Pa
             {"instruction": "add() subtracts; fix it", "uri": uri, "apply": True, "workDoneToken": token}
         )
     )
-    assert set(result) == {"episodeId", "diff", "edit", "steps", "candidates", "chosen"}
+    assert set(result) == {
+        "episodeId", "diff", "edit", "steps", "candidates", "chosen", "stop_reason", "error"
+    }
     assert [s["tool"] for s in result["steps"]] == ["run_tests", "read_file", "edit"]
     assert result["chosen"] == 0 and result["candidates"][0]["verified"] is True
     assert result["candidates"][0]["checks"]["tests"] is True
@@ -290,7 +292,9 @@ async def test_the_real_model_runs_the_whole_path(local: LanguageClient, project
         ),
         timeout=250,
     )
-    assert set(result) == {"episodeId", "diff", "edit", "steps", "candidates", "chosen"}
+    assert set(result) == {
+        "episodeId", "diff", "edit", "steps", "candidates", "chosen", "stop_reason", "error"
+    }
     # The id the feedback store records the episode under (recording is on in test servers).
     assert len(result["episodeId"]) == 32 and result["steps"]
     for candidate in result["candidates"]:

@@ -61,7 +61,8 @@ def test_agent_json_output_and_apply(project, tmp_path):
         )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
-    assert set(out) == {"diff", "steps", "candidates", "chosen"}
+    assert set(out) == {"diff", "steps", "candidates", "chosen", "stop_reason", "error"}
+    assert out["stop_reason"] == "verified" and out["error"] is None
     assert [s["tool"] for s in out["steps"]] == ["run_tests", "read_file", "edit"]
     assert set(out["steps"][1]) == {"tool", "args", "ok"} and out["steps"][1]["args"] == {"path": "calc.py"}
     assert out["chosen"] == 0 and out["candidates"][0]["verified"] is True

@@ -79,6 +79,11 @@ def test_unparsable_answers_are_reprompted_a_bounded_number_of_times(project):
     assert result.stop_reason == "unparsable" and len(backend.seen) == 3
     assert "could not be used: no fenced" in backend.seen[1].messages[-1]["content"]
     assert [s.tool for s in result.steps] == ["invalid", "invalid", "invalid"]
+    # The --json answer keeps what the model said for each step it could not parse, and why.
+    steps = result.to_json()["steps"]
+    assert [s["answer"] for s in steps] == ["no idea", "still prose", "more prose"]
+    assert steps[0]["error"].startswith("no fenced ```edit")
+    assert result.to_json()["stop_reason"] == "unparsable"
 
 
 def test_unknown_tools_and_bad_paths_are_reported_and_the_loop_goes_on(project):
