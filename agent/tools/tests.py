@@ -7,10 +7,18 @@ timeout and a cap on its output. What comes back is the part of the output about
 pytest runs with `--capture=tee-sys`: it still keeps each test's output for its report, and the same
 bytes reach the output cap as they are printed, so a test printing without end is stopped within
 the cap, not after the whole timeout with its output spooled to a file.
+
+The tests run under the interpreter that runs squidcode. Where it cannot import pytest (pytest is
+not a dependency of squidcode's own install: `pip install squidcode` and `./dev demo` have none), the
+standard library's unittest runs them instead and the summary says so; `python -m pytest` would
+exit 1 there ("No module named pytest"), which reads as failing tests and rejects every edit.
+unittest finds only `unittest.TestCase` tests: plain pytest-style test functions come back as "no
+tests collected (unittest: pytest is not installed)", never as passing.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -30,6 +38,10 @@ MAX_COPY_BYTES = 200_000_000
 REPORT_CHARS = 3000
 _SECTION = re.compile(r"^=+ (FAILURES|ERRORS|short test summary info) =+$", re.M)
 _SUMMARY = re.compile(r"^=*\s*(\d+ (passed|failed|error|errors|skipped|deselected)\b.*?)\s*=*$", re.M)
+_UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in ", re.M)
+_UNITTEST_COUNTS = re.compile(r"(failures|errors|skipped|expected failures|unexpected successes)=(\d+)")
+_UNITTEST_REPORT = re.compile(r"^={20,}$", re.M)
+WITHOUT_PYTEST = "unittest: pytest is not installed"
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,41 @@ def _failure_report(output: str) -> str:
     return trim_middle(output[match.start() :] if match else output, REPORT_CHARS)
 
 
+def pytest_installed() -> bool:
+    """Whether the interpreter that runs the tests (this one: `sandbox` maps "python" to it) has pytest."""
+    return importlib.util.find_spec("pytest") is not None
+
+
+def _unittest_argv(target: str | None) -> list[str]:
+    if not target:
+        return ["python", "-m", "unittest", "discover", "-f", "-s", ".", "-t", "."]
+    path, _, rest = target.partition("::")
+    if not rest:
+        return ["python", "-m", "unittest", "-f", path]  # unittest takes a test file's path as its module
+    module = path.removesuffix(".py").replace("/", ".")
+    return ["python", "-m", "unittest", "-f", ".".join([module, *rest.split("::")])]
+
+
+def _unittest_run(result, output: str) -> TestRun:
+    """A finished unittest run as a TestRun, with a pytest-like summary ("1 failed, 2 passed")."""
+    ran = _UNITTEST_RAN.search(output)
+    if result.returncode == 5 or (ran is not None and int(ran.group(1)) == 0):
+        return TestRun(None, f"no tests collected ({WITHOUT_PYTEST})", "", False)
+    if ran is None:  # unittest did not get as far as running tests (an import error in a test module)
+        return TestRun(False, f"unittest exited with {result.returncode} ({WITHOUT_PYTEST})",
+                       trim_middle(output, REPORT_CHARS), False)
+    counts = {name: int(n) for name, n in _UNITTEST_COUNTS.findall(output[ran.end():])}
+    failed, errors = counts.get("failures", 0), counts.get("errors", 0)
+    passed = int(ran.group(1)) - failed - errors - counts.get("skipped", 0)
+    parts = [f"{failed} failed"] * bool(failed) + [f"{passed} passed"] * bool(passed or not failed + errors)
+    parts += [f"{errors} errors"] * bool(errors)
+    summary = f"{', '.join(parts)} ({WITHOUT_PYTEST})"
+    if result.returncode == 0:
+        return TestRun(True, summary, "", False)
+    first = _UNITTEST_REPORT.search(output)  # the first failure's separator line
+    return TestRun(False, summary, trim_middle(output[first.start() if first else 0 :], REPORT_CHARS), False)
+
+
 def run_project_tests(ctx: ToolContext, target: str | None = None, timeout_s: float | None = None) -> TestRun:
     timeout = min(timeout_s or ctx.config.test_timeout_s, ctx.config.test_timeout_s)
     argv = ["python", "-m", "pytest", "-q", "-x", "--tb=short", "-p", "no:cacheprovider", "--color=no",
@@ -96,6 +143,9 @@ def run_project_tests(ctx: ToolContext, target: str | None = None, timeout_s: fl
         node = target.split("::", 1)
         ctx.workspace.resolve(node[0])  # inside the workspace, or refused
         argv.append(target)
+    with_pytest = pytest_installed()
+    if not with_pytest:
+        argv = _unittest_argv(target)
     with tempfile.TemporaryDirectory(prefix="squid-tests-") as tmp:
         copy_workspace(ctx, Path(tmp))
         env = {**os.environ, "PYTHONPATH": tmp, "PYTHONDONTWRITEBYTECODE": "1"}
@@ -108,6 +158,8 @@ def run_project_tests(ctx: ToolContext, target: str | None = None, timeout_s: fl
     if result.returncode is None:  # stopped by the output cap
         return TestRun(False, "stopped: the tests printed more than the output cap",
                        trim_middle(output, REPORT_CHARS), False)
+    if not with_pytest:
+        return _unittest_run(result, output)
     if result.returncode == 5:
         return TestRun(None, "no tests collected", "", False)
     found = _SUMMARY.findall(output)
@@ -121,7 +173,8 @@ def run_tests(ctx: ToolContext, args: dict) -> ToolResult:
     run = run_project_tests(ctx, args.get("target"), args.get("timeout"))
     data = {"passed": run.passed, "summary": run.summary, "timed_out": run.timed_out}
     if run.passed is None:
-        return ToolResult(True, "no tests were found", data)
+        why = "" if run.summary == "no tests collected" else f": {run.summary}"
+        return ToolResult(True, f"no tests were found{why}", data)
     if run.passed:
         return ToolResult(True, f"tests pass: {run.summary}", data)
     return ToolResult(True, f"tests fail: {run.summary}\n{run.report}", data)

@@ -1,5 +1,8 @@
+import unittest
+
 from names import full_name
 
 
-def test_full_name():
-    assert full_name("Ada", "Lovelace") == "Ada Lovelace"
+class FullNameTest(unittest.TestCase):
+    def test_full_name(self):
+        self.assertEqual(full_name("Ada", "Lovelace"), "Ada Lovelace")
