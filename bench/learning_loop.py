@@ -21,7 +21,8 @@ model, and the time and peak memory of each training round. Results go to
 bench/results/learning-loop-DATE.json (and a PNG with --full).
 
 The short version also does the rest of squidcode's main job: it asks the agent for a verified
-edit on a small project, applies it, and records it.
+edit on a small project, applies it, and records it. An episode that ends without a verified edit
+applies nothing, and the report says so and why (the episode's stop reason).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from lsprotocol import types  # noqa: E402
+from pygls.exceptions import JsonRpcException  # noqa: E402
 
 from bench.simulated_user import (  # noqa: E402
     HELD_OUT_MODULES,
@@ -50,7 +52,14 @@ from bench.simulated_user import (  # noqa: E402
     decide,
     find_spots,
 )
-from lsp_server.demo import AGENT_INSTRUCTION, AGENT_WORKSPACE, _demo_client, start_server  # noqa: E402
+from lsp_server.demo import (  # noqa: E402
+    AGENT_INSTRUCTION,
+    AGENT_WORKSPACE,
+    _demo_client,
+    agent_outcome,
+    describe_agent,
+    start_server,
+)
 
 CHECKPOINTS_S = (1.0, 3.0)
 REQUEST_TIMEOUT_S = 300.0  # a server that stops answering fails the run instead of hanging it
@@ -267,9 +276,17 @@ async def wait_for_adapter(editor: Editor, adapter: str, timeout: float = 120.0)
     raise SystemExit(f"the server did not load adapter {adapter} within {timeout:.0f} s")
 
 
+def applied_wording(report: dict) -> str:
+    """What became of the agent's edit (said only of a verified one: no other is returned)."""
+    if not report["applied"]:
+        return "not applied"
+    return "applied and recorded" if report["tracked"] else "applied, not recorded (recording is off)"
+
+
 async def agent_edit(data: Path) -> dict:
     """The agent on a small project (a copy of lsp_server/demo_agent): a verified edit, applied
-    by the client and reported with `squidcode.agent.applied`, then kept by the user."""
+    by the client and reported with `squidcode.agent.applied`, then kept by the user. The report
+    says what happened (`lsp_server.demo.agent_outcome`), edit or not."""
     import shutil
 
     project = data / "agent-project"
@@ -286,25 +303,28 @@ async def agent_edit(data: Path) -> dict:
         editor = Editor(client, project)
         uri = editor.open("names.py", (project / "names.py").read_text())
         started = time.perf_counter()
-        result = await editor.command("squidcode.agent.run",
-                                      {"instruction": AGENT_INSTRUCTION, "uri": uri, "k": 2})
-        seconds = time.perf_counter() - started
+        try:
+            result = await editor.command("squidcode.agent.run",
+                                          {"instruction": AGENT_INSTRUCTION, "uri": uri, "k": 2})
+            outcome = agent_outcome(result, time.perf_counter() - started)
+        except JsonRpcException as exc:  # the server said why; the session still ends cleanly
+            result, outcome = None, agent_outcome(None, time.perf_counter() - started, str(exc))
         edit = (result or {}).get("edit") or {}
-        edits = (edit.get("changes") or {}).get(uri) or []
-        verified = any(c.get("verified") for c in (result or {}).get("candidates") or [])
+        edits = ((edit.get("changes") or {}).get(uri) or []) if outcome["outcome"] == "verified" else []
         for text_edit in edits:
             rng = text_edit["range"]
             editor.change(uri, (rng["start"]["line"], rng["start"]["character"]),
                           (rng["end"]["line"], rng["end"]["character"]), text_edit["newText"])
+        tracked = False
         if edits:
-            await editor.command("squidcode.agent.applied", {"episodeId": result["episodeId"]})
+            answer = await editor.command("squidcode.agent.applied", {"episodeId": result["episodeId"]})
+            tracked = bool((answer or {}).get("tracked"))
             await asyncio.sleep(CHECKPOINTS_S[-1] + 1.5)
         await client.shutdown_async(None)
         client.exit(None)
     finally:
         await client.stop()
-    return {"seconds": round(seconds, 1), "verified": verified, "applied": bool(edits),
-            "diff": (result or {}).get("diff") or ""}
+    return {**outcome, "applied": bool(edits), "tracked": tracked}
 
 
 async def run(plan: Plan, data: Path, device: str = "cpu") -> dict:
@@ -320,8 +340,7 @@ async def run(plan: Plan, data: Path, device: str = "cpu") -> dict:
     if plan.agent:
         _say("agent: asking for a fix on a small project (the edit is verified by its test, then applied)")
         report["agent"] = await agent_edit(data)
-        _say(f"agent: {'verified' if report['agent']['verified'] else 'unverified'} edit in "
-             f"{report['agent']['seconds']} s, applied and recorded\n{report['agent']['diff'].rstrip()}")
+        _say(f"agent: {describe_agent(report['agent'], applied_wording(report['agent']))}")
     client = _demo_client([])
     await start_server(client, data / "server.log")
     try:

@@ -21,7 +21,10 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pygls.lsp.client import LanguageClient
 
-__all__ = ["run_demo", "server_command", "start_server", "DEMO_WORKSPACE", "DEMO_FILE"]
+__all__ = [
+    "run_demo", "server_command", "start_server", "agent_outcome", "describe_agent", "DEMO_WORKSPACE",
+    "DEMO_FILE",
+]
 
 DEMO_WORKSPACE = Path(__file__).parent / "demo_workspace"
 DEMO_FILE = DEMO_WORKSPACE / "inventory.py"
@@ -29,6 +32,62 @@ AGENT_WORKSPACE = Path(__file__).parent / "demo_agent"
 AGENT_FILE = AGENT_WORKSPACE / "names.py"
 AGENT_INSTRUCTION = "full_name repeats the first name: test_full_name fails. Fix it."
 AGENT_K = 2
+
+
+# Why an episode ended (`agent.episode.AgentResult.stop_reason`), in words.
+STOP_REASONS = {
+    "verified": "a candidate passed its checks",
+    "unverified": "the step budget (agent.max_steps) ran out",
+    "done": "the model said it was done",
+    "step_budget": "the step budget (agent.max_steps) ran out",
+    "token_budget": "the token budget (agent.token_budget) ran out",
+    "unparsable": "the model's answers could not be parsed, too many times in a row (agent.reprompts)",
+    "backend_error": "the model backend failed",
+}
+
+
+def agent_outcome(answer: dict | None, seconds: float, error: str | None = None) -> dict:
+    """What one `squidcode.agent.run` answer says happened. `outcome`: "verified" (a chosen edit,
+    in `diff`), "unverified" (edits, none passed its checks: `failed_checks`), "no edit", or
+    "error" (the request failed: `why`); `why` is the episode's `stop_reason` in words; `unparsed`
+    holds the model's raw answers that could not be parsed."""
+    answer = answer if isinstance(answer, dict) else {}
+    candidates = answer.get("candidates") or []
+    steps = answer.get("steps") or []
+    stop = answer.get("stop_reason") or ""
+    diff = (answer.get("diff") or "") if answer.get("chosen") is not None else ""
+    if error is not None:
+        outcome, why = "error", error
+    else:
+        outcome = "verified" if diff else "unverified" if candidates else "no edit"
+        why = STOP_REASONS.get(stop, stop or "the server gave no reason")
+        if answer.get("error"):
+            why += f": {answer['error']}"
+    return {
+        "outcome": outcome, "stop_reason": stop, "why": why, "seconds": round(seconds, 1),
+        "steps": [f"{s.get('tool')}{'' if s.get('ok') else ' (failed)'}" for s in steps],
+        "candidates": len(candidates), "verified": sum(1 for c in candidates if c.get("verified")),
+        "failed_checks": sorted({name for c in candidates for name, ok in (c.get("checks") or {}).items()
+                                 if ok is False}),
+        "chosen": answer.get("chosen"), "diff": diff,
+        "unparsed": [s["answer"] for s in steps if s.get("answer")],
+    }
+
+
+def describe_agent(outcome: dict, applied: str) -> str:
+    """One line for `outcome` (`agent_outcome`), then the diff when there is one; `applied` says
+    what became of the edit ("applied and recorded", "not applied", ...), said only of a verified one."""
+    took = f"in {outcome['seconds']} s"
+    stopped = f"stopped: {outcome['stop_reason'] or '?'}, {outcome['why']}"
+    if outcome["outcome"] == "verified":
+        return f"verified edit {took}, {applied}\n{outcome['diff'].rstrip()}"
+    if outcome["outcome"] == "unverified":
+        failed = ", ".join(outcome["failed_checks"]) or "none recorded"
+        return (f"unverified edit {took}, not applied: none of {outcome['candidates']} candidates passed "
+                f"its checks (failed: {failed}); {stopped}")
+    if outcome["outcome"] == "error":
+        return f"no edit {took}: the request failed: {outcome['why']}"
+    return f"no edit {took}; {stopped}"
 
 
 def server_command() -> list[str]:
@@ -183,19 +242,9 @@ async def _agent_edit(client: LanguageClient) -> dict:
             arguments=[{"instruction": AGENT_INSTRUCTION, "uri": AGENT_FILE.as_uri(), "k": AGENT_K}],
         ))
     except JsonRpcException as exc:
-        return {"instruction": AGENT_INSTRUCTION, "error": str(exc),
-                "seconds": round(time.perf_counter() - t0, 1)}
-    result = result if isinstance(result, dict) else {}
-    candidates = result.get("candidates") or []
-    return {
-        "instruction": AGENT_INSTRUCTION,
-        "seconds": round(time.perf_counter() - t0, 1),
-        "steps": [f"{s.get('tool')}{'' if s.get('ok') else ' (failed)'}" for s in result.get("steps") or []],
-        "candidates": len(candidates),
-        "verified": sum(1 for c in candidates if c.get("verified")),
-        "chosen": result.get("chosen"),
-        "diff": result.get("diff") or "",
-    }
+        outcome = agent_outcome(None, time.perf_counter() - t0, str(exc))
+        return {"instruction": AGENT_INSTRUCTION, **outcome, "error": str(exc)}
+    return {"instruction": AGENT_INSTRUCTION, **agent_outcome(result, time.perf_counter() - t0)}
 
 
 def run_demo(as_json: bool = False) -> int:
@@ -209,12 +258,9 @@ def run_demo(as_json: bool = False) -> int:
             print(f"\n--- inline completion, {run['label']}: {run['latency_s'] * 1000:.0f} ms ---")
             print(run["text"] if run["text"] else "(no completion)")
         agent = report["agent"]
-        print(f"\n--- agent: \"{agent['instruction']}\" ({agent['seconds']:.1f} s) ---")
-        if agent.get("error"):
-            print(f"(the agent failed: {agent['error']})")
-        else:
-            print(f"steps: {', '.join(agent['steps'])}; {agent['verified']} of {agent['candidates']} "
-                  "candidates verified by the tests")
-            print(agent["diff"].rstrip() if agent["diff"] else "(no verified edit)")
+        print(f"\n--- agent: \"{agent['instruction']}\" ---")
+        if agent["steps"]:
+            print(f"steps: {', '.join(agent['steps'])}")
+        print(describe_agent(agent, "not applied (the demo leaves the files as they are)"))
     completed = all(run["text"] for run in report["completions"])
     return 0 if completed and report["agent"].get("diff") else 1
