@@ -21,7 +21,6 @@ import shlex
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 __all__ = ["add_parser", "install_command", "run_setup"]
 
@@ -47,7 +46,9 @@ def install_command(reinstall: bool = False, quiet: bool = False) -> list[str]:
 
 
 def run_setup(args) -> int:
-    config = _config()
+    from .cli_train import config_for_cwd
+
+    config = config_for_cwd()
     if config.model.path is not None:
         print(f"model.path is set ({config.model.path}): the embedded model is not needed")
     else:
@@ -57,17 +58,6 @@ def run_setup(args) -> int:
     if args.dry_run or args.no_load:
         return 0
     return _prepare(config)
-
-
-def _config():
-    from context.config import WORKSPACE_CONFIG_NAME, load_file_config
-
-    cwd = Path.cwd().resolve()
-    root = next((d for d in (cwd, *cwd.parents) if (d / WORKSPACE_CONFIG_NAME).is_file()), None)
-    config, problems = load_file_config([root] if root else [])
-    for problem in problems:
-        print(f"squidcode: configuration: {problem}", file=sys.stderr)
-    return config
 
 
 def _install_embedded_model(dry_run: bool, quiet: bool) -> int:

@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["StepProgress", "add_train_parser", "run_train", "step_postfix"]
+__all__ = ["StepProgress", "add_train_parser", "config_for_cwd", "run_train", "step_postfix"]
 
 
 def add_train_parser(sub) -> None:
@@ -35,7 +35,8 @@ def _positive_int(value: str) -> int:
     return int(value)
 
 
-def _config():
+def config_for_cwd():
+    """The file configuration of the workspace around the current directory; problems go to stderr."""
     from context.config import WORKSPACE_CONFIG_NAME, load_file_config
 
     cwd = Path.cwd().resolve()
@@ -49,7 +50,7 @@ def _config():
 def run_train(args) -> int:
     from context.errors import SquidcodeError
 
-    config = _config()
+    config = config_for_cwd()
     try:
         if args.action == "status":
             return _status(config, args.json)
