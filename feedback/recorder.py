@@ -30,6 +30,7 @@ from typing import Any
 from context.config import FeedbackConfig
 from context.errors import FeedbackStoreError
 from context.prompt_record import ServedPrompt
+from context.sqlite_file import OpenedFile
 
 from .consent import Consent
 from .redact import for_storage, redact
@@ -127,6 +128,7 @@ class FeedbackRecorder:
         self.outcome_listeners: list[Callable[[Observation], None]] = []
         self.session_id = new_id()
         self.dropped = 0
+        self._session_row: dict[str, Any] | None = None  # as written: again into a replaced store
         self.last_error: str | None = None
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -478,6 +480,7 @@ class FeedbackRecorder:
 
     def _write_loop(self) -> None:
         store: FeedbackStore | None = None
+        opened: OpenedFile | None = None  # the file the store has open
         backlog: list[tuple] = []
         failures = 0
         stop = False
@@ -487,8 +490,16 @@ class FeedbackRecorder:
             if stop and not self._writable(backlog):
                 return
             try:
-                store = store or self.store_factory(self.db_path)
+                if store is not None and opened is not None and opened.replaced():
+                    self._let_go_of_replaced(store, opened)
+                    store = None
+                if store is None:
+                    store = self.store_factory(self.db_path)
+                    opened = OpenedFile(self.db_path)
+                    if self._session_row is not None:  # the session goes on in a new file
+                        store.write([("sessions", self._session_row)])
                 self._commit(store, backlog)
+                opened.note_journals()
                 backlog, failures = [], 0
                 self.last_error = None
                 if stop:
@@ -505,6 +516,17 @@ class FeedbackRecorder:
                 if self._stopping.is_set():
                     return
                 time.sleep(_RETRY_S[min(failures - 1, len(_RETRY_S) - 1)])
+
+    def _let_go_of_replaced(self, store: FeedbackStore, opened: OpenedFile) -> None:
+        """The store's file was deleted or replaced while it was open: close it.
+
+        SQLite would go on writing into the unlinked file (every row lost at close) or beside a
+        replacement. The writer opens the path again; rows written before stay with the old file.
+        """
+        log.warning("feedback store %s was deleted or replaced while squidcode ran; recording goes on "
+                    "in a new file there (what was written before is not in it)", self.db_path)
+        store.close()
+        opened.drop_orphan_journals()
 
     def _drain(self, block: bool, timeout: float) -> list[tuple]:
         items = []
@@ -531,6 +553,7 @@ class FeedbackRecorder:
                 gap = None if previous is None else (row["started_at"] - previous) / 86400
                 row["days_since_previous"] = None if gap is None else round(gap, 4)
                 store.write([("sessions", row)])
+                self._session_row = row
             elif item[0] == "touch":
                 store.touch_session(item[1], item[2])
         store.write(private)

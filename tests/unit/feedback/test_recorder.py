@@ -283,3 +283,32 @@ def test_status_before_the_schema_exists_has_no_counts_and_no_error(tmp_path, cl
         starting.set()
     assert status["record"] is True and status["episodes"] is None
     recorder._stopping.set()
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_store_file_deleted_or_replaced_while_recording_gets_a_new_file(tmp_path, clock, caplog, how):
+    path = tmp_path / "f.db"
+    recorder = make(tmp_path, clock)
+    first = show(recorder)
+    assert recorder.flush(timeout=10)
+    if how == "deleted":
+        for name in ("f.db", "f.db-wal", "f.db-shm"):  # what `rm ~/.local/share/.../feedback.db*` does
+            (tmp_path / name).unlink(missing_ok=True)
+    else:  # an older copy moved over it (a restore)
+        other = tmp_path / "restored.db"
+        FeedbackStore(other).close()
+        other.replace(path)
+    with caplog.at_level(logging.WARNING, logger="feedback.recorder"):
+        second = show(recorder)
+        assert recorder.flush(timeout=10)
+    assert "deleted or replaced" in caplog.text
+    # The new row is in the file at the path, not in an unlinked inode; the session goes on there.
+    assert [item.episode["id"] for item in episodes(path)] == [second]
+    store = FeedbackStore(path)
+    try:
+        assert [row["id"] for row in store.rows("sessions")] == [recorder.session_id]
+    finally:
+        store.close()
+    assert recorder.status()["episodes"] == 1 and recorder.status()["error"] is None
+    recorder.close()
+    assert first != second
