@@ -4,6 +4,7 @@ paths reaching the cache, and `squid.enabled = false`."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,7 +31,8 @@ def _server_state(tmp_path: Path, index, config: SquidConfig, open_docs: dict[Pa
     """The attributes of `SquidServer` the glue reads (a real server needs a client to start)."""
     docs = {p.as_uri(): _Doc(p, t) for p, t in open_docs.items()}
     return SimpleNamespace(config=config, index_service=index, workspace_roots=[tmp_path / "ws"],
-                           workspace=SimpleNamespace(text_documents=docs), squid_service=None)
+                           workspace=SimpleNamespace(text_documents=docs), squid_service=None,
+                           background_threads=[], stopping=threading.Event())
 
 
 @pytest.fixture
@@ -75,6 +77,8 @@ def test_references_and_background_queue(runtime, tmp_path, workspace):
         assert str(other) not in {e.source for e in service.store.device_tier.entries.values()}
     finally:
         stop_squid(ls)
+        for thread in ls.background_threads:  # the repo map's ranking, joined as the server's stop does
+            thread.join(30)
 
 
 def test_disabled_squid_gives_no_references(runtime, tmp_path, workspace):
