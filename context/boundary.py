@@ -4,7 +4,9 @@ path (`agent.completion`) and the trainer, which judges its samples by the text 
 - mid-line: the rest of the current line only;
 - after a line that does not open a block: the rest of that line only;
 - otherwise a block, up to a dedent, a second blank line, a repeat of the code after the cursor or
-  the line limit.
+  the line limit;
+- right after an opening bracket (only closers after the cursor), a continuation that starts on the
+  next line: its lines up to the one that closes that bracket (an argument list, a literal).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "CursorContext",
+    "bracket_at_cursor",
     "cursor_context",
     "cut_at_boundary",
     "is_mid_line",
@@ -58,6 +61,20 @@ def cursor_context(text: str, offset: int, suffix_lines: int) -> CursorContext:
 
 def is_mid_line(ctx: CursorContext) -> bool:
     return bool(ctx.line_suffix.strip())
+
+
+def bracket_at_cursor(ctx: CursorContext) -> str | None:
+    """The opening bracket the cursor sits right after, at the end of its line's code (nothing but
+    its closers after the cursor, as an editor that closes brackets leaves them); None elsewhere.
+    A continuation there may go on the next lines, up to the one that closes it (`suggestion`)."""
+    before = ctx.line_prefix.rstrip()
+    after = "".join(ctx.line_suffix.split())
+    if not before or before[-1] not in _CLOSERS:
+        return None
+    opener = before[-1]
+    if after and (after[0] != _CLOSERS[opener] or not set(after) <= set(_CLOSERS.values())):
+        return None
+    return opener
 
 
 def opens_block(line: str) -> bool:
@@ -128,6 +145,41 @@ _CLOSERS = {"(": ")", "[": "]", "{": "}"}
 _PROSE = frozenset({"markdown", "plaintext", "text", "restructuredtext", "latex", "git-commit"})
 
 
+def _code_chars(text: str, language: str | None):
+    """(index, character) of the code in `text`: comments skipped, a string as its opening quote
+    alone. A string left unterminated yields (-1, quote) and ends the scan."""
+    python = language in (None, "python")
+    comment = "#" if python else "//"
+    quotes = "\"'" if python else "\"'`"
+    i, n = 0, len(text)
+    while i < n:
+        if text.startswith(comment, i):
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        if python and text.startswith(('"""', "'''"), i):
+            end = text.find(text[i : i + 3], i + 3)
+            if end < 0:
+                yield -1, text[i]
+                return
+            yield i, text[i]
+            i = end + 3
+            continue
+        char = text[i]
+        if char in quotes:
+            j = i + 1
+            while j < n and text[j] != char and (char == "`" or text[j] != "\n"):
+                j += 2 if text[j] == "\\" else 1
+            if j >= n or text[j] != char:
+                yield -1, char
+                return
+            yield i, char
+            i = j + 1
+            continue
+        yield i, char
+        i += 1
+
+
 def leaves_open(text: str, language: str | None = None) -> bool:
     """Whether `text`, read on its own, leaves a string or a bracket open, so that inserting it
     breaks the code after it (a docstring cut off by the token budget, say).
@@ -139,41 +191,34 @@ def leaves_open(text: str, language: str | None = None) -> bool:
     """
     if language in _PROSE:
         return False
-    python = language in (None, "python")
-    comment = "#" if python else "//"
-    quotes = "\"'" if python else "\"'`"
     expected: list[str] = []
     last = ""  # the last character of code outside strings and comments; "" before any
-    i, n = 0, len(text)
-    while i < n:
-        if text.startswith(comment, i):
-            end = text.find("\n", i)
-            i = n if end < 0 else end
-            continue
-        if python and text.startswith(('"""', "'''"), i):
-            end = text.find(text[i : i + 3], i + 3)
-            if end < 0:
-                return True
-            i, last = end + 3, text[i]
-            continue
-        char = text[i]
-        if char in quotes:
-            j = i + 1
-            while j < n and text[j] != char and (char == "`" or text[j] != "\n"):
-                j += 2 if text[j] == "\\" else 1
-            if j >= n or text[j] != char:
-                return True
-            i, last = j + 1, char
-            continue
+    for index, char in _code_chars(text, language):
+        if index < 0:
+            return True
         if char in _CLOSERS:
             expected.append(_CLOSERS[char])
         elif expected and char == expected[-1]:
             expected.pop()
         if not char.isspace():
             last = char
-        i += 1
     # A Python block header as the last line (outside brackets, so not a slice or a dict): no body.
-    return bool(expected) or (python and last == ":")
+    return bool(expected) or (language in (None, "python") and last == ":")
+
+
+def _closer_index(text: str, language: str | None) -> int | None:
+    """Where in `text` the bracket it starts with is closed; None while it is open."""
+    expected: list[str] = []
+    for index, char in _code_chars(text, language):
+        if index < 0:
+            return None
+        if char in _CLOSERS:
+            expected.append(_CLOSERS[char])
+        elif expected and char == expected[-1]:
+            expected.pop()
+            if not expected:
+                return index
+    return None
 
 
 def _cut_back_to_closed(text: str, language: str | None = None) -> str:
@@ -182,6 +227,76 @@ def _cut_back_to_closed(text: str, language: str | None = None) -> str:
     while lines and leaves_open("\n".join(lines), language):
         lines.pop()
     return "\n".join(lines).rstrip()
+
+
+def _starts_next_line(raw: str) -> bool:
+    first, newline, _ = raw.replace("\r\n", "\n").partition("\n")
+    return bool(newline) and not first.strip()
+
+
+def _closed_after_cursor(ctx: CursorContext, opener: str, language: str | None) -> str | None:
+    """Where the text after the cursor already closes the bracket `opener` at the cursor: "line"
+    (an editor closed it), "below" (the following lines, none of them indented less than the
+    cursor's line: the bracket's own lines are there already), or None."""
+    if ctx.line_suffix.strip():
+        return "line"
+    indent = _indent(ctx.line_prefix)
+    below: list[str] = []
+    for line in ctx.following_lines:
+        if line.strip() and _indent(line) < indent:
+            break
+        below.append(line)
+    return "below" if _closer_index(opener + "\n" + "\n".join(below), language) is not None else None
+
+
+def _bracket_lines(raw: str, ctx: CursorContext, opener: str, max_lines: int, truncated: bool,
+                   language: str | None) -> str | None:
+    """The suggestion of a continuation `raw` that starts with a line break right after the bracket
+    `opener` at the cursor: its lines up to the one that closes the bracket; None when no line
+    within `max_lines` does (a second blank line, or a line indented less than the cursor's, ends
+    the search). What the text after the cursor already holds is left out: an editor's closer
+    after the cursor ends the suggestion just before the model's; closing lines below the cursor
+    make it the lines before the model's closing line (and before a repeat of the code there)."""
+    lines = raw.replace("\r\n", "\n").split("\n")[1:]
+    if truncated and lines:
+        lines.pop()  # unfinished
+    closed_after = _closed_after_cursor(ctx, opener, language)
+    upcoming = next((ln.strip() for ln in ctx.following_lines if ln.strip()), None)
+    indent = _indent(ctx.line_prefix)
+    kept: list[str] = []
+    for line in lines:
+        if not line.strip():
+            if kept and not kept[-1].strip():
+                break
+            kept.append(line)
+            continue
+        if _indent(line) < indent or (closed_after == "below" and line.strip() == upcoming):
+            break
+        kept.append(line)
+        body = "\n".join(kept)
+        close = _closer_index(opener + "\n" + body, language)
+        if close is not None:
+            return _closing(body, close - 2, opener, closed_after, language)
+        if sum(1 for ln in kept if ln.strip()) >= max_lines:
+            break
+    if closed_after == "below":
+        return _cut_back_to_closed("\n" + "\n".join(kept), language)
+    return None
+
+
+def _closing(body: str, close: int, opener: str, closed_after: str | None, language: str | None) -> str:
+    """The suggestion of `body` (the lines after the cursor's line break) whose last line closes the
+    cursor's bracket at `close`."""
+    line_start = body.rfind("\n", 0, close) + 1
+    if closed_after == "line":
+        # The editor's closer follows the suggestion: end just before the model's.
+        head = body[:close]
+        return "\n" + (head if not body[line_start:close].strip() else head.rstrip())
+    if closed_after == "below":
+        return _cut_back_to_closed("\n" + body[: max(line_start - 1, 0)], language)
+    whole = "\n" + body.rstrip()
+    # What follows the closer on its line may open something of its own: keep up to the closer then.
+    return whole if not leaves_open(opener + whole, language) else "\n" + body[: close + 1]
 
 
 def suggestion(raw: str, ctx: CursorContext, max_lines: int, truncated: bool, language: str | None = None,
@@ -193,7 +308,21 @@ def suggestion(raw: str, ctx: CursorContext, max_lines: int, truncated: bool, la
     something it opened (`leaves_open`) is continued by `finish()`, which returns the longer raw
     text and whether that ran out too (None: no more), and cut again. One still open is cut back to
     its last line that closes everything.
+
+    Right after an opening bracket (`bracket_at_cursor`), a continuation that starts on the next
+    line is offered up to its line that closes the bracket (`_bracket_lines`), continued by
+    `finish()` when it ran out of tokens first; one that does not close it gets the rules above.
     """
+    opener = bracket_at_cursor(ctx) if language not in _PROSE else None
+    if opener is not None and _starts_next_line(raw):
+        lines = _bracket_lines(raw, ctx, opener, max_lines, truncated, language)
+        if lines is None and truncated and finish is not None:
+            more, finish = finish(), None
+            if more is not None:
+                raw, truncated = more
+                lines = _bracket_lines(raw, ctx, opener, max_lines, truncated, language)
+        if lines is not None:
+            return lines
     text = cut_at_boundary(raw, ctx, max_lines, truncated=truncated)
     if is_mid_line(ctx) or not opens_block(ctx.line_prefix) or not leaves_open(text, language):
         return text
