@@ -12,9 +12,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
-from context.boundary import CursorContext, cursor_context, cut_at_boundary, is_mid_line, suggestion
+from context.boundary import (
+    CursorContext,
+    bracket_at_cursor,
+    cursor_context,
+    cut_at_boundary,
+    is_mid_line,
+    suggestion,
+)
 from context.config import CompletionConfig
 from context.errors import GenerationCancelled, SquidcodeError
 from context.prompt_record import ReferenceIdentity, ServedPrompt, window_ids
@@ -81,7 +88,22 @@ class _References:
 
     cache: object = None
     tokens: int = 0
-    identities: tuple[ReferenceIdentity, ...] = ()
+    composed: object = None  # the `context.squid.ComposedContext` the cache is a copy of
+
+    def served(self, decode: Callable[[list[int]], str]) -> dict:
+        """`ServedPrompt`'s reference fields: each document's identity and text (its served tokens
+        decoded), the shared prefix's hash, the recovery."""
+        composed = self.composed
+        if composed is None:
+            return {}
+        sources = composed.sources or (None,) * len(composed.spans)
+        identities = tuple(
+            ReferenceIdentity(key.content, source, end - start, decode(list(composed.token_ids[start:end])))
+            for key, (start, end), source in zip(composed.document_keys, composed.spans, sources, strict=True)
+        )
+        recovery = tuple(sorted(asdict(composed.recovery).items())) if composed.recovery else ()
+        return {"references": identities, "reference_tokens": self.tokens,
+                "reference_prefix": composed.prefix_hash, "reference_recovery": recovery}
 
 
 def _reference_cache(references, prefix: str) -> _References:
@@ -98,12 +120,7 @@ def _reference_cache(references, prefix: str) -> _References:
         return _References()
     log.info("squid: %d reference documents composed (%d tokens, recomputed %.0f%%)",
              len(composed.spans), composed.offset, 100 * composed.recomputed_fraction)
-    sources = composed.sources or (None,) * len(composed.spans)
-    identities = tuple(
-        ReferenceIdentity(key.content, source, end - start)
-        for key, (start, end), source in zip(composed.document_keys, composed.spans, sources, strict=True)
-    )
-    return _References(composed.new_cache(), composed.offset, identities)
+    return _References(composed.new_cache(), composed.offset, composed)
 
 
 def complete(
@@ -144,7 +161,10 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
     ctx = cursor_context(request.text, request.offset, config.suffix_lines)
     prompt = ServedPrompt.build(runtime, ctx, config)
     prompt_ids, heal = list(prompt.ids), prompt.heal
-    stop = tuple(config.stop) + (("\n",) if is_mid_line(ctx) else ("\n\n\n",))
+    # Mid-line a suggestion ends with the line, except after an opening bracket the editor closed:
+    # an argument list may start on the next line (`context.boundary.suggestion`).
+    one_line = is_mid_line(ctx) and bracket_at_cursor(ctx) is None
+    stop = tuple(config.stop) + (("\n",) if one_line else ("\n\n\n",))
     if request.language != "markdown":
         stop += _PROSE_STOPS
     composed = _reference_cache(references, ctx.prefix)
@@ -187,7 +207,7 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
         new_tokens=new_tokens,
         stop_reason=reason,
         prompt=replace(prompt, stop=stop, dropped_tokens=result.dropped_tokens,
-                       references=composed.identities, reference_tokens=composed.tokens),
+                       **composed.served(runtime.decode)),
     )
 
 
