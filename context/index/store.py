@@ -45,6 +45,7 @@ from pathlib import Path
 import sqlite_utils
 
 from ..errors import IndexCorruptError, IndexStoreError
+from ..sqlite_file import OpenedFile
 from .types import ParsedFile, SourceFile
 
 __all__ = [
@@ -411,6 +412,9 @@ class IndexStore:
         self._write_lock = threading.RLock()
         self._depth = 0
         self._closed = False
+        self._epoch = 0  # bumped when the file is replaced: older connections are let go
+        self.replacements = 0  # times the file was deleted or replaced under the open store
+        self._file: OpenedFile | None = None
         self._open()
 
     def _open(self) -> None:
@@ -433,6 +437,7 @@ class IndexStore:
             conn.execute("PRAGMA journal_mode=WAL")
             self.migrated_from = _migrate(self._db())
             conn.executescript(_SCHEMA)
+        self._file = OpenedFile(self.path)
 
     # --- connections and transactions ---
 
@@ -448,14 +453,55 @@ class IndexStore:
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.epoch != self._epoch:
+            self._release(conn)  # it has the file that was replaced open
+            conn = None
+        if conn is None and self._follow_replacement():
+            conn = self._local.conn  # opened on the new file
         if conn is None:
             if self._closed:
                 raise IndexStoreError(f"the index store {self.path} is closed")
             conn = self._connect()
-            self._local.conn = conn
+            self._local.conn, self._local.epoch = conn, self._epoch
             with self._conns_lock:
                 self._conns.append(conn)
         return conn
+
+    def _release(self, conn: sqlite3.Connection) -> None:
+        with self._conns_lock:
+            if conn in self._conns:
+                self._conns.remove(conn)
+        try:
+            conn.close()
+        except sqlite3.Error as exc:
+            log.debug("closing an index connection failed: %s", exc)
+
+    def _follow_replacement(self) -> bool:
+        """Before a write or a new connection: open a new index at the path if the file was deleted
+        or replaced.
+
+        SQLite would write into the file it has open (unlinked, every change is lost). The new
+        file starts empty; `replacements` tells the indexer that a full pass is due. Reads made
+        before this go on from the old file. True when the file was replaced.
+        """
+        if self._closed or self._file is None or getattr(self._local, "reopening", False):
+            return False
+        if not self._file.replaced():
+            return False
+        with self._write_lock:
+            if not self._file.replaced():
+                return False  # another thread got there first
+            log.warning("index database %s was deleted or replaced while squidcode ran; starting a new "
+                        "one there", self.path)
+            self._epoch += 1
+            self._file.drop_orphan_journals()  # connections still open keep theirs, unlinked
+            self._local.reopening = True
+            try:
+                self._open()
+            finally:
+                self._local.reopening = False
+            self.replacements += 1
+        return True
 
     def _db(self) -> sqlite_utils.Database:
         """This thread's connection seen through sqlite-utils (a thin wrapper: no SQL runs to make it).
@@ -473,6 +519,7 @@ class IndexStore:
                 finally:
                     self._depth -= 1
                 return
+            self._follow_replacement()
             conn = self._conn()
             with _sqlite_errors("begin a transaction"):
                 conn.execute("BEGIN IMMEDIATE")
@@ -485,6 +532,7 @@ class IndexStore:
             else:
                 with _sqlite_errors("commit"):
                     conn.execute("COMMIT")
+                self._file.note_journals()
             finally:
                 self._depth = 0
 

@@ -251,6 +251,7 @@ class IndexWatcher:
     def _apply(self, paths: list[Path], moves: list[tuple[Path, Path]]) -> None:
         report = IndexReport()
         moved: set[Path] = set()
+        replacements = self.indexer.store.replacements
         try:
             for old, new in moves:
                 merge_reports(report, self.indexer.move_path(old, new))
@@ -261,6 +262,9 @@ class IndexWatcher:
                 merge_reports(report, self.indexer.index_all())
             elif rest:
                 merge_reports(report, self.indexer.update_paths(rest))
+            if self.indexer.store.replacements != replacements:
+                # The database file was deleted or replaced: the new one holds only this batch.
+                merge_reports(report, self.indexer.index_all())
         except (SquidcodeError, OSError) as exc:
             log.error("updating the index failed: %s", exc)
             return

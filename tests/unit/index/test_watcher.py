@@ -298,3 +298,30 @@ def test_a_saved_change_is_searchable_quickly(setup):
     print(f"\nsave -> searchable over {len(latencies)} saves: p50 {p50 * 1000:.0f} ms, "
           f"p95 {p95 * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms")
     assert p95 < 1.0
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_an_index_file_deleted_or_replaced_while_open_is_rebuilt_at_its_path(ws, tmp_path, caplog, how):
+    path = tmp_path / "db" / "index.sqlite3"
+    with IndexStore(path) as store:
+        indexer = Indexer([ws], store)
+        indexer.index_all()
+        before = rels(store)
+        with IndexWatcher(indexer, debounce_s=0.01, observe=False) as watcher:
+            if how == "deleted":  # `rm -r ~/.cache/squidcode/index/...` while the server runs
+                for name in (path.name, path.name + "-wal", path.name + "-shm"):
+                    (path.parent / name).unlink(missing_ok=True)
+            else:  # another, empty index moved over it
+                IndexStore(tmp_path / "other.sqlite3").close()
+                (tmp_path / "other.sqlite3").replace(path)
+            assert rels(store) == before  # reads go on from the file still open
+            (ws / "pkg/saved.py").write_text("def saved_after_deletion():\n    pass\n", encoding="utf-8")
+            with caplog.at_level(logging.WARNING, logger="context.index.store"):
+                watcher.notify_saved(ws / "pkg/saved.py")
+                assert wait_for(lambda: "saved_after_deletion" in symbol_names(store))
+                assert watcher.wait_idle(10)
+        assert "deleted or replaced" in caplog.text and store.replacements == 1
+        assert rels(store) == before | {"pkg/saved.py"}  # the new file got a full pass, not one file
+    # What was written is in the file at the path, where the next start finds it.
+    with IndexStore(path) as reopened:
+        assert rels(reopened) == before | {"pkg/saved.py"} and reopened.integrity_problems() == []
