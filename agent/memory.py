@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import configparser
 import hashlib
+import logging
 import re
 import sqlite3
 import threading
@@ -34,7 +35,11 @@ from pathlib import Path
 
 import sqlite_utils
 
+from context.sqlite_file import OpenedFile
+
 from .errors import MemoryStoreError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Note", "MemoryStore", "default_memory_path"]
 
@@ -92,6 +97,9 @@ class MemoryStore:
         self.workspace = workspace
         self.now = now
         self._lock = threading.Lock()
+        self._open()
+
+    def _open(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(
@@ -102,15 +110,26 @@ class MemoryStore:
             _create_tables(self._db)
         except (OSError, sqlite3.Error) as exc:
             raise MemoryStoreError(f"cannot open the agent memory {self.path}: {exc}") from exc
+        self._file = OpenedFile(self.path)
 
     def close(self) -> None:
         self._conn.close()
 
     @contextmanager
     def _locked(self) -> Iterator[sqlite_utils.Database]:
-        """The database, for one operation under the lock; sqlite3 errors become MemoryStoreError."""
+        """The database, for one operation under the lock; sqlite3 errors become MemoryStoreError.
+
+        A file deleted or replaced since it was opened is let go of first: SQLite would go on writing
+        into the unlinked file, and every note written after would be lost.
+        """
         try:
             with self._lock:
+                if self._file.replaced():
+                    log.warning("agent memory %s was deleted or replaced while squidcode ran; new notes "
+                                "go to a new file there", self.path)
+                    self._conn.close()
+                    self._file.drop_orphan_journals()
+                    self._open()
                 yield self._db
         except sqlite3.Error as exc:
             raise MemoryStoreError(f"the agent memory {self.path} failed: {exc}") from exc

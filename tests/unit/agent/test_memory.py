@@ -155,3 +155,16 @@ def test_the_memory_tool_stores_and_recalls(ctx, tmp_path):
     assert not registry.call(ctx, "memory", {"action": "store"}).ok
     ctx.memory = None
     assert "turned off" in registry.call(ctx, "memory", {"action": "recall"}).output
+
+
+def test_a_memory_file_deleted_while_open_takes_new_notes_in_a_new_file(tmp_path, caplog):
+    mem = store(tmp_path)
+    mem.remember("before", "written before the file went", "convention")
+    (tmp_path / "memory.sqlite").unlink()
+    with caplog.at_level("WARNING", logger="agent.memory"):
+        mem.remember("after", "written after", "convention")
+    assert "deleted or replaced" in caplog.text
+    assert [n.subject for n in mem.notes()] == ["after"]
+    mem.close()
+    # On disk at the path, not in the unlinked file.
+    assert [n.subject for n in store(tmp_path).notes()] == ["after"]
