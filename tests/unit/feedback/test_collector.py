@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +60,25 @@ def test_a_retried_batch_is_stored_once(tmp_path):
         assert store.stats("other") == {"events": 0, "by_table": {}}
     finally:
         store.close()
+
+
+def test_a_database_deleted_while_serving_stores_later_events_in_a_new_file(tmp_path, caplog):
+    path = tmp_path / "collector.db"
+    store = CollectorStore(path)
+    try:
+        assert store.insert("team", events("a1")) == (1, 0)
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        with caplog.at_level("WARNING", logger="feedback.collector"):
+            assert store.insert("team", events("a2")) == (1, 0)
+        assert "deleted or replaced" in caplog.text
+    finally:
+        store.close()
+    reopened = CollectorStore(path)  # on disk at the path, not in the unlinked file
+    try:
+        assert reopened.stats("team") == {"events": 1, "by_table": {"episodes": 1}}
+    finally:
+        reopened.close()
 
 
 def test_a_store_that_cannot_be_opened_raises_feedback_store_error(tmp_path):
