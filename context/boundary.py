@@ -21,6 +21,7 @@ __all__ = [
     "cut_at_boundary",
     "is_mid_line",
     "leaves_open",
+    "may_span_lines",
     "opens_block",
     "suggestion",
 ]
@@ -81,6 +82,13 @@ def opens_block(line: str) -> bool:
     """Whether a completion after `line` (the cursor's line, up to the cursor) may span lines."""
     stripped = line.rstrip()
     return not stripped or stripped.endswith(_BLOCK_OPENERS)
+
+
+def may_span_lines(ctx: CursorContext) -> bool:
+    """Whether a suggestion at `ctx` may span lines (after a line that opens a block, or right after
+    an opening bracket), so that one that ran out of tokens inside something it opened is worth
+    finishing (`suggestion`'s `finish`): the trainer budgets its samples' extra tokens by it."""
+    return bracket_at_cursor(ctx) is not None or (not is_mid_line(ctx) and opens_block(ctx.line_prefix))
 
 
 def _indent(line: str) -> int:

@@ -5,7 +5,7 @@ import ast
 import pytest
 
 from agent.completion import CompletionRequest, complete
-from context.boundary import bracket_at_cursor, cursor_context, leaves_open, suggestion
+from context.boundary import bracket_at_cursor, cursor_context, leaves_open, may_span_lines, suggestion
 from context.config import CompletionConfig
 
 
@@ -145,3 +145,11 @@ def test_the_model_argument_list_on_the_next_lines_is_offered(runtime, closer):
     assert completion is not None and completion.text.startswith("\n") and completion.text.count("\n") >= 2
     assert not leaves_open("(" + completion.text + closer)
     ast.parse(PARSER + completion.text + text[len(PARSER):])  # the file reads as Python once accepted
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "spans"),
+    [("f(", "", True), ("f(", ")", True), ("def f():", "", True), ("x = 1", "", False), ("f(a", ")", False)],
+)
+def test_may_span_lines(before, after, spans):
+    assert may_span_lines(ctx_at_end(before, after)) is spans
