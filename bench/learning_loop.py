@@ -94,11 +94,6 @@ def workspace_config(data: Path, plan: Plan, device: str = "cpu") -> str:
 debounce_ms = 0
 prefix_tokens = 256
 
-# A completion episode does not record the reference documents Squid composed in front of it, so
-# training could not show them to the model; the loop completes from the prompt alone.
-[squid]
-enabled = false
-
 [feedback]
 db_path = "{data / 'feedback.db'}"
 checkpoints_s = [{', '.join(str(c) for c in CHECKPOINTS_S)}]

@@ -17,7 +17,7 @@ In JSON (`to_json`/`from_json`) a missing setting takes `CompletionConfig`'s def
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
 from .boundary import CursorContext
@@ -80,11 +80,18 @@ def heal_window(decode: Callable[[list[int]], str], ids: list[int]) -> tuple[lis
 
 @dataclass(frozen=True)
 class ReferenceIdentity:
-    """A reference document the prompt followed (Squid): enough to find it again, none of its text."""
+    """A reference document the prompt followed (Squid): its identity, and in memory its text.
+
+    The JSON record (`to_json`) names the document only; its text travels beside it: the completion
+    path decodes it from the served tokens, the feedback store keeps it (redacted) in a table of its
+    own keyed by `hash`, and the trainer gets it back from there (`ServedPrompt.with_texts`).
+    """
 
     hash: str  # its content hash: `context.squid.keys.CacheKey.content` (of its token ids)
     path: str | None  # the file it came from; None when unknown
     tokens: int
+    # The text its tokens decode to. None: not known (not recorded, or a store that keeps no code).
+    text: str | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"hash": self.hash, "path": self.path, "tokens": self.tokens}
@@ -122,6 +129,10 @@ class ServedPrompt:
     # prefix they follow). Empty: none, or not recorded.
     references: tuple[ReferenceIdentity, ...] = ()
     reference_tokens: int = 0
+    # How they were composed: the token hash of the shared prefix they follow, and the quality
+    # recovery (`context.squid.compose.Recovery`'s fields, sorted by name). Empty: no references.
+    reference_prefix: str = ""
+    reference_recovery: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def build(cls, codec: Codec, ctx: CursorContext, config: CompletionConfig) -> ServedPrompt:
@@ -166,14 +177,17 @@ class ServedPrompt:
 
     def for_storage(self, redact: Callable[[str], str], *, keep_code: bool = True) -> ServedPrompt:
         """This record as a store may keep it: its code (the window, the text after the cursor)
-        passed through `redact`, or dropped without `keep_code`; reference paths through `redact`.
+        passed through `redact`, or dropped without `keep_code`; reference paths through `redact`,
+        reference texts too, or dropped without `keep_code`.
 
         The ids encode the window, so they are kept only with the window kept exactly as it was:
         ids of a redacted secret would still spell it. Without them the trainer tokenizes the stored
         (redacted) window again: the same rule, not the same ids.
         """
         references = tuple(
-            replace(ref, path=redact(ref.path) if ref.path else ref.path) for ref in self.references
+            replace(ref, path=redact(ref.path) if ref.path else ref.path,
+                    text=redact(ref.text) if keep_code and ref.text is not None else None)
+            for ref in self.references
         )
         if not keep_code:
             return replace(self, ids=None, text="", heal="", line_suffix="", following_lines=(),
@@ -195,6 +209,8 @@ class ServedPrompt:
             value = getattr(self, f.name)
             if f.name == "references":
                 value = [ref.to_json() for ref in value]
+            elif f.name == "reference_recovery":
+                value = dict(value)
             elif isinstance(value, tuple):
                 value = list(value)
             data[f.name] = value
@@ -218,4 +234,10 @@ class ServedPrompt:
             if name in values:
                 values[name] = tuple(values[name] or ())
         values["references"] = tuple(ReferenceIdentity.from_json(r) for r in values.get("references") or ())
+        values["reference_recovery"] = tuple(sorted(dict(values.get("reference_recovery") or {}).items()))
         return cls(**values)
+
+    def with_texts(self, texts: Mapping[str, str]) -> ServedPrompt:
+        """This record with its references' texts filled in from `texts` (content hash -> text)."""
+        return replace(self, references=tuple(replace(ref, text=texts.get(ref.hash, ref.text))
+                                              for ref in self.references))

@@ -34,7 +34,14 @@ from context.sqlite_file import OpenedFile
 
 from .consent import Consent
 from .redact import for_storage, redact
-from .store import JSON_COLUMNS, FeedbackStore, default_db_path, translate_sqlite_error
+from .store import (
+    JSON_COLUMNS,
+    REFERENCE_TABLE,
+    SERVED_PROMPT_KEY,
+    FeedbackStore,
+    default_db_path,
+    translate_sqlite_error,
+)
 from .tracking import EditTracker, Observation, Pos, TextChange
 
 __all__ = ["FeedbackRecorder", "new_id", "SERVED_PROMPT_KEY"]
@@ -46,9 +53,6 @@ log = logging.getLogger(__name__)
 MAX_PENDING_ROWS = 100_000
 _RETRY_S = (0.05, 0.2, 1.0, 5.0, 30.0)
 _SESSION_TOUCH_S = 60.0
-# A completion episode's `extra` holds its `ServedPrompt` under this key, without the window's text:
-# that is the episode's `prompt_text`.
-SERVED_PROMPT_KEY = "served_prompt"
 
 
 def new_id() -> str:
@@ -85,6 +89,11 @@ def sanitize_row(table: str, row: dict[str, Any], mode: str) -> dict[str, Any]:
         row["data"] = data
     elif table == "outcomes":
         row["kept_text"], row["kept_hash"] = for_storage(row.get("kept_text"), mode)
+    elif table == REFERENCE_TABLE:
+        # Queued only where code is kept; a text redaction changed no longer spells its hash's tokens.
+        served = row["text"] if mode == "full" else ""
+        row["text"] = redact(served).text
+        row["redacted"] = int(mode != "full" or row["text"] != served)
     return row
 
 
@@ -229,6 +238,11 @@ class FeedbackRecorder:
             extra={**(extra or {}), "position": list(position), "latency_s": latency_s},
         )
         self._event(episode_id, "shown", {"uri": uri, "position": list(position)})
+        if served is not None and self.config.storage == "full":
+            # Reference documents' texts, once per content hash, in the store's table of their own.
+            for ref in served.references:
+                if ref.text is not None:
+                    self._put(REFERENCE_TABLE, {"hash": ref.hash, "ts": now, "text": ref.text})
         return episode_id
 
     def record_agent_episode(

@@ -12,6 +12,7 @@ most the transaction under way, never one that returned.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sqlite3
@@ -30,7 +31,9 @@ from .redact import RULES_VERSION, redact, text_hash
 
 __all__ = [
     "FeedbackStore",
+    "REFERENCE_TABLE",
     "SCHEMA_VERSION",
+    "SERVED_PROMPT_KEY",
     "TABLES",
     "EpisodeOutcomes",
     "default_db_path",
@@ -70,9 +73,22 @@ _MIGRATIONS: list[list[str]] = [
         "CREATE INDEX outcomes_episode ON outcomes(episode_id)",
         "CREATE INDEX episodes_ts ON episodes(ts)",
     ],
+    [
+        # The reference documents completions were composed with (Squid), once per content hash
+        # (`context.prompt_record.ReferenceIdentity.hash`, named by the episodes' served prompts):
+        # their text redacted, and whether redaction changed it (then the text no longer tokenizes
+        # to the hash's tokens, and a composition from it only approximates the served one).
+        # Local only: never queued for upload.
+        """CREATE TABLE reference_documents (
+            hash TEXT PRIMARY KEY, ts REAL NOT NULL, text TEXT NOT NULL, redacted INTEGER NOT NULL)""",
+    ],
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
-TABLES = ("episodes", "events", "outcomes", "sessions", "model_switches")
+# A completion episode's `extra` holds its `context.prompt_record.ServedPrompt` under this key,
+# without the window's text: that is the episode's `prompt_text`.
+SERVED_PROMPT_KEY = "served_prompt"
+TABLES = ("episodes", "events", "outcomes", "sessions", "model_switches")  # the ones that may be shared
+REFERENCE_TABLE = "reference_documents"
 JSON_COLUMNS = {"context_refs", "candidates", "extra", "data"}
 
 
@@ -106,6 +122,8 @@ class EpisodeOutcomes:
     events: list[dict[str, Any]]
     # One per region and checkpoint, oldest first: status, distance, kept_text, checkpoint_s.
     outcomes: list[dict[str, Any]]
+    # The stored (redacted) texts of the reference documents its served prompt names, by hash.
+    reference_texts: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def accepted(self) -> bool:
@@ -176,7 +194,8 @@ class FeedbackStore:
     def write(self, rows: Iterable[tuple[str, dict[str, Any]]], *, share: bool = False) -> int:
         """Insert (table, row) pairs in one transaction; rows whose id exists are left as they are.
 
-        With `share`, each row is also queued in the outbox for upload. Returns the rows written.
+        With `share`, each row of a shared table (`TABLES`) is also queued in the outbox for upload;
+        reference documents never are. Returns the rows written.
         """
         batch = [(table, _encode(row)) for table, row in rows]
         if not batch:
@@ -195,7 +214,7 @@ class FeedbackStore:
                     now = time.time()
                     self.db.conn.executemany(
                         "INSERT OR IGNORE INTO outbox (id, tbl, created) VALUES (?, ?, ?)",
-                        [(row["id"], table, now) for table, row in batch],
+                        [(row["id"], table, now) for table, row in batch if table in TABLES],
                     )
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, self.path) from exc
@@ -257,7 +276,26 @@ class FeedbackStore:
         for episode in self.rows("episodes", since, until):
             events = list(self._children("events", episode["id"]))
             outcomes = list(self._children("outcomes", episode["id"]))
-            yield EpisodeOutcomes(episode, events, outcomes)
+            yield EpisodeOutcomes(episode, events, outcomes, self.reference_texts(_named_references(episode)))
+
+    def reference_texts(self, hashes: Iterable[str]) -> dict[str, str]:
+        """The stored (redacted) texts of these reference documents, by content hash; those not
+        stored are missing (a store written before they were, or in a storage mode without code)."""
+        wanted = list(dict.fromkeys(hashes))
+        if not wanted or not self._has_table(REFERENCE_TABLE):
+            return {}
+        texts = {}
+        for start in range(0, len(wanted), 500):
+            part = wanted[start : start + 500]
+            marks = ", ".join("?" for _ in part)
+            texts.update(self.db.execute(
+                f"SELECT hash, text FROM {REFERENCE_TABLE} WHERE hash IN ({marks})", part).fetchall())
+        return texts
+
+    def _has_table(self, name: str) -> bool:
+        # A read-only store may be of an older schema (it is never migrated).
+        return self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                               [name]).fetchone() is not None
 
     def _children(self, table: str, episode_id: str) -> Iterator[dict]:
         order = "checkpoint_s, ts" if table == "outcomes" else "ts"
@@ -284,10 +322,29 @@ class FeedbackStore:
                             f"DELETE FROM {table} WHERE episode_id IS NOT NULL AND episode_id NOT IN "
                             "(SELECT id FROM episodes) AND episode_id != ''"
                         ).rowcount
+                # A reference document goes with the last episode that names it.
+                deleted[REFERENCE_TABLE] = self.db.execute(
+                    f"DELETE FROM {REFERENCE_TABLE} WHERE hash NOT IN ({_NAMED_REFERENCES})").rowcount
             self.db.execute("VACUUM")
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, self.path) from exc
         return deleted
+
+
+def _named_references(episode: dict[str, Any]) -> list[str]:
+    """The content hashes of the reference documents `episode`'s served prompt names."""
+    extra = episode.get("extra")
+    served = extra.get(SERVED_PROMPT_KEY) if isinstance(extra, dict) else None
+    references = served.get("references") if isinstance(served, dict) else None
+    return [str(ref["hash"]) for ref in references or () if isinstance(ref, dict) and ref.get("hash")]
+
+
+# The content hashes of the reference documents the stored episodes' served prompts name.
+_NAMED_REFERENCES = (
+    "SELECT json_extract(ref.value, '$.hash') FROM episodes, json_each("
+    "CASE WHEN json_valid(episodes.extra) THEN episodes.extra ELSE '{}' END, "
+    f"'$.{SERVED_PROMPT_KEY}.references') AS ref WHERE json_extract(ref.value, '$.hash') IS NOT NULL"
+)
 
 
 def _time_range(column: str, since: float | None, until: float | None) -> tuple[str, list[float]]:
@@ -320,6 +377,7 @@ _CODE_TEXTS: dict[str, dict[str, str | None]] = {
     "episodes": {"instruction": None, "prompt_text": "prompt_hash", "output": "output_hash"},
     "events": {},
     "outcomes": {"kept_text": "kept_hash"},
+    REFERENCE_TABLE: {"text": None},
 }
 _REDACTION_BATCH = 500
 
@@ -372,6 +430,8 @@ def _rules_version(conn: sqlite3.Connection) -> int:
 def _redacted_columns(table: str, row: dict[str, Any]) -> dict[str, Any]:
     """The columns of `row` that the current rules change (a hash follows its text)."""
     updates = {column: row[column] for column in _redact_fields(row, _CODE_TEXTS[table])}
+    if table == REFERENCE_TABLE and updates:
+        updates["redacted"] = 1  # its text no longer spells the tokens its hash names
     json_fields = {
         "episodes": [("context_refs", None), ("candidates", {"diff": "diff_hash", "checks": None})],
         "events": [("data", {"new_text": "new_text_hash", "old_text": "old_text_hash"})],

@@ -120,9 +120,14 @@ class SquidService:
                 self._cond.notify_all()
 
     def context_for(self, documents: list[ReferenceDocument], *, wait: bool = False,
-                    recovery: Recovery | None = None, persist: bool = False) -> ComposedContext | None:
+                    recovery: Recovery | None = None, persist: bool = False,
+                    fresh: bool = False) -> ComposedContext | None:
         """The composed context of the ready `documents` (missing ones queued, or encoded when
-        `wait`, and then also written to the disk tier when `persist`); None when none is ready."""
+        `wait`, and then also written to the disk tier when `persist`); None when none is ready.
+
+        `fresh`: composed from the documents alone, as by a service that served nothing before (no
+        copy from the last composition, which is kept as it was): the trainer's composition of a
+        recorded episode's documents must not depend on the episode trained before it."""
         epoch = self.epoch()
         prefix = self.prefix()
         ready: list[DocumentKV] = []
@@ -140,6 +145,8 @@ class SquidService:
         if not ready:
             return None
         recovery = recovery or self.recovery
+        if fresh:
+            return compose(self.runtime, prefix, ready, recovery=recovery)
         # Consecutive requests mostly read the same references: reuse the last composition (its
         # tensors are never written; each request gets its own cache from `new_cache()`).
         signature = (prefix.hash, recovery, tuple(entry.key for entry in ready))

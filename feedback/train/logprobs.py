@@ -30,11 +30,16 @@ def token_logprobs(
     completion_mask: torch.Tensor,
     temperature: float = 1.0,
     attention_mask: torch.Tensor | None = None,
+    *,
+    past=None,
+    past_length: int = 0,
 ) -> torch.Tensor:
     """Log-probs [b, C] of the last C tokens of `input_ids` [b, L], C = completion_mask.shape[1].
 
     Positions where `completion_mask` is 0 (padding after the end of a completion) are returned
     as 0. `attention_mask` [b, L] defaults to the prompt (all ones) followed by `completion_mask`.
+    `past`: a transformers cache (b rows) of `past_length` positions that `input_ids` continue (a
+    Squid-composed context; extended in place, so a fresh one per call), read as constants.
     """
     lm = unwrap_causal_lm(model)
     completion_len = completion_mask.shape[1]
@@ -44,7 +49,15 @@ def token_logprobs(
             device=input_ids.device,
         )
         attention_mask = torch.cat([prompt_ones, completion_mask], dim=1)  # [b, L]
-    hidden = lm.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [b, L, d]
+    extra = {}
+    if past is not None:
+        context_ones = torch.ones(input_ids.shape[0], past_length, dtype=attention_mask.dtype,
+                                  device=input_ids.device)
+        attention_mask = torch.cat([context_ones, attention_mask], dim=1)  # [b, past_length + L]
+        positions = torch.arange(past_length, past_length + input_ids.shape[1], device=input_ids.device)
+        extra = {"cache": past, "position_ids": positions[None].expand(input_ids.shape[0], -1)}
+    hidden = lm.model(input_ids=input_ids, attention_mask=attention_mask,
+                      **extra).last_hidden_state  # [b, L, d]
     # The hidden state at position t predicts token t + 1.
     scoring = hidden[:, -completion_len - 1 : -1, :]  # [b, C, d]
     targets = input_ids[:, -completion_len:]  # [b, C]

@@ -17,6 +17,7 @@ from context.loading import model_loading
 from context.prompt_record import ServedPrompt, TokenizerCodec
 
 from .logprobs import token_logprobs
+from .references import ReferencePrefix, composer_for
 
 __all__ = [
     "LORA_TARGETS",
@@ -26,6 +27,7 @@ __all__ = [
     "example_prompt_ids",
     "prompt_ids",
     "completion_prompt",
+    "reference_prefix",
     "sample_example",
     "sample_group",
     "served_prompt",
@@ -37,15 +39,28 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 @dataclass
 class SampledGroup:
-    """G completions of one prompt. Tensors: prompt [1, P], completions [G, C], mask [G, C]."""
+    """G completions of one prompt. Tensors: prompt [1, P], completions [G, C], mask [G, C].
+
+    `context`: the Squid reference documents the prompt follows (a completion served with some),
+    composed as the server composed them; the prompt's first token comes at position
+    `context.length`. None: the prompt starts at position 0."""
 
     prompt: torch.Tensor
     completions: torch.Tensor
     mask: torch.Tensor
     texts: list[str]
+    context: ReferencePrefix | None = None
 
     def input_ids(self) -> torch.Tensor:
         return torch.cat([self.prompt.expand(self.completions.shape[0], -1), self.completions], dim=1)
+
+    def past(self) -> tuple[object, int]:
+        """(a fresh cache of the context for every row, composed by the weights active now, its
+        length); (None, 0) without one."""
+        if self.context is None:
+            return None, 0
+        context = self.context.current()
+        return context.cache(self.completions.shape[0]), context.length
 
 
 def attach_lora(model, rank: int, alpha: int, adapter_path: str | None = None):
@@ -84,6 +99,15 @@ def served_prompt(example) -> ServedPrompt:
     return example.served or ServedPrompt.from_text(example.prompt_text + example.prompt_lead)
 
 
+def reference_prefix(model, tokenizer, example) -> ReferencePrefix | None:
+    """The Squid reference documents a completion example was served with, composed by `model`'s
+    active weights as the server composed them (`feedback.train.references`); None without any."""
+    served = example.served
+    if example.prompt_text is None or served is None or not served.references:
+        return None
+    return composer_for(model, tokenizer).compose(served)
+
+
 def completion_prompt(tokenizer, example) -> tuple[torch.Tensor, str]:
     """(ids [1, P], heal) of a completion example: the prompt ids the completion was answered from,
     as recorded (`ServedPrompt.model_ids`; the raw text before the cursor, no chat template), and the
@@ -108,7 +132,9 @@ def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: 
     if served.max_tokens is not None:
         max_new_tokens = min(max_new_tokens, served.max_tokens)
     finish = served.finish_tokens if not is_mid_line(ctx) and opens_block(ctx.line_prefix) else 0
-    group = sample_group(model, tokenizer, prompt, group_size, max_new_tokens + finish, temperature, heal)
+    context = reference_prefix(model, tokenizer, example)
+    group = sample_group(model, tokenizer, prompt, group_size, max_new_tokens + finish, temperature, heal,
+                         context=context)
     eos = eos_token_ids(model, tokenizer)
     texts = []
     for row in range(group.completions.shape[0]):
@@ -122,7 +148,7 @@ def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: 
         texts.append(lead + shown)
         end = len(heal) + (generated.find(shown) + len(shown) if shown else 0)
         group.mask[row, _tokens_covering(tokenizer, ids, end):] = 0
-    return SampledGroup(group.prompt, group.completions, group.mask, texts)
+    return SampledGroup(group.prompt, group.completions, group.mask, texts, context)
 
 
 def _shown(tokenizer, ids: list[int], first_eos: int | None, heal: str, budget: int, finish: int,
@@ -176,32 +202,39 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 @torch.no_grad()
 def sample_group(
     model, tokenizer, prompt: torch.Tensor, group_size: int, max_new_tokens: int, temperature: float,
-    heal: str = "",
+    heal: str = "", context: ReferencePrefix | None = None,
 ) -> SampledGroup:
     """`group_size` completions of `prompt` [1, P]; temperature 0 decodes greedily (one row per copy).
-    With `heal`, each completion's first tokens are held to those that regenerate that text."""
+    With `heal`, each completion's first tokens are held to those that regenerate that text. With a
+    `context`, the prompt continues its composed cache (as `ModelRuntime.generate(past=...)` does)."""
     eos = eos_token_ids(model, tokenizer)
     if temperature > 0:
         sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
     else:
         sampling = {"do_sample": False}
+    full = prompt
+    if context is not None:
+        # generate() reads the context's tokens from the cache and runs the rest after it.
+        head = torch.tensor([context.token_ids], dtype=prompt.dtype, device=prompt.device)
+        full = torch.cat([head, prompt], dim=1)  # [1, context + P]
+        sampling["cache"] = context.cache(group_size)
     if heal:
         from transformers import LogitsProcessorList
 
         sampling["logits_processor"] = LogitsProcessorList(
-            [_Healing(tokenizer, heal, prompt.shape[1])])
-    prompts = prompt.expand(group_size, -1)  # [G, P]
+            [_Healing(tokenizer, heal, full.shape[1])])
+    prompts = full.expand(group_size, -1)  # [G, context + P]
     out = model.generate(
         input_ids=prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=max_new_tokens,
         pad_token_id=min(eos), **sampling,
     )
-    completions = out[:, prompt.shape[1]:]  # [G, C]
+    completions = out[:, full.shape[1]:]  # [G, C]
     mask = completion_mask(completions, eos)
     texts = [
         tokenizer.decode(row[keep.bool()].tolist(), skip_special_tokens=True)
         for row, keep in zip(completions, mask, strict=True)
     ]
-    return SampledGroup(prompt, completions, mask, texts)
+    return SampledGroup(prompt, completions, mask, texts, context)
 
 
 class _Healing:
@@ -234,12 +267,15 @@ class _Healing:
 
 
 def group_logprobs(model, group: SampledGroup, temperature: float) -> torch.Tensor:
-    """Per-token log-probs [G, C] of the group's completions under `model` as it is now."""
-    return token_logprobs(model, group.input_ids(), group.mask, temperature)
+    """Per-token log-probs [G, C] of the group's completions under `model` as it is now (after its
+    context, composed by the weights active now)."""
+    past, offset = group.past()
+    return token_logprobs(model, group.input_ids(), group.mask, temperature, past=past, past_length=offset)
 
 
 @torch.no_grad()
 def reference_logprobs(model, group: SampledGroup, temperature: float) -> torch.Tensor:
-    """The same log-probs with the adapter disabled: the reference policy of the KL term."""
+    """The same log-probs with the adapter disabled: the reference policy of the KL term (its context
+    composed by the base model, as a server without the adapter would)."""
     with model.disable_adapter():
-        return token_logprobs(model, group.input_ids(), group.mask, temperature)
+        return group_logprobs(model, group, temperature)

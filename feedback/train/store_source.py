@@ -1,9 +1,10 @@
 """The feedback store as the trainer's EpisodeSource: recorded episodes become training examples.
 
 A completion episode is trained on the prompt it was served with (`context.prompt_record.ServedPrompt`,
-passed through as it was recorded: the same token ids, the same settings), continued without a chat
-template, its samples cut where inline completions are cut (the trailing indentation of the cursor's
-line moves into the answers, as the completion path regenerates it); an agent episode keeps its
+passed through as it was recorded: the same token ids, the same settings, the same Squid reference
+documents, their texts from the store's table of them), continued without a chat template, its
+samples cut where inline completions are cut (the trailing indentation of the cursor's line moves
+into the answers, as the completion path regenerates it); an agent episode keeps its
 instruction. The outcome at the last checkpoint supplies the reference texts a
 reward compares fresh samples with: the region's final text when the user kept or modified it,
 the model's output when the user reverted it. Episodes never accepted, or not yet judged, teach
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from context.prompt_record import ServedPrompt
-from feedback.recorder import SERVED_PROMPT_KEY
+from feedback.store import SERVED_PROMPT_KEY
 
 __all__ = [
     "FeedbackStoreSource",
@@ -46,7 +47,7 @@ def episode_as_example_fields(record: Any) -> dict[str, Any] | None:
     status = last["status"]
     prompt_text, lead, served = None, "", None
     if episode["kind"] == "completion":
-        served = served_prompt_of(episode)
+        served = served_prompt_of(episode).with_texts(getattr(record, "reference_texts", None) or {})
         prompt_text = served.text.rstrip(" \t")
         lead = served.text[len(prompt_text):]
     kept = last.get("kept_text") if status in _KEPT else None

@@ -29,6 +29,7 @@ from context.config import TrainConfig
 from .dataset import TrainingExample
 from .grpo import GrpoLossConfig, group_advantages, grpo_loss
 from .policy import SampledGroup, example_prompt_ids, group_logprobs, reference_logprobs, sample_example
+from .references import weights_changed
 
 __all__ = ["GrpoTrainer", "RewardFn", "StepRecord"]
 
@@ -123,6 +124,7 @@ class GrpoTrainer:
             self._average_gradients()
             torch.nn.utils.clip_grad_norm_(self.trainable, 1.0)
             self.optimizer.step()
+            weights_changed(self.model)  # Squid reference caches of the old weights are stale
         self.model.eval()
         self.step_count += 1
         updates = max(updates, 1)
@@ -235,6 +237,7 @@ class GrpoTrainer:
         state = json.loads(state_path.read_text())
         weights = load_file(str(self.checkpoint_dir / "adapter" / "adapter_model.safetensors"))
         set_peft_model_state_dict(self.model, weights)
+        weights_changed(self.model)
         self.optimizer.load_state_dict(torch.load(self.checkpoint_dir / "optimizer.pt", weights_only=True))
         self.step_count = int(state["step"])
         self.history = [StepRecord(**r) for r in state["history"]]

@@ -1,0 +1,173 @@
+"""A completion's Squid reference documents, composed for training as the server composed them.
+
+The server answered a completion from a composed cache (`context.squid`): the shared prefix, then each
+reference document encoded on its own after it, re-positioned and concatenated, with the configured
+quality recovery; the prompt window followed at the next position. The trainer prompts with the same
+thing, through the same code (`SquidService.context_for`): the recorded documents' texts (kept in
+the feedback store by content hash) are tokenized and encoded again, in the served order, with the
+served recovery, composed fresh (`fresh=True`: from the documents alone, never copied from the
+composition of another example). The window's ids then run at the positions after it.
+
+Whose weights encode the documents: the server encodes a document with the model it generates with
+(the promoted adapter merged in; its cache key names the adapter), so the trainer does the same with
+the weights active when it reads them: the policy's current adapter for sampling and the loss, the
+base model for the KL reference (adapter disabled), another adapter in the gate. Caches are kept per
+weights in a small memory-only store; an optimizer step (`weights_changed`) makes the adapter's old
+ones unreachable. The composed prefix is a constant to the loss (no gradient flows into the
+documents' caches), as a served cache is encoded once and then only read.
+
+A composition is `exact` when it holds the served tokens: every document's text still tokenizes to
+the ids its hash names, and the shared prefix is the served one. A document whose text redaction
+changed (a secret replaced by a placeholder) no longer does: it is composed from the redacted text,
+which the model then reads in place of the secret, and the composition is approximate.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from context.config import SquidCacheConfig
+from context.prompt_record import ServedPrompt, TokenizerCodec
+from context.squid.compose import ComposedContext, Recovery
+from context.squid.service import ReferenceDocument, SquidService, recovery_from_config
+
+from .logprobs import unwrap_causal_lm
+
+__all__ = ["ReferenceComposer", "ReferencePrefix", "composer_for", "weights_changed"]
+
+# Memory for the document caches of the weights in use (fp32, 4 documents of 512 tokens of the
+# embedded model: ~95 MiB per set of weights); least recently used ones are dropped beyond it.
+CACHE_MB = 256
+_RECOVERY_FIELDS = {f.name for f in fields(Recovery)}
+
+
+def _active_weights(model) -> str | None:
+    """The adapters a forward pass of `model` applies now, None for the base model alone."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for module in model.modules():
+        if isinstance(module, BaseTunerLayer):
+            return None if module.disable_adapters else ",".join(module.active_adapters)
+    return None
+
+
+class _TrainedRuntime:
+    """The model under training as `context.squid` reads a `ModelRuntime`: its causal LM (LoRA layers
+    injected), tokenizer, device, and an adapter id naming the weights active now."""
+
+    def __init__(self, model, tokenizer):
+        self.model = unwrap_causal_lm(model)
+        self.tokenizer = tokenizer
+        self._codec = TokenizerCodec(tokenizer)
+        self.device = next(self.model.parameters()).device.type
+        self.source = str(getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__)
+        self.version = 0  # bumped by each optimizer step
+
+    @property
+    def adapter_id(self) -> str | None:
+        active = _active_weights(self.model)
+        return None if active is None else f"{active}@{self.version}"
+
+    def encode(self, text: str) -> list[int]:
+        return self._codec.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._codec.decode(ids)
+
+
+@dataclass(frozen=True)
+class ReferencePrefix:
+    """One example's reference documents composed by the weights that were active (`adapter`)."""
+
+    composed: ComposedContext
+    exact: bool  # the served tokens, document for document (see the module docstring)
+    adapter: str | None
+    served: ServedPrompt
+    composer: ReferenceComposer
+
+    @property
+    def length(self) -> int:
+        """Positions it takes: the window's first token comes at this one."""
+        return self.composed.offset
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return self.composed.token_ids
+
+    def current(self) -> ReferencePrefix:
+        """This prefix, or the same documents composed again when other weights are active now."""
+        if self.composer.runtime.adapter_id == self.adapter:
+            return self
+        return self.composer.compose(self.served) or self
+
+    def cache(self, rows: int):
+        """A fresh transformers cache of the prefix for `rows` sequences, made outside inference
+        mode (the composed tensors are inference tensors, which autograd may not save)."""
+        keys = self.composed.keys.clone()  # [layers, kv_heads, offset, head_dim]
+        values = self.composed.values.clone()
+        cache = ComposedContext(keys, values, self.token_ids, self.composed.spans,
+                                self.composed.config).new_cache()
+        if rows > 1:
+            cache.batch_repeat_interleave(rows)  # [rows, kv_heads, offset, head_dim] per layer
+        return cache
+
+
+class ReferenceComposer:
+    """Composes recorded reference documents with one model's weights (see the module docstring)."""
+
+    def __init__(self, model, tokenizer, cache_mb: int = CACHE_MB):
+        self.runtime = _TrainedRuntime(model, tokenizer)
+        config = SquidCacheConfig(document_tokens=4096, preencode=False, device_mb=cache_mb, cpu_mb=0,
+                                  disk_mb=0)
+        # The documents were cut when they were served: no limit but the largest allowed here.
+        self.service = SquidService(self.runtime, config, None, start_thread=False)
+
+    def weights_changed(self) -> None:
+        """The adapter's weights changed (an optimizer step): its document caches are stale."""
+        self.runtime.version += 1
+
+    def compose(self, served: ServedPrompt) -> ReferencePrefix | None:
+        """`served`'s reference documents composed by the weights active now; None when it names none
+        whose text is known."""
+        documents = [ReferenceDocument(ref.text) for ref in served.references if ref.text]
+        if not documents:
+            return None
+        adapter = self.runtime.adapter_id
+        with torch.no_grad():
+            composed = self.service.context_for(documents, wait=True, recovery=_recovery(served), fresh=True)
+        if composed is None:
+            return None
+        return ReferencePrefix(composed, _exact(composed, served), adapter, served, self)
+
+
+def _recovery(served: ServedPrompt) -> Recovery:
+    recorded = {k: v for k, v in served.reference_recovery if k in _RECOVERY_FIELDS}
+    # Recorded before the recovery was: the product's default.
+    return replace(Recovery(), **recorded) if recorded else recovery_from_config(SquidCacheConfig())
+
+
+def _exact(composed: ComposedContext, served: ServedPrompt) -> bool:
+    hashes = tuple(key.content for key in composed.document_keys)
+    prefix_ok = not served.reference_prefix or served.reference_prefix == composed.prefix_hash
+    return prefix_ok and hashes == tuple(ref.hash for ref in served.references)
+
+
+_COMPOSERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def composer_for(model, tokenizer) -> ReferenceComposer:
+    """The composer of `model` (one per model object: its caches outlive a call)."""
+    composer = _COMPOSERS.get(model)
+    if composer is None or composer.runtime.tokenizer is not tokenizer:
+        composer = _COMPOSERS[model] = ReferenceComposer(model, tokenizer)
+    return composer
+
+
+def weights_changed(model) -> None:
+    """Say that `model`'s adapter weights changed (after an optimizer step)."""
+    composer = _COMPOSERS.get(model)
+    if composer is not None:
+        composer.weights_changed()

@@ -1,0 +1,75 @@
+"""The feedback store's table of reference documents (Squid): once per content hash, read back with
+the episodes that name them, never shared, redacted again when the rules change, and forgotten with
+the last episode that names them."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from feedback import store as store_module
+from feedback.redact import RULES_VERSION
+from feedback.store import REFERENCE_TABLE, SCHEMA_VERSION, SERVED_PROMPT_KEY, FeedbackStore
+
+SECRET = "sk_live_4eC39HqLyjWDarjtT1zdp7dc"
+
+
+def episode(i: int, ts: float, *hashes: str) -> dict:
+    references = [{"hash": h, "path": f"/w/{h}.py", "tokens": 3} for h in hashes]
+    return {"id": f"ep{i}", "kind": "completion", "ts": ts, "model_id": "m", "output": "x",
+            "extra": {SERVED_PROMPT_KEY: {"ids": None, "references": references}}}
+
+
+def document(digest: str, ts: float, text: str | None = None) -> dict:
+    return {"hash": digest, "ts": ts, "text": text or f"# {digest}.py\nx = 1\n", "redacted": 0}
+
+
+def test_each_episode_reads_the_texts_it_names(tmp_path):
+    store = FeedbackStore(tmp_path / "f.db")
+    store.write([("episodes", episode(1, 100.0, "a", "b")), ("episodes", episode(2, 200.0, "b", "gone"))])
+    store.write([(REFERENCE_TABLE, document("a", 100.0)), (REFERENCE_TABLE, document("b", 100.0))])
+    # Once per hash: the second write of a text is ignored.
+    store.write([(REFERENCE_TABLE, document("b", 200.0, "other"))])
+    first, second = store.episodes_with_outcomes()
+    assert first.reference_texts == {"a": "# a.py\nx = 1\n", "b": "# b.py\nx = 1\n"}
+    assert second.reference_texts == {"b": "# b.py\nx = 1\n"}  # "gone" was never stored
+
+
+def test_reference_documents_are_never_queued_for_upload(tmp_path):
+    store = FeedbackStore(tmp_path / "f.db")
+    store.write([("episodes", episode(1, 100.0, "a")), (REFERENCE_TABLE, document("a", 100.0))], share=True)
+    assert [item["table"] for item in store.outbox_batch(10)] == ["episodes"]
+
+
+def test_forgetting_an_episode_forgets_the_documents_only_it_named(tmp_path):
+    store = FeedbackStore(tmp_path / "f.db")
+    store.write([("episodes", episode(1, 100.0, "a", "shared")),
+                 ("episodes", episode(2, 200.0, "shared", "b")),
+                 ("episodes", {**episode(3, 50.0), "extra": None})])
+    store.write([(REFERENCE_TABLE, document(h, 100.0)) for h in ("a", "shared", "b", "orphan")])
+    deleted = store.forget(since=150.0)
+    assert deleted[REFERENCE_TABLE] == 2  # "b" and "orphan": no episode left names them
+    remaining = {row["hash"] for row in store.rows(REFERENCE_TABLE)}
+    assert remaining == {"a", "shared"}
+    store.forget()
+    assert store.count(REFERENCE_TABLE) == 0
+
+
+def test_an_old_store_gets_the_table_and_a_new_rule_redacts_its_texts(tmp_path, monkeypatch):
+    path = tmp_path / "f.db"
+    connection = sqlite3.connect(path)
+    for statement in store_module._MIGRATIONS[0]:
+        connection.execute(statement)
+    connection.execute("PRAGMA user_version = 1")
+    connection.commit()
+    connection.close()
+    store = FeedbackStore(path)
+    assert store.schema_version() == SCHEMA_VERSION == 2 and REFERENCE_TABLE in store.db.table_names()
+    # A raw write (a test double for a text a later rule catches) stays until the rules change.
+    store.write([(REFERENCE_TABLE, document("a", 1.0, f'KEY = "{SECRET}"\n'))])
+    store.close()
+    monkeypatch.setattr(store_module, "RULES_VERSION", RULES_VERSION + 1)
+    store = FeedbackStore(path)
+    ((text, redacted),) = store.db.execute(f"SELECT text, redacted FROM {REFERENCE_TABLE}").fetchall()
+    assert SECRET not in text and "[REDACTED" in text and redacted == 1
+    store.close()
+    assert SECRET.encode() not in path.read_bytes()

@@ -1,0 +1,134 @@
+"""Squid in the loop: a completion served after reference documents, recorded through the real
+recorder into a real feedback store and read back by the trainer's source, is trained after the same
+composed documents (the same tokens, in the same order and positions, the same keys and values) and
+then the same window ids; a secret in a reference document never reaches the store."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+import torch
+
+from agent.completion import CompletionRequest, complete
+from context.config import CompletionConfig, SquidCacheConfig
+from context.squid.compose import prefill
+from context.squid.references import CompletionReferences, file_document
+from context.squid.service import SquidService
+from feedback.store import REFERENCE_TABLE, SERVED_PROMPT_KEY
+from tests.unit.train.test_served_prompt import record_kept, trained_example
+
+UTIL = ("def clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n\n\n"
+        "def lerp(a, b, t):\n    return a + (b - a) * t\n")
+NAMES = "GREETING = 'hello'\nFAREWELL = 'goodbye'\n"
+SECRET = "sk_live_4eC39HqLyjWDarjtT1zdp7dc"
+WITH_SECRET = f'STRIPE_KEY = "{SECRET}"\nTIMEOUT_S = 30\n'
+TEXT = "from util import clamp\n\n\ndef scaled(value):\n    return clamp("
+CURRENT = "/w/cur.py"
+# Small documents keep the test quick; the recovery is the product's default (first 32 tokens).
+SQUID = SquidCacheConfig(document_tokens=64)
+
+
+def serve_with_references(runtime, tmp_path, open_documents: dict[str, str]):
+    """A completion at the end of TEXT with `open_documents` as references (encoded beforehand, as
+    the background encoder would have); (the completion, the composition it was served from)."""
+    service = SquidService(runtime, SQUID, tmp_path / "squid", start_thread=False)
+    documents = [file_document(path, text, SQUID.document_tokens) for path, text in open_documents.items()]
+    served_context = service.context_for(documents, wait=True)
+    references = CompletionReferences(service, current_path=CURRENT, open_documents=open_documents,
+                                      search=None)
+    runtime.forget_prefix()
+    completion = complete(runtime, CompletionRequest(TEXT, len(TEXT), "python", CURRENT),
+                          CompletionConfig(max_tokens=8, prefix_tokens=64), references=references)
+    assert completion is not None, "the model offered nothing to record"
+    assert len(completion.prompt.references) == len(open_documents)
+    assert service.context_for(documents) is served_context  # the composition the completion read
+    return completion, served_context
+
+
+def test_the_trainer_composes_the_reference_documents_the_completion_was_served(runtime, tmp_path):
+    from feedback.train.policy import example_prompt_ids, reference_prefix
+
+    completion, served_context = serve_with_references(runtime, tmp_path, {"/w/util.py": UTIL,
+                                                                           "/w/names.py": NAMES})
+    served = completion.prompt
+    assert [ref.path for ref in served.references] == ["/w/util.py", "/w/names.py"]
+    assert served.reference_tokens == served_context.offset and served.reference_prefix
+    assert dict(served.reference_recovery)["first_k"] == SQUID.recompute_first
+
+    example = trained_example(record_kept(tmp_path, TEXT, len(TEXT), completion))
+    trained = example.served
+    # Reference for reference: the same identities, and their texts back from the store.
+    assert [(r.hash, r.path, r.tokens) for r in trained.references] == [
+        (r.hash, r.path, r.tokens) for r in served.references]
+    assert [r.text for r in trained.references] == [r.text for r in served.references]
+    assert "def clamp" in trained.references[0].text
+
+    prefix = reference_prefix(runtime.model, runtime.tokenizer, example)
+    assert prefix is not None and prefix.exact
+    # Token for token: the shared prefix and the documents at the positions they were served at...
+    assert prefix.token_ids == served_context.token_ids and prefix.length == served.reference_tokens
+    assert prefix.composed.spans == served_context.spans
+    assert [key.content for key in prefix.composed.document_keys] == [r.hash for r in served.references]
+    # ... composed as the server composed them (the same weights here: the base model) ...
+    torch.testing.assert_close(prefix.composed.keys, served_context.keys, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(prefix.composed.values, served_context.values, rtol=1e-4, atol=1e-4)
+    assert prefix.composed.recomputed_fraction == pytest.approx(served_context.recomputed_fraction)
+    # ... and then the window the completion was served.
+    assert example_prompt_ids(runtime.tokenizer, example)[0].tolist() == list(served.ids)
+
+
+def test_log_probs_after_the_composed_documents_are_those_of_the_served_cache(runtime, tmp_path):
+    """The policy scores a completion after the composed documents, at the positions after them:
+    as the composed cache continued token by token (`context.squid.compose.prefill`) predicts it."""
+    from feedback.train.logprobs import token_logprobs
+    from feedback.train.policy import SampledGroup, group_logprobs, reference_prefix
+
+    completion, _ = serve_with_references(runtime, tmp_path, {"/w/util.py": UTIL})
+    example = trained_example(record_kept(tmp_path, TEXT, len(TEXT), completion))
+    prefix = reference_prefix(runtime.model, runtime.tokenizer, example)
+    window = list(completion.prompt.ids)
+    answer = runtime.encode("value, 0, 1)")
+    mask = torch.ones(1, len(answer), dtype=torch.long)
+    group = SampledGroup(torch.tensor([window]), torch.tensor([answer]), mask, [""], prefix)
+    with torch.no_grad():
+        scored = group_logprobs(runtime.model, group, 1.0)[0]
+        expected, cache, start, feed = [], prefix.composed.new_cache(), prefix.length, window
+        for token in answer:
+            logits = prefill(runtime, cache, feed, start)
+            expected.append(torch.log_softmax(logits[0].float(), -1)[token])
+            start, feed = start + len(feed), [token]
+        plain = token_logprobs(runtime.model, torch.tensor([window + answer]), mask)[0]
+    torch.testing.assert_close(scored, torch.stack(expected), rtol=1e-4, atol=1e-4)
+    assert (scored - plain).abs().max() > 1e-3  # the documents are read: without them it differs
+
+
+def test_a_secret_in_a_reference_document_never_reaches_the_store(runtime, tmp_path):
+    from feedback.train.policy import reference_prefix
+
+    completion, _ = serve_with_references(runtime, tmp_path, {"/w/settings.py": WITH_SECRET})
+    (served_ref,) = completion.prompt.references
+    assert SECRET in served_ref.text  # served: the model read the document as it was
+    db = record_kept(tmp_path, TEXT, len(TEXT), completion)
+
+    stored = db.read_bytes() + (db.with_name(db.name + "-wal").read_bytes()
+                                if db.with_name(db.name + "-wal").exists() else b"")
+    assert SECRET.encode() not in stored
+    connection = sqlite3.connect(db)
+    try:
+        rows = connection.execute(f"SELECT hash, text, redacted FROM {REFERENCE_TABLE}").fetchall()
+        (extra,), = connection.execute("SELECT extra FROM episodes").fetchall()
+    finally:
+        connection.close()
+    ((digest, text, redacted),) = rows
+    assert digest == served_ref.hash and redacted == 1 and "[REDACTED" in text and SECRET not in text
+    assert "text" not in json.loads(extra)[SERVED_PROMPT_KEY]["references"][0]
+
+    # The trainer composes the redacted text, and says that this is not what was served.
+    example = trained_example(db)
+    prefix = reference_prefix(runtime.model, runtime.tokenizer, example)
+    assert prefix is not None and not prefix.exact
+    secret_ids = runtime.encode(SECRET)
+    ids = list(prefix.token_ids)
+    assert not any(ids[i : i + len(secret_ids)] == secret_ids for i in range(len(ids)))
