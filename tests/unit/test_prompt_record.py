@@ -70,3 +70,23 @@ def test_the_cursor_context_is_the_one_the_boundary_rules_saw():
     served = ServedPrompt(ids=None, text=ctx.prefix, line_suffix=ctx.line_suffix,
                           following_lines=ctx.following_lines)
     assert served.cursor_context() == ctx
+
+
+def test_reference_texts_stay_out_of_the_json_and_come_back_by_hash():
+    with_texts = ServedPrompt(
+        ids=(1,), text="x", references=(ReferenceIdentity("h1", "/w/a.py", 3, "a = 1\n"),
+                                        ReferenceIdentity("h2", "/w/b.py", 2, 'key = "hunter2"\n')),
+        reference_tokens=20, reference_prefix="p0", reference_recovery=(("first_k", 32), ("following", None)),
+    )
+    data = json.loads(json.dumps(with_texts.to_json()))
+    assert [set(ref) for ref in data["references"]] == [{"hash", "path", "tokens"}] * 2
+    assert data["reference_recovery"] == {"first_k": 32, "following": None}
+    back = ServedPrompt.from_json(data)
+    assert [ref.text for ref in back.references] == [None, None]
+    assert back.reference_recovery == with_texts.reference_recovery and back.reference_prefix == "p0"
+    assert back.with_texts({"h1": "a = 1\n", "h2": 'key = "hunter2"\n'}) == with_texts
+    assert back.with_texts({"h1": "a = 1\n"}).references[1].text is None  # not stored: not known
+
+    stored = with_texts.for_storage(lambda text: text.replace("hunter2", "[REDACTED:password]"))
+    assert [ref.text for ref in stored.references] == ["a = 1\n", 'key = "[REDACTED:password]"\n']
+    assert [ref.text for ref in with_texts.for_storage(str, keep_code=False).references] == [None, None]

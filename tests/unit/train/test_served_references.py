@@ -132,3 +132,56 @@ def test_a_secret_in_a_reference_document_never_reaches_the_store(runtime, tmp_p
     secret_ids = runtime.encode(SECRET)
     ids = list(prefix.token_ids)
     assert not any(ids[i : i + len(secret_ids)] == secret_ids for i in range(len(ids)))
+
+
+def test_each_training_step_composes_the_references_with_the_weights_it_reads_them_with(tmp_path,
+                                                                                       monkeypatch):
+    """On the tiny model: the samples and the policy's log-probs read the documents as the adapter
+    being trained encodes them (again after each optimizer step), the KL reference as the base model
+    does."""
+    from context.config import TrainConfig
+    from context.prompt_record import ReferenceIdentity, ServedPrompt
+    from context.squid.keys import token_hash
+    from feedback.train.dataset import TrainingExample
+    from feedback.train.policy import attach_lora
+    from feedback.train.references import ReferenceComposer
+    from feedback.train.trainer import GrpoTrainer
+    from tests.unit.train.conftest import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    texts = ["t3 t4 t5 t6 t7", "t8 t9 t7 t6"]
+    references = tuple(ReferenceIdentity(token_hash(tokenizer.encode(t, add_special_tokens=False)), None, 5,
+                                         t) for t in texts)
+    served = ServedPrompt(ids=(12, 13, 14), text="t12 t13 t14", references=references)
+    example = TrainingExample(id="e", created_at=0.0, instruction="", original="", kept_text="t5 t5",
+                              prompt_text=served.text, served=served)
+    composed_with: list[str | None] = []
+    original = ReferenceComposer.compose
+
+    def spy(self, record):
+        composed_with.append(self.runtime.adapter_id)
+        return original(self, record)
+
+    monkeypatch.setattr(ReferenceComposer, "compose", spy)
+    torch.manual_seed(0)
+    model = attach_lora(tiny_model(), 4, 8)
+    config = TrainConfig(group_size=4, prompts_per_step=1, max_new_tokens=4, temperature=1.0, lora_rank=4,
+                         lora_alpha=8, beta=0.04, checkpoint_every=100)
+
+    def reward(text: str, _example) -> float:
+        return len(text) / 16  # samples of different lengths: every group teaches something
+
+    trainer = GrpoTrainer(model, tokenizer, config, [example], reward, tmp_path / "run")
+    records = [trainer.train_step() for _ in range(3)]
+    stepped = [r for r in records if r.skipped_groups == 0]
+    assert stepped, "no informative group in three steps"
+    # Each step samples (and scores its samples) after the documents as the adapter encodes them at
+    # that step, and its KL reference after them as the base model encodes them; then the step
+    # changes the adapter, and the next composes again.
+    expected, version = [], 0
+    for record in records:
+        expected.append(f"default@{version}")
+        if record.skipped_groups == 0:
+            expected.append(None)
+            version += 1
+    assert composed_with == expected
