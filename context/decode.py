@@ -168,7 +168,8 @@ class KVCache:
     """Preallocated keys and values of every layer for one shared row (+ optional candidate rows).
 
     `ids[i]` is the token whose keys sit at position `past_length + i`; positions below
-    `past_length` came from a caller's cache (`past=`), recognised again by value.
+    `past_length` came from a caller's cache (`past=`), recognised again by the identity it carries
+    (`squid_identity`: a Squid composition, whose tensors are never written) or else by value.
     """
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, device, max_positions: int):
@@ -178,6 +179,7 @@ class KVCache:
         self.capacity = 0
         self.length = 0
         self.past_length = 0
+        self.past_identity = None  # `squid_identity` of the cache loaded at 0..past_length-1
         self.ids: list[int] = []
         self.row_keys = self.row_values = None  # [layers, rows, kv_heads, row_capacity, head_dim]
         self.row_length = 0
@@ -202,6 +204,7 @@ class KVCache:
         length = max(0, min(length, self.length))
         if length < self.past_length:
             self.past_length = 0
+            self.past_identity = None
             self.ids = []
             self.length = 0
             return
@@ -213,24 +216,31 @@ class KVCache:
         layers = past.layers
         n = layers[0].keys.shape[-2]
         self.length = 0
+        self.past_identity = None
         self.ids = []
         self.reserve(n + 1)
         for index, layer in enumerate(layers):
             self.keys[index, :, :n] = layer.keys[0]  # [kv_heads, n, head_dim]
             self.values[index, :, :n] = layer.values[0]
         self.length = self.past_length = n
+        self.past_identity = getattr(past, "squid_identity", None)
 
     def holds_past(self, past) -> bool:
-        """Whether positions 0..n-1 already hold exactly `past` (compared value by value)."""
+        """Whether positions 0..n-1 already hold exactly `past`: the same identity, or else the same
+        values."""
         layers = past.layers
         n = layers[0].keys.shape[-2]
         if self.past_length != n or self.length < n or len(layers) != self.shape[0]:
             return False
+        identity = getattr(past, "squid_identity", None)
+        if identity is not None and identity == self.past_identity and identity[1] == n:
+            return True
         for index, layer in enumerate(layers):
             if not torch.equal(self.keys[index, :, :n], layer.keys[0].to(self.dtype)):
                 return False
             if not torch.equal(self.values[index, :, :n], layer.values[0].to(self.dtype)):
                 return False
+        self.past_identity = identity  # the same context again: recognised by identity next time
         return True
 
     def start_rows(self, rows: int, positions: int) -> None:

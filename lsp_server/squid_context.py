@@ -1,26 +1,32 @@
 """Squid for the server: one `SquidService` per loaded model, the references of a completion
-request (a snapshot of the open documents plus index retrieval), and background pre-encoding of the
-likely documents (the open files, the top of the repo map) without delaying requests."""
+request (the definitions of the names around the cursor, found through the index's symbols, or in
+the open files while the index is not ready: `context.squid.references`), the watcher's changed
+files dropping their caches, and background pre-encoding of the likely documents (the definitions
+the current file imports) without delaying requests.
+
+Whole files are not pre-encoded: completions compose definitions, never whole files."""
 
 from __future__ import annotations
 
 import logging
 import sqlite3
-import threading
+import weakref
 from pathlib import Path
 
 from pygls.uris import to_fs_path
 
 from context.errors import SquidcodeError
-from context.squid.references import CompletionReferences, file_document
+from context.squid.references import (
+    CompletionReferences,
+    imported_definitions,
+    imported_from,
+    no_symbols,
+)
 from context.squid.service import SquidService
 
 __all__ = ["completion_references", "stop_squid"]
 
 log = logging.getLogger(__name__)
-
-# Repo-map files pre-encoded once the index is ready.
-_REPO_MAP_FILES = 4
 
 
 def _service(ls, runtime) -> SquidService:
@@ -38,53 +44,38 @@ def _service(ls, runtime) -> SquidService:
 
 
 def _watch_index(ls, service: SquidService) -> None:
-    """Once per index service: drop caches of changed files, pre-encode the top of the repo map.
-
-    Ranking the repo map builds the reference graph (seconds on a large repository): it runs on a
-    niced background thread, never on the request that first sees the index ready.
-    """
+    """Once per index service: the watcher's changed files drop their caches."""
     index = ls.index_service
     if index is None or getattr(ls, "squid_index_seen", None) is index or index.state != "ready":
         return
     ls.squid_index_seen = index
     index.add_path_listener(lambda paths: _current(ls, service) and service.invalidate_paths(paths))
-    thread = threading.Thread(target=_preencode_repo_map, args=(ls, service, index), name="squid-repo-map",
-                              daemon=True)
-    ls.background_threads.append(thread)
-    thread.start()
 
 
-def _preencode_repo_map(ls, service: SquidService, index) -> None:
-    from context.foreground import pause_for_foreground
-    from context.index.indexer import lower_thread_priority
-    from context.index.repomap import rank_files
+# Per service and current file: the imports whose definitions were queued already.
+_PREENCODED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PREENCODE_LIMIT = 16
 
-    def pause() -> None:
-        if ls.stopping.is_set():
-            raise _Stopping
-        pause_for_foreground()
 
-    lower_thread_priority()
-    try:
-        top = [path for path, _ in rank_files(index.store, pause=pause)[:_REPO_MAP_FILES]]
-        epoch = service.epoch()  # a file that changes after this point is not stored from old text
-        docs = []
-        for path in top:
-            try:
-                docs.append(file_document(path, Path(path).read_text(encoding="utf-8", errors="replace"),
-                                          service.config.document_tokens, index.roots))
-            except OSError:
-                continue
-        if _current(ls, service):
-            service.schedule(docs, epoch=epoch)
-    except _Stopping:
+def _preencode_imports(service: SquidService, current: str | None, open_documents: dict[str, str],
+                       symbols, roots) -> None:
+    """Queue the definitions the current file imports, once per set of imports (and index)."""
+    text = open_documents.get(current) if current else None
+    if not text:
         return
+    seen = _PREENCODED.setdefault(service, {})
+    key = (symbols is no_symbols, tuple(sorted(imported_from(text).items())))
+    if seen.get(current) == key:
+        return
+    seen[current] = key
+    try:
+        documents = imported_definitions(current_path=current, current_text=text,
+                                         open_documents=open_documents, symbols=symbols, roots=roots,
+                                         limit=_PREENCODE_LIMIT)
     except (SquidcodeError, OSError, sqlite3.Error) as exc:
-        log.info("squid: no repo map to pre-encode from (%s)", exc)
-
-
-class _Stopping(Exception):
-    """The server stopped while the repo map was being ranked."""
+        log.info("squid: no imported definitions to pre-encode (%s)", exc)
+        return
+    service.schedule(documents)
 
 
 def _current(ls, service: SquidService) -> bool:
@@ -105,13 +96,12 @@ def completion_references(ls, uri: str, runtime) -> CompletionReferences | None:
         if path:
             open_documents[path] = document.source
     index = ls.index_service
-    search = index.search if index is not None and index.state == "ready" else None
+    ready = index is not None and index.state == "ready"
+    symbols = index.store.symbols_named if ready else no_symbols
     references = CompletionReferences(service, current_path=current, open_documents=open_documents,
-                                      search=search, roots=ls.workspace_roots)
+                                      search=None, roots=ls.workspace_roots, symbols=symbols)
     if config.preencode:
-        others = {p: t for p, t in open_documents.items() if p != current}
-        service.schedule([file_document(p, t, config.document_tokens, ls.workspace_roots)
-                          for p, t in list(others.items())[: config.max_documents]])
+        _preencode_imports(service, current, open_documents, symbols, ls.workspace_roots)
     return references
 
 

@@ -1,6 +1,6 @@
-"""The server's Squid glue: references for a request (other open files, never the current one), the
-repo map's top files queued for background encoding once the index is ready, the watcher's changed
-paths reaching the cache, and `squid.enabled = false`."""
+"""The server's Squid glue: references for a request (the definitions of the names around the cursor
+in other files, never the current file), the definitions the current file imports queued for
+background encoding, the watcher's changed paths reaching the cache, and `squid.enabled = false`."""
 
 from __future__ import annotations
 
@@ -63,22 +63,19 @@ def test_references_and_background_queue(runtime, tmp_path, workspace):
         assert with_refs is not None and with_refs.current_path == str(current)
         service = ls.squid_service
         assert service.wait_idle(120)
-        # The other open file and the repo map's top files were encoded; the current file is not a
-        # reference, but as a top repo-map file it may be pre-encoded for requests elsewhere.
-        sources = {e.source for e in service.store.device_tier.entries.values()}
-        assert str(other) in sources
-        assert str(root / "shop/db.py") in sources and len(sources) >= 2
+        # What main.py imports (`open_database`) was encoded ahead of its use; whole files were not.
+        entries = list(service.store.device_tier.entries.values())
+        assert {e.source for e in entries} == {str(other)}
         ctx = with_refs.compose(current.read_text())
-        # The current file is the query, never a reference: only db.py is composed.
-        assert ctx is not None and len(ctx.spans) == 1
+        # The current file is the query, never a reference: only db.py's `open_database` is composed.
+        assert ctx is not None and len(ctx.spans) == 1 and ctx.sources == (str(other),)
+        assert "def open_database(p):" in runtime.decode(list(ctx.token_ids))
         # The watcher's changed paths reach the cache.
         index.watcher.notify_changed([other])
         assert index.watcher.wait_idle(30)
         assert str(other) not in {e.source for e in service.store.device_tier.entries.values()}
     finally:
         stop_squid(ls)
-        for thread in ls.background_threads:  # the repo map's ranking, joined as the server's stop does
-            thread.join(30)
 
 
 def test_disabled_squid_gives_no_references(runtime, tmp_path, workspace):
