@@ -2,12 +2,14 @@
 
 Modules: `dataset` (examples from episodes, the task set, the split by time), `grpo` (advantages and
 the loss), `logprobs` (per-token log-probs), `policy` (LoRA, sampling), `trainer` (the loop,
-checkpoints, data parallel), `gate` (evaluation and the promotion decision), `adapters` (versions,
+checkpoints, data parallel), `references` (a completion's Squid reference documents composed as
+the server composed them), `gate` (evaluation and the promotion decision), `adapters` (versions,
 the promoted pointer, rollback, applying it to a runtime), `status` (the status file), `scheduler`
 (the idle-time background process), `service` (one round end to end). Importing this package
 imports none of them, so the server reads the status without loading torch.
 """
 
 __all__ = [
-    "adapters", "dataset", "gate", "grpo", "logprobs", "policy", "scheduler", "service", "status", "trainer",
+    "adapters", "dataset", "gate", "grpo", "logprobs", "policy", "references", "scheduler", "service",
+    "status", "trainer",
 ]
