@@ -11,10 +11,12 @@ composition of another example). The window's ids then run at the positions afte
 Whose weights encode the documents: the server encodes a document with the model it generates with
 (the promoted adapter merged in; its cache key names the adapter), so the trainer does the same with
 the weights active when it reads them: the policy's current adapter for sampling and the loss, the
-base model for the KL reference (adapter disabled), another adapter in the gate. Caches are kept per
-weights in a small memory-only store; an optimizer step (`weights_changed`) makes the adapter's old
-ones unreachable. The composed prefix is a constant to the loss (no gradient flows into the
-documents' caches), as a served cache is encoded once and then only read.
+base model for the KL reference (adapter disabled), another adapter in the gate. Document caches are
+kept in a small memory store, the base model's also on disk in the training run's folder (they hold
+for the whole round: an example trained again reads them instead of encoding its documents again);
+an optimizer step (`weights_changed`) drops the adapter's, which the new weights would encode
+otherwise. The composed prefix is a constant to the loss (no gradient flows into the documents'
+caches), as a served cache is encoded once and then only read.
 
 A composition is `exact` when it holds the served tokens: every document's text still tokenizes to
 the ids its hash names, and the shared prefix is the served one. A document whose text redaction
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 import torch
 
@@ -39,8 +42,10 @@ from .logprobs import unwrap_causal_lm
 __all__ = ["ReferenceComposer", "ReferencePrefix", "composer_for", "weights_changed"]
 
 # Memory for the document caches of the weights in use (fp32, 4 documents of 512 tokens of the
-# embedded model: ~95 MiB per set of weights); least recently used ones are dropped beyond it.
+# embedded model: ~95 MiB an example); least recently used ones are dropped beyond it. On disk, the
+# base model's, up to DISK_MB.
 CACHE_MB = 256
+DISK_MB = 4096
 _RECOVERY_FIELDS = {f.name for f in fields(Recovery)}
 
 
@@ -118,15 +123,20 @@ class ReferencePrefix:
 class ReferenceComposer:
     """Composes recorded reference documents with one model's weights (see the module docstring)."""
 
-    def __init__(self, model, tokenizer, cache_mb: int = CACHE_MB):
+    def __init__(self, model, tokenizer, disk_dir: Path | None = None, cache_mb: int = CACHE_MB):
         self.runtime = _TrainedRuntime(model, tokenizer)
-        config = SquidCacheConfig(document_tokens=4096, preencode=False, device_mb=cache_mb, cpu_mb=0,
-                                  disk_mb=0)
+        self.disk_dir = disk_dir
         # The documents were cut when they were served: no limit but the largest allowed here.
-        self.service = SquidService(self.runtime, config, None, start_thread=False)
+        config = SquidCacheConfig(document_tokens=4096, preencode=False, device_mb=cache_mb, cpu_mb=0,
+                                  disk_mb=DISK_MB if disk_dir is not None else 0)
+        self.service = SquidService(self.runtime, config, disk_dir, start_thread=False)
+        self._adapter_keys: set = set()  # stored caches the adapter's weights encoded
 
     def weights_changed(self) -> None:
         """The adapter's weights changed (an optimizer step): its document caches are stale."""
+        for key in self._adapter_keys:
+            self.service.store.invalidate(key)
+        self._adapter_keys.clear()
         self.runtime.version += 1
 
     def compose(self, served: ServedPrompt) -> ReferencePrefix | None:
@@ -137,9 +147,12 @@ class ReferenceComposer:
             return None
         adapter = self.runtime.adapter_id
         with torch.no_grad():
-            composed = self.service.context_for(documents, wait=True, recovery=_recovery(served), fresh=True)
+            composed = self.service.context_for(documents, wait=True, recovery=_recovery(served), fresh=True,
+                                                persist=adapter is None)
         if composed is None:
             return None
+        if adapter is not None:
+            self._adapter_keys.update(composed.document_keys)
         return ReferencePrefix(composed, _exact(composed, served), adapter, served, self)
 
 
@@ -158,11 +171,14 @@ def _exact(composed: ComposedContext, served: ServedPrompt) -> bool:
 _COMPOSERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def composer_for(model, tokenizer) -> ReferenceComposer:
-    """The composer of `model` (one per model object: its caches outlive a call)."""
+def composer_for(model, tokenizer, disk_dir: Path | None = None) -> ReferenceComposer:
+    """The composer of `model` (one per model object: its caches outlive a call); `disk_dir`: where
+    the base model's document caches go (the trainer names its run folder; None: the composer in
+    use, or one without a disk tier)."""
     composer = _COMPOSERS.get(model)
-    if composer is None or composer.runtime.tokenizer is not tokenizer:
-        composer = _COMPOSERS[model] = ReferenceComposer(model, tokenizer)
+    if (composer is None or composer.runtime.tokenizer is not tokenizer
+            or (disk_dir is not None and composer.disk_dir != disk_dir)):
+        composer = _COMPOSERS[model] = ReferenceComposer(model, tokenizer, disk_dir)
     return composer
 
 

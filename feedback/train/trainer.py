@@ -29,7 +29,7 @@ from context.config import TrainConfig
 from .dataset import TrainingExample
 from .grpo import GrpoLossConfig, group_advantages, grpo_loss
 from .policy import SampledGroup, example_prompt_ids, group_logprobs, reference_logprobs, sample_example
-from .references import weights_changed
+from .references import composer_for, weights_changed
 
 __all__ = ["GrpoTrainer", "RewardFn", "StepRecord"]
 
@@ -84,6 +84,9 @@ class GrpoTrainer:
         self.history: list[StepRecord] = []
         self.rank, self.world_size = _dist_rank_world()
         self._prompt_cache: dict[str, torch.Tensor] = {}
+        # Completions served after Squid reference documents are trained after them (composed by
+        # `feedback.train.references`); the base model's document caches are kept in the run folder.
+        composer_for(model, tokenizer, self.run_dir / "squid")
 
     # -- one step ------------------------------------------------------------------------------
 

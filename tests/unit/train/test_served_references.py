@@ -144,7 +144,7 @@ def test_each_training_step_composes_the_references_with_the_weights_it_reads_th
     from context.squid.keys import token_hash
     from feedback.train.dataset import TrainingExample
     from feedback.train.policy import attach_lora
-    from feedback.train.references import ReferenceComposer
+    from feedback.train.references import ReferenceComposer, composer_for
     from feedback.train.trainer import GrpoTrainer
     from tests.unit.train.conftest import tiny_model, tiny_tokenizer
 
@@ -185,3 +185,13 @@ def test_each_training_step_composes_the_references_with_the_weights_it_reads_th
             expected.append(None)
             version += 1
     assert composed_with == expected
+    # Each set of weights encoded the two documents once: the base model's caches were read again
+    # (from the run folder's disk tier), the adapter's dropped at each step.
+    composer = composer_for(model, tokenizer)
+    assert composer.disk_dir == tmp_path / "run" / "squid"
+    assert composer.service.encoded == 2 * len(set(composed_with))
+    assert composer.service.store.stats()["disk"]["entries"] == 2
+    store = composer.service.store
+    in_memory = [key for tier in (store.device_tier, store.cpu_tier) for key in tier.entries]
+    assert sum(key.adapter is None for key in in_memory) == 2
+    assert {key.adapter for key in in_memory if key.adapter is not None} <= {f"default@{version}"}
