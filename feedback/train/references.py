@@ -26,6 +26,7 @@ which the model then reads in place of the secret, and the composition is approx
 
 from __future__ import annotations
 
+import logging
 import weakref
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -40,6 +41,8 @@ from context.squid.service import ReferenceDocument, SquidService, recovery_from
 from .logprobs import unwrap_causal_lm
 
 __all__ = ["ReferenceComposer", "ReferencePrefix", "composer_for", "weights_changed"]
+
+log = logging.getLogger(__name__)
 
 # Memory for the document caches of the weights in use (fp32, 4 documents of 512 tokens of the
 # embedded model: ~95 MiB an example); least recently used ones are dropped beyond it. On disk, the
@@ -153,7 +156,11 @@ class ReferenceComposer:
             return None
         if adapter is not None:
             self._adapter_keys.update(composed.document_keys)
-        return ReferencePrefix(composed, _exact(composed, served), adapter, served, self)
+        exact = _exact(composed, served)
+        if not exact:
+            log.debug("reference documents composed from %d of %d texts, some redacted or missing: the "
+                      "prompt approximates the one served", len(documents), len(served.references))
+        return ReferencePrefix(composed, exact, adapter, served, self)
 
 
 def _recovery(served: ServedPrompt) -> Recovery:

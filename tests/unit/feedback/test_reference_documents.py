@@ -73,3 +73,35 @@ def test_an_old_store_gets_the_table_and_a_new_rule_redacts_its_texts(tmp_path, 
     assert SECRET not in text and "[REDACTED" in text and redacted == 1
     store.close()
     assert SECRET.encode() not in path.read_bytes()
+
+
+def _record(tmp_path, storage: str) -> FeedbackStore:
+    from context.config import FeedbackConfig
+    from context.prompt_record import ReferenceIdentity, ServedPrompt
+    from feedback.recorder import FeedbackRecorder
+
+    references = (ReferenceIdentity("h1", "/w/a.py", 4, "A = 1\n"),
+                  ReferenceIdentity("h2", "/w/keys.py", 9, f'KEY = "{SECRET}"\n'))
+    served = ServedPrompt(ids=(1, 2), text="x = ", references=references, reference_tokens=20)
+    recorder = FeedbackRecorder(FeedbackConfig(storage=storage), db_path=tmp_path / "f.db")
+    for _ in range(2):  # the same documents twice: stored once
+        recorder.record_completion_episode(uri="file:///w/b.py", position=(0, 4), output="2", served=served,
+                                           model_id="m")
+    assert recorder.flush()
+    recorder.close()
+    return FeedbackStore(tmp_path / "f.db")
+
+
+def test_the_recorder_keeps_reference_texts_redacted_and_only_where_code_is_kept(tmp_path):
+    store = _record(tmp_path / "full", "full")
+    rows = {row["hash"]: row for row in store.rows(REFERENCE_TABLE)}
+    assert set(rows) == {"h1", "h2"} and rows["h1"]["text"] == "A = 1\n" and rows["h1"]["redacted"] == 0
+    assert SECRET not in rows["h2"]["text"] and "[REDACTED" in rows["h2"]["text"]
+    assert rows["h2"]["redacted"] == 1
+    first, second = store.episodes_with_outcomes()
+    assert first.reference_texts == second.reference_texts == {h: row["text"] for h, row in rows.items()}
+    store.close()
+    assert SECRET.encode() not in (tmp_path / "full" / "f.db").read_bytes()
+
+    hashed = _record(tmp_path / "hashed", "hashed")
+    assert hashed.count("episodes") == 2 and hashed.count(REFERENCE_TABLE) == 0
