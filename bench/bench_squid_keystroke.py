@@ -17,7 +17,7 @@ runtime's check that its window holds that cache (`KVCache.holds_past`, plus `lo
 did not), prompt tokens prefilled (prompt minus reused), prefill and decode time, and the total.
 
     python bench/bench_squid_keystroke.py [--package sqlite_utils] [--file db.py] [--sites 6]
-        [--chars 10] [--open utils.py,migrations.py] [--json FILE]
+        [--chars 10] [--open utils.py,migrations.py] [--cross-file] [--json FILE]
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import keyword
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -78,23 +80,50 @@ def copy_package(name: str, into: Path) -> Path:
     return target
 
 
-def typing_sites(text: str, sites: int, chars: int) -> list[tuple[int, str]]:
-    """(line start offset, line) of code lines spread over the file, each long enough to type: a
-    statement with a call or an assignment, outside docstrings and comments."""
+def imported_names(text: str, package: str) -> set[str]:
+    """Names the file imports from its own package (`from .x import a`, `from package.x import a`)."""
+
+    names: set[str] = set()
+    for match in re.finditer(rf"^from\s+(?:\.|{re.escape(package)})[\w.]*\s+import\s+(\([^)]*\)|[^\n]+)",
+                             text, re.M):
+        names.update(re.findall(r"\b([A-Za-z_]\w*)\b(?!\s+as\b)", match.group(1).replace("import", "")))
+    return {name for name in names if not keyword.iskeyword(name)}
+
+
+def typing_sites(text: str, sites: int, chars: int,
+                 uses: set[str] | None = None) -> list[tuple[int, str, int]]:
+    """(line start offset, line, column typing starts at) of code lines spread over the file, each
+    long enough to type: a statement with a call or an assignment, outside docstrings and comments,
+    typed from its indentation; with `uses`, lines that use one of those names, typed from just
+    after the first of them (and its `(` or `.`): the arguments of a call to another file's function."""
+
     lines = text.split("\n")
     starts, offset, in_string = [], 0, False
-    usable = []
+    usable: list[tuple[int, int]] = []  # (line index, column)
     for i, line in enumerate(lines):
         starts.append(offset)
         offset += len(line) + 1
         stripped = line.strip()
-        if not in_string and i > 40 and len(stripped) >= chars + 4 and stripped[0].isalpha() \
+        column = _typing_column(line, uses)
+        if not in_string and i > 40 and column is not None and len(stripped) >= chars + 4 \
+                and (uses is None or len(line) - column >= chars + 2) and stripped[0].isalpha() \
                 and ("(" in stripped or " = " in stripped) and not stripped.startswith(("def ", "class ")):
-            usable.append(i)
+            usable.append((i, column))
         if (line.count('"""') + line.count("'''")) % 2:
             in_string = not in_string
     picked = [usable[len(usable) * (k + 1) // (sites + 1)] for k in range(sites)]
-    return [(starts[i], lines[i]) for i in picked]
+    return [(starts[i], lines[i], column) for i, column in picked]
+
+
+def _typing_column(line: str, uses: set[str] | None) -> int | None:
+    """Where typing starts on `line`: its indentation, or after the first name of `uses` (and its
+    `(` or `.`); None when `uses` is given and the line uses none of them."""
+    if uses is None:
+        return len(line) - len(line.lstrip()) if line.strip() else None
+    for match in re.finditer(r"[A-Za-z_]\w*", line):
+        if match.group(0) in uses:
+            return match.end() + (line[match.end():match.end() + 1] in ("(", "."))
+    return None
 
 
 class Probe:
@@ -230,6 +259,29 @@ def summarise(rows: list[dict]) -> dict:
     }
 
 
+def paired(rows: dict[str, list[dict]]) -> dict:
+    """The same typing keystroke on and off, side by side: all of them, and those that Squid on
+    composed references for (medians of the totals and of the per-keystroke difference)."""
+    off = {(r["site"], r["typed"]): r for r in rows["off"] if not r["jump"]}
+    pairs = [(off[(r["site"], r["typed"])], r) for r in rows["on"]
+             if not r["jump"] and (r["site"], r["typed"]) in off]
+    referenced = [(a, b) for a, b in pairs if b["references"]]
+
+    def medians(part):
+        if not part:
+            return {"keystrokes": 0}
+        return {"keystrokes": len(part), "off_p50_s": percentile([a["total_s"] for a, _ in part], 50),
+                "on_p50_s": percentile([b["total_s"] for _, b in part], 50),
+                "delta_median_s": statistics.median(b["total_s"] - a["total_s"] for a, b in part),
+                "decode_delta_median_s": statistics.median(b["decode_s"] - a["decode_s"] for a, b in part),
+                "overhead_median_s": statistics.median(b["select_s"] + b["compose_s"] + b["new_cache_s"]
+                                                       + b["holds_past_s"] for _, b in part),
+                "on_prefill_tokens_median": statistics.median(b["prefill_tokens"] for _, b in part),
+                "on_reference_tokens_median": statistics.median(b["reference_tokens"] or 0 for _, b in part)}
+
+    return {"all": medians(pairs), "with_references": medians(referenced)}
+
+
 def run(args) -> dict:
     from agent.completion import CompletionRequest, warm_window
     from context.config import CompletionConfig, IndexConfig, ModelConfig, SquidCacheConfig, default_cache_dir
@@ -262,8 +314,8 @@ def run(args) -> dict:
         with probed(runtime, service) as probe:
             inner = references_as_served(CompletionReferences, service, str(typed), opened, index, root)
             on = TimedReferences(inner, probe)
-            for site, (start, line) in enumerate(typing_sites(text, args.sites, args.chars)):
-                indent = len(line) - len(line.lstrip())
+            uses = imported_names(text, args.package) if args.cross_file else None
+            for site, (start, line, column) in enumerate(typing_sites(text, args.sites, args.chars, uses)):
                 rest = text[start + len(line):]
                 order = ("off", "on") if site % 2 == 0 else ("on", "off")
                 texts: dict[str, list] = {}
@@ -271,7 +323,7 @@ def run(args) -> dict:
                     references = on if mode == "on" else None
                     progress(f"site {site + 1}/{args.sites} ({mode}): {line.strip()[:60]!r}")
                     for typed_chars in range(1, args.chars + 1):
-                        cursor = start + indent + typed_chars
+                        cursor = start + min(column + typed_chars, len(line))
                         request = CompletionRequest(text[:cursor] + rest, cursor, "python", path=str(typed))
                         if typed_chars == 1:  # the editor idled before the user typed here: the
                             # references it asked for are encoded, then the window is warmed after them
@@ -291,7 +343,7 @@ def run(args) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
     off, on = summarise(rows["off"]), summarise(rows["on"])
     return {
-        "off": off, "on": on,
+        "off": off, "on": on, "paired": paired(rows),
         "typing_p50_delta_s": on["typing_p50_s"] - off["typing_p50_s"],
         "typing_p50_ratio": on["typing_p50_s"] / off["typing_p50_s"],
         "same_suggestion": same, "different_suggestion": differ,
@@ -314,6 +366,9 @@ def print_table(result: dict) -> None:
         a, b = float(off[key]), float(on[key])
         ratio = f"{b / a:9.2f}" if a else f"{'-':>9}"
         print(f"{key:<32}{a:10.3f}{b:10.3f}{ratio}")
+    for part, values in result["paired"].items():
+        print(f"paired typing keystrokes, {part}: " + ", ".join(
+            f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in values.items()))
     compared = result["same_suggestion"] + result["different_suggestion"]
     print(f"typing p50 on - off: {result['typing_p50_delta_s']:+.3f} s; same suggestion at "
           f"{result['same_suggestion']} of {compared} keystrokes")
@@ -329,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--open", default="utils.py,migrations.py", help="siblings open beside it")
     parser.add_argument("--sites", type=int, default=6)
     parser.add_argument("--chars", type=int, default=10)
+    parser.add_argument("--cross-file", action="store_true",
+                        help="type only lines that use a name the file imports from its package")
     parser.add_argument("--json", type=Path, help="write everything measured (every keystroke) here")
     args = parser.parse_args(argv)
     before = loadavg()

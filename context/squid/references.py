@@ -17,9 +17,13 @@ No reference is composed when it cannot change the answer. A name is left out wh
   - it resolves only to definitions in the current file, or to none;
   - used bare (`name(`) it has only nested definitions (methods, class attributes): those are reached
     through an attribute (`.name(`);
+  - reached through a module the file imports (`sys.stdin.read`, `utils.parse`), it has no
+    definition in that module's file (none at all for a module outside the project);
   - it has more than `AMBIGUOUS` definitions elsewhere and no import of the current file says which
-    one it is: a wrong definition cannot help.
-When no name is left there are no references at all, and the prompt is the one Squid off serves.
+    one it is: a wrong definition cannot help;
+  - it is a method of a class already chosen: the class's document lists its methods' headers.
+When no name is left there are no references at all, and the prompt is the one Squid off serves
+(and its window cache is the one off keeps).
 
 Stable across keystrokes: the lines above the cursor do not change while a line is typed, and the
 word under the cursor does not count, so the set changes only when a newly completed name needs a
