@@ -2,13 +2,16 @@
 
 By definition (the server's selection, `CompletionReferences(symbols=...)`): the next line needs the
 definitions of the names around the cursor that live in other files. The names used in the last
-`NEAR_LINES` lines before the cursor (strings and comments left out, keywords and builtins too) are
-looked up in the index's symbols; each one defined elsewhere gives a short document: its signature,
-its docstring's first lines, and for a class the headers of its methods (a few dozen tokens, cheap
-to encode, and what a call needs). A name the index does not know is looked for in the open files
-(unsaved definitions, an index not ready yet): open files are read for their definitions, never
-composed whole: measured on real code (issue 22), whole open files left the suggestion unchanged at
-56 lines in 60 and cost 0.36 s per request, most of it decoding past their hundreds of tokens.
+`NEAR_LINES` lines before the cursor (strings and comments left out, keywords and builtins too),
+then the names the file imports but does not use yet (imported to be used, likely on the next
+lines), are looked up in the index's symbols; each one defined elsewhere gives a short document:
+its signature, its docstring's first lines, and for a class the headers of its methods (a few dozen
+tokens, cheap to encode, and what a call needs). A name the index does not know is looked for in
+the open files (unsaved definitions, an index not ready yet): open files are read for their
+definitions, never composed whole: measured on real code (issue 22), whole open files left the
+suggestion unchanged at 56 lines in 60 and cost 0.36 s per request, most of it decoding past their
+hundreds of tokens (`bench/bench_squid_keystroke.py`: 0.5 s of decoding per keystroke after 1,034
+tokens of them; 0.01 s after definitions).
 
 No reference is composed when it cannot change the answer. A name is left out when:
   - the current file defines or binds it (def, class, assignment, parameter, loop variable): what
@@ -63,6 +66,7 @@ __all__ = [
     "no_symbols",
     "resolve_definitions",
     "retrieval_query",
+    "unused_imports",
     "select_definitions",
     "select_references",
 ]
@@ -531,18 +535,35 @@ def definition_document(definition: Definition,
     return ReferenceDocument(f"# {definition.rel}:{definition.start_line}\n{body}\n", source=definition.path)
 
 
+def unused_imports(text: str, prefix_text: str) -> list[str]:
+    """Names the file imports by name (`from module import name`) and does not use yet, besides in
+    the word being typed: the user imported them to use them, most likely on the lines to come."""
+    word = re.search(r"[A-Za-z_]\w*$", prefix_text)
+    typing = word.group(0) if word is not None else ""
+    out = []
+    for name, module in imported_from(text).items():
+        # A substring count: a name inside a longer identifier counts as used (left out, not added).
+        if module not in (name, "__future__") and text.count(name) - (typing == name) <= 1:
+            out.append(name)
+    return out
+
+
 def select_definitions(*, current_path: str | None, prefix_text: str, current_text: str | None = None,
                        open_documents: Mapping[str, str], symbols, max_documents: int,
                        roots: list[Path] = ()) -> list[ReferenceDocument]:
-    """Up to `max_documents` definitions of the names around the cursor (module docstring)."""
+    """Up to `max_documents` definitions of the names around the cursor, then of the names the file
+    imports and does not use yet (module docstring)."""
     if max_documents <= 0:
         return []
+    text = prefix_text if current_text is None else current_text
     names = names_near_cursor(prefix_text)
+    near = {name for name, _ in names}
+    names += [(name, None) for name in unused_imports(text, prefix_text) if name not in near]
     if not names:
         return []
     definitions = resolve_definitions(
-        names, current_path=current_path, current_text=prefix_text if current_text is None else current_text,
-        symbols=symbols, open_documents=open_documents, roots=list(roots), limit=max_documents)
+        names, current_path=current_path, current_text=text, symbols=symbols, open_documents=open_documents,
+        roots=list(roots), limit=max_documents)
     documents = [definition_document(d, open_documents) for d in definitions]
     return [d for d in documents if d is not None]
 

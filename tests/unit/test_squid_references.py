@@ -56,6 +56,10 @@ def checkout(owner, items):
 def shout(words):
     loud = [word.upper() for word in words]
     return " ".join(loud)
+
+
+def quote(amount):
+    return price_with_tax(amount)
 '''
 TYPED = "    total = price_with_tax(basket.total())"
 
@@ -114,7 +118,9 @@ def test_definitions_of_cross_file_names_are_chosen(workspace):
 
 def test_the_set_is_stable_while_a_line_is_typed(workspace):
     root, index = workspace
-    sets = [tuple(d.text for d in _select(root, index, prefix)) for prefix in _typed_line_prefixes()]
+    rest = MAIN[MAIN.index(TYPED) + len(TYPED):]
+    sets = [tuple(d.text for d in _select(root, index, prefix, text=prefix + rest))
+            for prefix in _typed_line_prefixes()]
     changes = [i for i in range(1, len(sets)) if sets[i] != sets[i - 1]]
     # One change: when `price_with_tax(` is complete; never while a name is half typed.
     assert len(changes) == 1
@@ -122,6 +128,17 @@ def test_the_set_is_stable_while_a_line_is_typed(workspace):
     assert any("def price_with_tax" in t for t in sets[-1]) and any("class Basket" in t for t in sets[-1])
     # Ordered by file and line, whatever the order the names were met in.
     assert sets[-1] == tuple(sorted(sets[-1], key=lambda t: int(t.split("\n", 1)[0].rsplit(":", 1)[1])))
+
+
+def test_a_name_imported_and_not_used_yet_is_what_the_next_lines_need(workspace):
+    root, index = workspace
+    text = ("from __future__ import annotations\n\nfrom shop.pricing import price_with_tax\n\n\n"
+            "def total(items):\n    ")
+    (doc,) = _select(root, index, text, text=text)
+    assert "def price_with_tax(amount: float" in doc.text
+    # The same document while its name is typed, and once it is used: the set does not flicker.
+    for typed in ("price_with", "price_with_tax", "price_with_tax("):
+        assert _select(root, index, text + typed, text=text + typed) == [doc]
 
 
 def test_no_references_when_nothing_resolves_outside_the_file(workspace):
