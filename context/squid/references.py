@@ -173,7 +173,7 @@ _LINE_BINDINGS = (
 )
 _PARAMETERS = re.compile(r"\b(?:def|function|fn|func)\s+\w*\s*\((.*)")
 _PARAMETER = re.compile(r"(?:^|,)\s*[*&]{0,2}\s*([A-Za-z_]\w*)")
-_LINE_CACHE_SIZE = 200_000
+_LINE_CACHE_SIZE = 50_000
 _IMPORT = re.compile(r"^\s*import\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*)", re.M)
 _FROM_IMPORT = re.compile(r"^\s*from\s+([\w.]+)\s+import\s+(?:\(([^)]*)\)|([^\n(]+))", re.M)
 _BUILTINS = frozenset(dir(__import__("builtins"))) | frozenset(
