@@ -4,6 +4,10 @@
 LM head, so the full [batch, seq, vocab] logits of the prompt are never built. The head step is
 `kernels.selective_logprob`: chunked over the completion rows in forward and backward, so not even
 the completion's [rows, vocab] float32 logits are kept for backward (Triton on CUDA, torch elsewhere).
+
+`shared_prompt_logprobs` scores a group (G completions of one prompt) with the prompt run once: the
+activations autograd keeps for it, and the attention of its tokens over a long context (Squid
+reference documents before it), are held once instead of G times. `token_logprobs` is its reference.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from kernels import selective_logprob
 # peak memory was 14x lower than a full log_softmax at this size (docs/benchmarks.md, kernels).
 LOGPROB_CHUNK_ROWS = 64
 
-__all__ = ["selective_logprob", "token_logprobs", "unwrap_causal_lm"]
+__all__ = ["selective_logprob", "shared_prompt_logprobs", "token_logprobs", "unwrap_causal_lm"]
 
 
 def unwrap_causal_lm(model):
@@ -64,6 +68,49 @@ def token_logprobs(
     head = lm.get_output_embeddings()
     logps = selective_logprob(
         scoring, head.weight, targets, bias=getattr(head, "bias", None), temperature=temperature,
+        chunk_size=LOGPROB_CHUNK_ROWS,
+    )
+    return logps * completion_mask.to(logps.dtype)
+
+
+def shared_prompt_logprobs(
+    model,
+    prompt: torch.Tensor,
+    completions: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    past=None,
+    past_length: int = 0,
+) -> torch.Tensor:
+    """`token_logprobs` of the G rows `prompt` [1, P] + `completions` [G, C], the prompt run once.
+
+    `past`: a transformers cache of one row holding `past_length` positions before the prompt (a
+    Squid-composed context; extended in place, so a fresh one per call). Returns [G, C], 0 where
+    `completion_mask` is 0.
+    """
+    from transformers import DynamicCache
+
+    lm = unwrap_causal_lm(model)
+    rows, completion_len = completions.shape
+    device = prompt.device
+    cache = past if past is not None else DynamicCache(config=lm.config)
+    end = past_length + prompt.shape[1]
+    seen = torch.ones(1, end, dtype=completion_mask.dtype, device=device)  # [1, past + P]
+    positions = torch.arange(past_length, end, device=device)[None]  # [1, P]
+    head = lm.model(input_ids=prompt, attention_mask=seen, position_ids=positions, cache=cache,
+                    use_cache=True).last_hidden_state[:, -1:, :]  # [1, 1, d]: predicts the first token
+    if rows > 1:
+        cache.batch_repeat_interleave(rows)  # [G, kv_heads, past + P, head_dim] per layer
+    attention = torch.cat([seen.expand(rows, -1), completion_mask], dim=1)  # [G, past + P + C]
+    positions = torch.arange(end, end + completion_len, device=device)[None].expand(rows, -1)
+    tail = lm.model(input_ids=completions, attention_mask=attention, position_ids=positions, cache=cache,
+                    use_cache=True).last_hidden_state  # [G, C, d]
+    # Position t's hidden state predicts token t + 1: the prompt's last one predicts the first.
+    scoring = torch.cat([head.expand(rows, -1, -1), tail[:, :-1, :]], dim=1)  # [G, C, d]
+    out = lm.get_output_embeddings()
+    logps = selective_logprob(
+        scoring, out.weight, completions, bias=getattr(out, "bias", None), temperature=temperature,
         chunk_size=LOGPROB_CHUNK_ROWS,
     )
     return logps * completion_mask.to(logps.dtype)

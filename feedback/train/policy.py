@@ -16,7 +16,7 @@ from context.generation import healing_tokens
 from context.loading import model_loading
 from context.prompt_record import ServedPrompt, TokenizerCodec
 
-from .logprobs import token_logprobs
+from .logprobs import shared_prompt_logprobs
 from .references import ReferencePrefix, composer_for
 
 __all__ = [
@@ -55,12 +55,12 @@ class SampledGroup:
         return torch.cat([self.prompt.expand(self.completions.shape[0], -1), self.completions], dim=1)
 
     def past(self) -> tuple[object, int]:
-        """(a fresh cache of the context for every row, composed by the weights active now, its
-        length); (None, 0) without one."""
+        """(a fresh one-row cache of the context, composed by the weights active now, its length);
+        (None, 0) without one."""
         if self.context is None:
             return None, 0
         context = self.context.current()
-        return context.cache(self.completions.shape[0]), context.length
+        return context.cache(1), context.length
 
 
 def attach_lora(model, rank: int, alpha: int, adapter_path: str | None = None):
@@ -270,7 +270,8 @@ def group_logprobs(model, group: SampledGroup, temperature: float) -> torch.Tens
     """Per-token log-probs [G, C] of the group's completions under `model` as it is now (after its
     context, composed by the weights active now)."""
     past, offset = group.past()
-    return token_logprobs(model, group.input_ids(), group.mask, temperature, past=past, past_length=offset)
+    return shared_prompt_logprobs(model, group.prompt, group.completions, group.mask, temperature, past=past,
+                                  past_length=offset)
 
 
 @torch.no_grad()
