@@ -1,7 +1,8 @@
 """Inline completion on real code, in the style of CrossCodeEval and RepoBench.
 
-    python bench/bench_completion.py                     # quick: 3 packages x 3 kinds x 2 positions, 1 seed
-    python bench/bench_completion.py --positions 10 --seeds 0,1    # the run in docs/benchmarks.md
+    python bench/bench_completion.py                       # quick: 3 packages x 3 kinds x 2 positions, 1 seed
+    python bench/bench_completion.py --positions 2 --seeds 0,1      # docs/benchmarks.md's run, ~40 min
+    python bench/bench_completion.py --positions 10 --seeds 0,1     # the full run, ~3 h on 2 loaded cores
 
 Third-party packages installed in this venv (default: click, jinja2, requests) are copied into a
 temporary git workspace each. In every file of a package, positions of three kinds are drawn with a
