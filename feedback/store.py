@@ -359,7 +359,18 @@ def _time_range(column: str, since: float | None, until: float | None) -> tuple[
 
 
 def _encode(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: json.dumps(v) if k in JSON_COLUMNS and v is not None else v for k, v in row.items()}
+    return {k: json.dumps(v) if k in JSON_COLUMNS and v is not None else _storable(v) for k, v in row.items()}
+
+
+def _storable(value: Any) -> Any:
+    """Text SQLite can hold: a lone surrogate (a URI or model name decoded with surrogateescape, a
+    broken client) would make the whole batch fail to encode. It becomes U+FFFD."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in value)
+    return value
 
 
 def _decode(row: dict[str, Any]) -> dict[str, Any]:

@@ -312,3 +312,18 @@ def test_a_store_file_deleted_or_replaced_while_recording_gets_a_new_file(tmp_pa
     assert recorder.status()["episodes"] == 1 and recorder.status()["error"] is None
     recorder.close()
     assert first != second
+
+
+def test_lone_surrogates_in_any_column_are_stored_and_the_writer_keeps_going(tmp_path, clock):
+    recorder = make(tmp_path, clock)
+    broken = recorder.record_completion_episode(
+        uri="file:///w/a\ud800.py", position=(0, 0), output="x\udcff", prompt_text="y\udcff",
+        model_id="m\ud800", language="python",
+    )
+    assert recorder.flush(timeout=10) and recorder.status()["error"] is None
+    after = show(recorder)
+    assert recorder.flush(timeout=10)
+    stored = {item.episode["id"]: item.episode for item in episodes(tmp_path / "f.db")}
+    assert set(stored) == {broken, after}
+    assert stored[broken]["uri"] == "file:///w/a\ufffd.py" and stored[broken]["model_id"] == "m\ufffd"
+    recorder.close()
