@@ -21,16 +21,18 @@ from context.runtime import PREFILL_CHUNK
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _code(path: str, start: str, chars: int) -> str:
-    text = (REPO / path).read_text()
+def _code(name: str, start: str, chars: int) -> str:
+    text = (PROMPTS / name).read_text()
     at = text.index(start)
     return text[at : at + chars]
 
 
-# Real code from this repository, cut mid-body so the model keeps writing code.
-STORE_PROMPT = _code("context/index/store.py", "", 2000)
-CONFIG_PROMPT = _code("context/config.py", "@dataclass(frozen=True)\nclass ModelConfig", 1500)
-ORIGINAL = _code("context/boundary.py", "def cursor_context(", 900)
+# Real code from this repository, cut mid-body so the model keeps writing code. Frozen copies
+# (commit 6b27e70): the assertions on drafts depend on what the model writes after them.
+PROMPTS = REPO / "tests" / "data" / "runtime_prompts"
+STORE_PROMPT = _code("store.py.txt", "", 2000)
+CONFIG_PROMPT = _code("config.py.txt", "@dataclass(frozen=True)\nclass ModelConfig", 1500)
+ORIGINAL = _code("boundary.py.txt", "def cursor_context(", 900)
 # An agent-style edit: the model rewrites a function it was shown, so most lines are copies.
 EDIT_PROMPT = (
     "# Original code:\n" + ORIGINAL + "\n\n# The same function, with `offset` renamed to `cursor`:\n"
