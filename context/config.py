@@ -218,6 +218,10 @@ class TrainConfig:
     # Verifiable tasks (JSON, see tests/data/grpo_tasks.json): the fixed regression set, and the
     # training data while the feedback store has no episodes. None: the bundled set.
     task_set: str | None = None
+    # Completion tasks the trainer makes from the workspace's own code (`feedback.train.repo_tasks`:
+    # a statement hidden, asked for with the Squid references the server would compose there), at
+    # most this many, mixed with the episodes; their held-out files join the gate. 0: none.
+    repository_tasks: int = field(default=0, metadata=_range(0, 100_000))
     # Where checkpoints, adapter versions, the promoted pointer and status.json live. None:
     # <cache_dir>/train.
     dir: str | None = None

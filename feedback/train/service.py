@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,22 +54,32 @@ def task_reward(text: str, example: TrainingExample) -> float:
 
 def episode_reward(fit: PreferenceFit | None, weight: float) -> Callable[[str, TrainingExample], float]:
     """The reward of a sample for a recorded episode: `task_reward`, plus the user's learned
-    preference when one was fitted and predicts them."""
+    preference when one was fitted and predicts them (not for a task made from the repository's
+    code: its answer is the code that stands there, whoever wrote it)."""
     if fit is None or fit.model is None or weight <= 0:
         return task_reward
     scorer, weights = fit.model.score, RewardWeights(preference=weight)
 
     def reward(text: str, example: TrainingExample) -> float:
+        if is_repository_task(example):
+            return task_reward(text, example)
         return score_output(text, reward_context(example, preference=scorer), weights).total
 
     return reward
 
 
+def is_repository_task(example: TrainingExample) -> bool:
+    """A task made from the workspace's code (`feedback.train.repo_tasks`), not a recorded episode."""
+    return example.verification.get("source") == "repository"
+
+
 def load_training_data(
-    config: TrainConfig, source: EpisodeSource | None
+    config: TrainConfig, source: EpisodeSource | None, repository: Sequence[TrainingExample] = ()
 ) -> tuple[list[TrainingExample], list[TrainingExample], list[TrainingExample]]:
     """(train, held_out, regression): episodes split by time; the task set's newest part is the
-    fixed regression set, its older part trains while there are too few episodes."""
+    fixed regression set, its older part trains while there are too few episodes. Tasks made from
+    the repository's code (`repository`) are split by file: their held-out files join the held-out
+    set (a new list, never the regression set itself)."""
     tasks = load_task_set(Path(config.task_set) if config.task_set else BUNDLED_TASKS)
     task_train, regression = split_by_time(tasks, max(config.holdout_fraction, 0.2))
     episodes = examples_from_source(source) if source is not None else []
@@ -77,7 +87,31 @@ def load_training_data(
         train, held_out = split_by_time(episodes, config.holdout_fraction)
     else:
         train, held_out = task_train, regression
+    if repository:
+        from .repo_tasks import split_files
+
+        repo_train, repo_held = split_files(list(repository), max(config.holdout_fraction, 0.2), config.seed)
+        train, held_out = [*train, *repo_train], [*held_out, *repo_held]
     return train, held_out, regression
+
+
+def repository_training_tasks(config: SquidConfig, tokenizer, roots: Sequence[Path]) -> list[TrainingExample]:
+    """`train.repository_tasks` tasks from the workspace's code (none when it is 0), with the
+    completion and Squid settings the server serves with."""
+    if config.train.repository_tasks <= 0 or not roots:
+        return []
+    from context.prompt_record import TokenizerCodec
+
+    from .repo_tasks import workspace_tasks
+
+    squid = config.squid
+    if not squid.enabled:  # served without references: asked for without them, wherever they are
+        squid = replace(squid, max_documents=0)
+    tasks = workspace_tasks(list(roots), TokenizerCodec(tokenizer), completion=config.completion, squid=squid,
+                            max_tasks=config.train.repository_tasks, seed=config.train.seed,
+                            require_reference=squid.max_documents > 0)
+    log.info("repository tasks: %d from %s", len(tasks), ", ".join(map(str, roots)))
+    return tasks
 
 
 def _load_model(config: SquidConfig):
@@ -91,12 +125,14 @@ def _load_model(config: SquidConfig):
 def run_round(
     config: SquidConfig, *, steps: int | None = None, source: EpisodeSource | None = None,
     should_stop: Callable[[], bool] = lambda: False, paths: TrainPaths | None = None,
-    on_step: Callable[[StepRecord, int], None] | None = None,
+    on_step: Callable[[StepRecord, int], None] | None = None, roots: Sequence[Path] | None = None,
 ) -> RoundResult:
     """Train `steps` steps (default train.steps) then gate; stopped early it keeps the checkpoint.
 
     Episodes come from `source`, by default the user's local feedback store (feedback.db_path).
     `on_step(record, target_step)` follows each step (on process 0 only), as the status file does.
+    `roots`: the workspace whose code `train.repository_tasks` makes tasks of (default: the
+    current directory, where the background trainer runs).
     """
     from .gate import decide_promotion
     from .policy import attach_lora
@@ -112,16 +148,19 @@ def run_round(
         from .store_source import FeedbackStoreSource
 
         source = FeedbackStoreSource(default_db_path(config.feedback))
-    train, held_out, regression = load_training_data(cfg, source)
+    runtime = _load_model(config)
+    roots = [Path.cwd()] if roots is None else roots
+    repository = repository_training_tasks(config, runtime.tokenizer, roots)
+    train, held_out, regression = load_training_data(cfg, source, repository)
     if not train:
         raise TrainingError("no training examples: record some episodes or configure train.task_set")
-    from_episodes = held_out is not regression
+    regression_ids = {ex.id for ex in regression}
+    from_episodes = any(ex.id not in regression_ids and not is_repository_task(ex) for ex in held_out)
     # The preference is fitted on the training split only: the gate's held-out episodes stay unseen.
     fit = fit_preference(train) if from_episodes and cfg.preference_weight > 0 else None
     if fit is not None:
         log.info("preference: %s", fit.reason)
     reward_fn = episode_reward(fit, cfg.preference_weight)
-    runtime = _load_model(config)
     promoted = registry.current()
     model = attach_lora(runtime.model, cfg.lora_rank, cfg.lora_alpha,
                         adapter_path=str(promoted.path) if promoted else None)
@@ -154,7 +193,9 @@ def run_round(
                               reward_fn)
     # Too few recorded episodes: the task set trained, and its regression part was the held-out set.
     metrics["data"] = {"source": "episodes" if from_episodes else "task set", "train": len(train),
-                       "held_out": len(held_out), "regression": len(regression)}
+                       "held_out": len(held_out), "regression": len(regression),
+                       "repository": {"train": sum(map(is_repository_task, train)),
+                                      "held_out": sum(map(is_repository_task, held_out))}}
     if fit is not None:
         metrics["preference"] = fit.summary()
     metrics["steps"] = [{"step": r.step, "reward": round(r.mean_reward, 4), "kl": round(r.kl, 5),

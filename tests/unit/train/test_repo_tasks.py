@@ -1,0 +1,173 @@
+"""Completion tasks made from the workspace's own code (`feedback.train.repo_tasks`): a statement
+hidden in a real indexed workspace, asked for with the prompt and the Squid references the server
+serves at that cursor, only where a reference defines a name the statement uses; split by file."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import replace
+
+import pytest
+
+from agent.completion import CompletionRequest, complete
+from context.config import CompletionConfig, SquidCacheConfig, TrainConfig
+from context.index.indexer import Indexer
+from context.index.store import IndexStore
+from context.squid.keys import token_hash
+from context.squid.references import CompletionReferences
+from context.squid.service import SquidService
+from feedback.train.repo_tasks import repository_tasks, split_files, statement_positions, workspace_tasks
+from feedback.train.service import episode_reward, is_repository_task, load_training_data, task_reward
+
+HEADERS = textwrap.dedent('''\
+    """Header parsing."""
+
+
+    def parse_header(text: str) -> tuple[str, str]:
+        """Split `Name: value`."""
+        name, _, value = text.partition(":")
+        return name.strip(), value.strip()
+    ''')
+CLIENT = textwrap.dedent('''\
+    from headers import parse_header
+
+
+    def read_headers(lines):
+        """Headers from raw lines."""
+        found = {}
+        for line in lines:
+            if not line:
+                break
+            name, value = parse_header(line)
+            found[name.lower()] = value
+        return found
+    ''')
+LOCAL_ONLY = textwrap.dedent('''\
+    def double(x):
+        y = x * 2
+        return y
+    ''')
+SQUID = SquidCacheConfig(document_tokens=64)
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "headers.py").write_text(HEADERS)
+    (root / "client.py").write_text(CLIENT)
+    (root / "local.py").write_text(LOCAL_ONLY)
+    (root / "broken.py").write_text("def f(:\n    return parse_header(x)\n")
+    return root
+
+
+def test_statement_positions_are_whole_statements_that_start_their_line():
+    text = textwrap.dedent('''\
+        """Doc."""
+        import os
+
+
+        def f(a):
+            """Doc."""
+            x = g(a,
+                  b)
+            if x:
+                y = 1; z = 2
+            try:
+                return h(x)
+            except OSError:
+                pass
+            return (1 +
+                    2 +
+                    3 + 4)
+        ''')
+    lines = text.splitlines()
+    got = {lines[p.start].strip(): (p.end - p.start, p.indent) for p in statement_positions(text, max_lines=2)}
+    assert got == {"x = g(a,": (2, "    "), "if x:": (1, "    "), "y = 1; z = 2": (1, "        "),
+                   "return h(x)": (1, "        "), "pass": (1, "        ")}
+    assert statement_positions("def f(:\n", 3) == []
+    assert [lines[p.start].strip() for p in statement_positions(text, 3)][-1] == "return (1 +"
+
+
+def test_a_task_hides_a_statement_that_a_reference_definition_helps_with(runtime, workspace, tmp_path):
+    tasks = workspace_tasks([workspace], runtime, index_path=tmp_path / "index.db", squid=SQUID, per_file=10)
+    by_kept = {t.kept_text: t for t in tasks}
+    # Only the statement that calls the other file's function: the others use local names only.
+    assert list(by_kept) == ["        name, value = parse_header(line)"]
+    task = by_kept["        name, value = parse_header(line)"]
+    assert task.group == "client.py" and is_repository_task(task)
+    served = task.served
+    # The editor's document at that moment: the statement gone, the cursor at its indentation.
+    assert served.text.endswith("            break\n        ")
+    assert "parse_header(line)" not in served.text
+    assert served.following_lines[0] == "        found[name.lower()] = value"
+    assert task.prompt_text + task.prompt_lead == served.text and task.prompt_lead == "        "
+    (ref,) = served.references
+    assert ref.text.startswith("# headers.py:4\ndef parse_header(text: str)")
+    assert ref.hash == token_hash(runtime.encode(ref.text)[: SQUID.document_tokens])
+    assert served.reference_tokens == ref.tokens
+
+    without = workspace_tasks([workspace], runtime, index_path=tmp_path / "index.db", squid=SQUID,
+                              per_file=10, require_reference=False)
+    assert {"    y = x * 2", "    return y"} <= {t.kept_text for t in without}
+    assert all(t.group != "broken.py" for t in without)  # a file that does not parse gives none
+
+
+def test_the_task_prompt_is_the_one_the_server_serves_at_that_cursor(runtime, workspace, tmp_path):
+    """The same window ids and the same reference documents (by content hash) as a real completion
+    asked at the task's cursor in the task's document, through the index's symbols."""
+    with IndexStore(tmp_path / "index.db") as store:
+        Indexer([workspace], store, workers=0).index_all()
+        path = str(workspace / "client.py")
+        (task,) = repository_tasks([(path, CLIENT)], symbols=store.symbols_named, codec=runtime, squid=SQUID,
+                                   roots=[workspace])
+        lines = CLIENT.splitlines(keepends=True)
+        line = task.verification["line"] - 1
+        document = "".join(lines[:line]) + task.prompt_lead + "\n" + "".join(lines[line + 1:])
+        offset = len("".join(lines[:line])) + len(task.prompt_lead)
+        service = SquidService(runtime, SQUID, None, start_thread=False)
+        references = CompletionReferences(service, current_path=path, open_documents={path: document},
+                                          search=None, roots=[workspace], symbols=store.symbols_named)
+        service.context_for(references.documents(document[:offset]), wait=True)
+        runtime.forget_prefix()
+        completion = complete(runtime, CompletionRequest(document, offset, "python", path),
+                              replace(CompletionConfig(), max_tokens=4), references=references)
+        service.stop()
+    assert completion is not None
+    assert completion.prompt.ids == task.served.ids and completion.prompt.heal == task.served.heal
+    assert [r.hash for r in completion.prompt.references] == [r.hash for r in task.served.references]
+    assert [r.text for r in completion.prompt.references] == [r.text for r in task.served.references]
+
+
+def test_tasks_split_by_whole_files_and_join_the_gate_not_the_regression_set(runtime, workspace, tmp_path):
+    (workspace / "more.py").write_text("from headers import parse_header\n\n\nPAIR = parse_header('a: b')\n")
+    tasks = workspace_tasks([workspace], runtime, index_path=tmp_path / "index.db", squid=SQUID, per_file=10)
+    assert {t.group for t in tasks} == {"client.py", "more.py"}
+    train, held = split_files(tasks, 0.5)
+    assert train and held and not {t.group for t in train} & {t.group for t in held}
+    assert split_files(tasks, 0.5) == (train, held)  # the same files every time
+
+    train_all, held_out, regression = load_training_data(TrainConfig(holdout_fraction=0.5), None, tasks)
+    assert [t for t in train_all if is_repository_task(t)] == train
+    assert [t for t in held_out if is_repository_task(t)] == held
+    assert not any(map(is_repository_task, regression))
+    assert held_out is not regression and set(map(id, regression)) <= set(map(id, held_out))
+
+
+def test_a_repository_task_is_rewarded_for_the_code_that_stands_there_not_the_users_preference(
+        runtime, workspace, tmp_path):
+    from feedback.preference import PreferenceFit
+
+    (task,) = workspace_tasks([workspace], runtime, index_path=tmp_path / "index.db", squid=SQUID)
+
+    class Prefers:  # a fitted preference that loves one text (a stand-in for the fitted model)
+        @staticmethod
+        def score(code: str) -> float:
+            return 1.0 if "nothing" in code else 0.0
+
+    fit = PreferenceFit(model=Prefers(), kept=1, not_kept=1, balanced_accuracy=None, reason="test double")
+    reward = episode_reward(fit, weight=5.0)
+    exact = "        name, value = parse_header(line)"
+    assert reward(exact, task) == task_reward(exact, task) == pytest.approx(1.0)
+    assert reward("        nothing = 1", task) == task_reward("        nothing = 1", task) < 0.6
+    assert task_reward("        name, value = parse_header(", task) == 0.0  # does not parse
