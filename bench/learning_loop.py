@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -238,12 +239,24 @@ def recorded_outcomes(db: Path, since: float) -> dict:
     return per_checkpoint
 
 
+def die_with_parent() -> None:
+    """In a child before it runs (Linux): SIGTERM it when this process dies, killed or not. A bench
+    killed by its caller's timeout left its `squidcode train` running on for half an hour."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the trainer stops when its round ends
+
+
 def train_round(workspace: Path, steps: int) -> dict:
     """`squidcode train --once`: its result, wall time and peak memory (the child's max RSS)."""
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "lsp_server", "--log-level", "warning", "train", "--once",
                              "--steps", str(steps), "--json"], cwd=workspace,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=die_with_parent)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     out, err = proc.stdout.read(), proc.stderr.read()
