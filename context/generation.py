@@ -30,9 +30,22 @@ __all__ = [
 
 def healing_tokens(token_texts: list[str], remaining: str) -> list[int]:
     """Token healing: the ids whose text agrees with `remaining`, the text still to regenerate
-    (it starts with the token's text, or the token's text starts with it)."""
-    return [i for i, text in enumerate(token_texts)
-            if text and (text.startswith(remaining) or remaining.startswith(text))]
+    (it starts with the token's text, or the token's text starts with it).
+
+    Cut spaces or tabs are where the cursor stands (its line's indentation, the space after
+    `return`): a token that regenerates them may not go on with more of them, which would put the
+    suggestion's code in another column than the cursor (seen on real code: at a dedent, where an
+    `except` was due, a longer indentation token satisfied the heal and the model wrote the deeper
+    block's next line)."""
+    n = len(remaining)
+    blank_end = remaining[-1:] in (" ", "\t")
+
+    def agrees(text: str) -> bool:
+        if remaining.startswith(text):
+            return True
+        return text.startswith(remaining) and not (blank_end and text[n:n + 1] in (" ", "\t"))
+
+    return [i for i, text in enumerate(token_texts) if text and agrees(text)]
 
 
 def pick_token(logits: torch.Tensor, temperature: float, top_p: float, generator) -> int:

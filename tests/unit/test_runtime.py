@@ -1,11 +1,16 @@
 """The real embedded model: loading, greedy determinism, stops, cancellation, token healing."""
 
+from pathlib import Path
+
 import pytest
 
 from agent.completion import CompletionRequest, complete
 from context.config import CompletionConfig, ModelConfig
 from context.errors import GenerationCancelled, ModelNotFoundError
+from context.generation import healing_tokens
 from context.runtime import ModelRuntime, get_runtime
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_embedded_model_loads_from_the_converted_copy(runtime):
@@ -64,7 +69,27 @@ def test_completion_after_indentation_is_code_not_whitespace(runtime):
     text = "def square(x):\n    "
     completion = complete(runtime, CompletionRequest(text, len(text)), CompletionConfig(max_tokens=12))
     assert completion is not None
-    assert completion.text[0] not in " \t\n"
+    assert completion.text[0] not in " \t\n", completion.text
+
+
+def test_at_a_dedent_in_real_code_the_suggestion_starts_at_the_cursors_column(runtime):
+    """Real code (tests/data/third_party/NOTICE): the cursor at the `try`'s column after its body,
+    where jinja2 has `except StopIteration:`. A longer indentation token used to satisfy the heal,
+    and the suggestion was the body's next line, indented 4 columns right of the cursor."""
+    text = (REPO / "tests" / "data" / "third_party" / "jinja2_filters_min_or_max.py.txt").read_text() + "    "
+    completion = complete(runtime, CompletionRequest(text, len(text), "python"),
+                          CompletionConfig(max_tokens=16))
+    assert completion is not None
+    assert completion.text[0] not in " \t\n", completion.text
+
+
+def test_healing_regenerates_cut_spaces_and_never_more_of_them():
+    texts = ["    ", "  ", "        ", "    if", "     x", "\t", "    \n", "if", "\n    ", "\n"]
+    allowed = {texts[i] for i in healing_tokens(texts, "    ")}
+    assert allowed == {"    ", "  ", "    if", "    \n"}
+    # Not blanks at the end: the rule is the plain one (a token may go on past the cut text).
+    assert {texts[i] for i in healing_tokens(texts, "\n")} == {"\n    ", "\n"}
+    assert healing_tokens(["  ", "   ", " (", " x"], " ") == [2, 3]  # after `return `: one space
 
 
 def test_missing_model_path_is_a_clear_error(tmp_path):
