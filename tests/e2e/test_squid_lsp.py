@@ -1,6 +1,7 @@
-"""Squid over LSP: inline completion reads the other open files as Squid-composed reference documents
-once the background encoder has cached them, the watcher drops a changed file's cache, and
-`squid.enabled = false` turns it all off."""
+"""Squid over LSP: inline completion reads the definitions of the names it uses from other files
+(`apply_discount`, imported from prices.py) as Squid-composed reference documents once the background
+encoder has cached them, the watcher drops a changed file's cache, and `squid.enabled = false` turns
+it all off."""
 
 from __future__ import annotations
 
@@ -83,13 +84,14 @@ async def _wait_logged(client: LanguageClient, *parts: str, timeout: float = 120
     raise AssertionError(f"no log message with {parts}; got {[m.message for m in client.log_messages][-20:]}")
 
 
-async def test_open_files_become_composed_references_and_changes_drop_them(client, project, tmp_path):
+async def test_imported_definitions_become_composed_references_and_changes_drop_them(client, project, tmp_path):
     await _wait_logged(client, "index ready")
     _open(client, project / "prices.py")
     cart = _open(client, project / "cart.py")
     first = await _complete(client, cart)
     assert first is not None and first.items
-    # The first request did not wait: prices.py is encoded in the background, then reused.
+    # The first request did not wait: apply_discount's definition in prices.py is encoded in the
+    # background, then reused.
     assert not _logged(client, "reference documents composed")
     await _wait_logged(client, "squid: encoded", "prices.py")
     second = await _complete(client, cart)
@@ -103,8 +105,8 @@ async def test_open_files_become_composed_references_and_changes_drop_them(clien
     assert old_entries
     (project / "prices.py").write_text(PRICES + "\n\ndef add_tax(amount):\n    return amount * 1.2\n")
     await _wait_logged(client, "squid: dropped")
-    # The entries of the old prices.py are gone (the background pre-encode of the repo map's top
-    # files, which runs when it runs, may already hold the new text).
+    # The entries of the old prices.py are gone (the background pre-encode of cart.py's imported
+    # definitions, which runs when it runs, may already hold the new text).
     assert not [p for p in old_entries if p.exists()]
 
 
