@@ -19,6 +19,7 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(900)  # the subprocess's own limit; the suite's 300 s killed it on a loaded machine
 def test_the_loop_records_the_users_decisions_trains_on_them_and_swaps_the_adapter(model_cache_dir, tmp_path):
     out = tmp_path / "report.json"
     proc = subprocess.run(
