@@ -1,0 +1,257 @@
+"""Teaching the model its repository: GRPO on tasks made from its own code, against supervised LoRA.
+
+    python bench/bench_repo_training.py                         # click, 1 seed, ~30 min on 2 cores
+    python bench/bench_repo_training.py --packages click,jinja2 --seeds 0,1,2 --steps 40
+
+A real third-party package installed in this venv is copied into a temporary git workspace and
+indexed; `feedback.train.repo_tasks` makes its completion tasks there (a statement hidden where a
+Squid reference, a definition from another file found through the index, defines a name it uses;
+prompted as the server serves that cursor). Whole files are held out (`split_files`). Then, in one
+run, on the held-out files' tasks (greedy, the trainer's sampling path, cut as the server cuts):
+
+- base: the embedded model with its Squid references, and without them (`refs off`);
+- grpo: the LoRA adapter after `--steps` GRPO steps on the training files' tasks (the trainer's
+  `GrpoTrainer`, the reward `feedback.train.service.task_reward`: parses, edit similarity to the
+  hidden code, 1 when exact), with and without its references;
+- sft: a fresh LoRA adapter trained by cross-entropy on the hidden code of the same tasks, through
+  the same composed references, for the same number of example passes as GRPO's prompts;
+  with and without references.
+
+Metrics of the first line of each answer against the hidden statement's first line (stripped): exact
+match, edit similarity (`bench_completion.edit_similarity`), identifier exact match; and the mean
+reward. Machine time of each training. Each seed trains afresh (its own shuffle and samples).
+Results: bench/results/repo-training-DATE.json and a markdown table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import torch  # noqa: E402
+from bench_completion import copy_package, edit_similarity, identifiers  # noqa: E402
+
+CONFIGS = ("base", "grpo", "sft")
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def _scores(answer: str, example) -> dict:
+    got, want = _first_line(answer), _first_line(example.kept_text)
+    return {"exact": float(got == want), "es": edit_similarity(got, want),
+            "id_em": float(identifiers(got) == identifiers(want))}
+
+
+def without_references(example):
+    return replace(example, served=replace(example.served, references=(), reference_tokens=0))
+
+
+def evaluate(model, tokenizer, examples, max_new_tokens: int, adapter: bool) -> dict:
+    """Greedy answers on `examples` (with the adapter, or the base model), scored."""
+    from feedback.train.gate import evaluate as gate_evaluate
+    from feedback.train.service import task_reward
+
+    result = gate_evaluate(model, tokenizer, examples, task_reward, max_new_tokens, adapter=adapter)
+    rows = [{"id": ex.id, "group": ex.group, "answer": out, "want": ex.kept_text, **_scores(out, ex)}
+            for ex, out in zip(examples, result.outputs, strict=True)]
+    return {"reward": result.mean_reward, "rows": rows, **_means(rows)}
+
+
+def _means(rows: list[dict]) -> dict:
+    return {k: statistics.fmean(r[k] for r in rows) if rows else 0.0 for k in ("exact", "es", "id_em")}
+
+
+def both(model, tokenizer, held, max_new_tokens: int, adapter: bool) -> dict:
+    bare = [without_references(e) for e in held]
+    return {"refs": evaluate(model, tokenizer, held, max_new_tokens, adapter),
+            "refs_off": evaluate(model, tokenizer, bare, max_new_tokens, adapter)}
+
+
+def train_grpo(model, tokenizer, train, args, seed: int, run_dir: Path) -> tuple[float, list[dict]]:
+    from context.config import TrainConfig
+    from feedback.train.service import task_reward
+    from feedback.train.trainer import GrpoTrainer
+
+    config = TrainConfig(steps=args.steps, group_size=args.group_size, prompts_per_step=args.prompts_per_step,
+                         learning_rate=args.lr, max_new_tokens=args.max_new_tokens, seed=seed,
+                         checkpoint_every=10_000)
+    trainer = GrpoTrainer(model, tokenizer, config, train, task_reward, run_dir)
+    started = time.perf_counter()
+    history = trainer.run(args.steps)
+    log = [{"step": r.step, "reward": r.mean_reward, "kl": r.kl} for r in history]
+    return time.perf_counter() - started, log
+
+
+def sft_group(model, tokenizer, example):
+    """The hidden code as one 'sample' of the example's prompt (the tokens the server's answer would
+    be: the healed whitespace, then the code, then a line break), after its composed references."""
+    from feedback.train.policy import SampledGroup, completion_prompt, reference_prefix
+
+    prompt, heal = completion_prompt(tokenizer, example)
+    target = heal + example.kept_text[len(example.prompt_lead):] + "\n"
+    ids = torch.tensor([tokenizer.encode(target, add_special_tokens=False)], dtype=torch.long)
+    return SampledGroup(prompt, ids, torch.ones_like(ids), [target],
+                        reference_prefix(model, tokenizer, example))
+
+
+def train_sft(model, tokenizer, train, args, seed: int) -> tuple[float, list[float]]:
+    import random
+
+    from feedback.train.policy import group_logprobs
+    from feedback.train.references import weights_changed
+
+    passes = args.steps * args.prompts_per_step
+    order = []
+    rng = random.Random(seed)
+    while len(order) < passes:
+        block = list(range(len(train)))
+        rng.shuffle(block)
+        order += block
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.sft_lr, weight_decay=0.0)
+    losses = []
+    started = time.perf_counter()
+    for start in range(0, passes, args.prompts_per_step):
+        optimizer.zero_grad(set_to_none=True)
+        model.train()
+        for index in order[start:start + args.prompts_per_step]:
+            group = sft_group(model, tokenizer, train[index])
+            loss = -group_logprobs(model, group, 1.0).mean() / args.prompts_per_step
+            loss.backward()
+            losses.append(float(loss.detach()) * args.prompts_per_step)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        weights_changed(model)
+        model.eval()
+    return time.perf_counter() - started, losses
+
+
+def run_package(package: str, args, seeds: list[int], work: Path) -> dict:
+    from context.config import ModelConfig
+    from context.prompt_record import TokenizerCodec
+    from context.runtime import ModelRuntime
+    from feedback.train.policy import attach_lora
+    from feedback.train.repo_tasks import split_files, workspace_tasks
+
+    root = work / f"ws-{package}"  # the package in root/package, committed
+    copy_package(package, root)
+    runtime = ModelRuntime(ModelConfig(threads=args.threads)).load()
+    tokenizer = runtime.tokenizer
+    started = time.perf_counter()
+    tasks = workspace_tasks([root], TokenizerCodec(tokenizer), index_path=work / f"{package}.db",
+                            per_file=args.per_file, max_tasks=args.max_tasks, seed=0)
+    made_s = time.perf_counter() - started
+    train, held = split_files(tasks, args.holdout, seed=0)
+    files = len({t.group for t in train}), len({t.group for t in held})
+    print(f"{package}: {len(tasks)} tasks in {made_s:.0f} s; train {len(train)} ({files[0]} files), "
+          f"held out {len(held)} ({files[1]} files)", flush=True)
+    out = {"package": package, "tasks": len(tasks), "train": len(train), "held_out": len(held),
+           "held_out_files": sorted({t.group for t in held}), "task_seconds": made_s, "seeds": {}}
+    model = attach_lora(runtime.model, args.rank, args.alpha)
+    model.eval()
+    out["base"] = both(model, tokenizer, held, args.max_new_tokens, adapter=False)
+    _say_row(package, "base", None, out["base"])
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items() if "lora_" in k}
+    for seed in seeds:
+        runs = {}
+        for kind in ("grpo", "sft"):
+            model.load_state_dict(initial, strict=False)
+            torch.manual_seed(seed)
+            from feedback.train.references import weights_changed
+
+            weights_changed(model)
+            if kind == "grpo":
+                seconds, log = train_grpo(model, tokenizer, train, args, seed, work / f"run-{package}-{seed}")
+            else:
+                seconds, log = train_sft(model, tokenizer, train, args, seed)
+            result = both(model, tokenizer, held, args.max_new_tokens, adapter=True)
+            result.update(seconds=seconds, log=log)
+            runs[kind] = result
+            _say_row(package, kind, seed, result)
+        out["seeds"][str(seed)] = runs
+    return out
+
+
+def _say_row(package, kind, seed, result) -> None:
+    on, off = result["refs"], result["refs_off"]
+    extra = f" ({result['seconds'] / 60:.1f} min)" if "seconds" in result else ""
+    print(f"  {package} {kind}{'' if seed is None else f' seed {seed}'}{extra}: exact {on['exact']:.1%} "
+          f"(refs off {off['exact']:.1%}), ES {on['es']:.3f} ({off['es']:.3f}), reward {on['reward']:.3f}",
+          flush=True)
+
+
+def markdown(results: list[dict]) -> str:
+    lines = ["| package | config | seeds | exact (refs) | exact (refs off) | ES (refs) | ES (refs off) | "
+             "ID-EM (refs) | train min |", "|---|---|---|---|---|---|---|---|---|"]
+    for pkg in results:
+        lines.append(_row(pkg["package"], "base", [pkg["base"]]))
+        for kind in ("grpo", "sft"):
+            lines.append(_row(pkg["package"], kind, [runs[kind] for runs in pkg["seeds"].values()]))
+    return "\n".join(lines)
+
+
+def _row(package: str, kind: str, results: list[dict]) -> str:
+    def cell(side: str, key: str, pct: bool) -> str:
+        values = [r[side][key] for r in results]
+        fmt = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.3f}")
+        text = fmt(statistics.fmean(values))
+        return text + (f" [{fmt(min(values))}, {fmt(max(values))}]" if len(values) > 1 else "")
+
+    minutes = [r["seconds"] / 60 for r in results if "seconds" in r]
+    cells = [package, kind, str(len(results)) if minutes else "-", cell("refs", "exact", True),
+             cell("refs_off", "exact", True), cell("refs", "es", False), cell("refs_off", "es", False),
+             cell("refs", "id_em", True), f"{statistics.fmean(minutes):.1f}" if minutes else "-"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--packages", default="click")
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--prompts-per-step", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--sft-lr", type=float, default=2e-4)
+    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--alpha", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--per-file", type=int, default=8)
+    parser.add_argument("--max-tasks", type=int, default=160)
+    parser.add_argument("--holdout", type=float, default=0.3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    results = []
+    with tempfile.TemporaryDirectory(prefix="squidcode-repo-training-") as tmp:
+        for package in args.packages.split(","):
+            results.append(run_package(package, args, seeds, Path(tmp)))
+    table = markdown(results)
+    print(table)
+    out = args.out or REPO / "bench" / "results" / f"repo-training-{time.strftime('%Y-%m-%d-%H%M')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"argv": sys.argv, "args": {k: str(v) for k, v in vars(args).items()}, "cpu": platform.processor(),
+            "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d")}
+    out.write_text(json.dumps({"meta": meta, "results": results, "table": table}, indent=1))
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
