@@ -84,7 +84,8 @@ async def _wait_logged(client: LanguageClient, *parts: str, timeout: float = 120
     raise AssertionError(f"no log message with {parts}; got {[m.message for m in client.log_messages][-20:]}")
 
 
-async def test_imported_definitions_become_composed_references_and_changes_drop_them(client, project, tmp_path):
+async def test_imported_definitions_become_composed_references_and_changes_drop_them(
+        client, project, tmp_path):
     await _wait_logged(client, "index ready")
     _open(client, project / "prices.py")
     cart = _open(client, project / "cart.py")

@@ -82,7 +82,8 @@ def test_statement_positions_are_whole_statements_that_start_their_line():
                     3 + 4)
         ''')
     lines = text.splitlines()
-    got = {lines[p.start].strip(): (p.end - p.start, p.indent) for p in statement_positions(text, max_lines=2)}
+    positions = statement_positions(text, max_lines=2)
+    got = {lines[p.start].strip(): (p.end - p.start, p.indent) for p in positions}
     assert got == {"x = g(a,": (2, "    "), "if x:": (1, "    "), "y = 1; z = 2": (1, "        "),
                    "return h(x)": (1, "        "), "pass": (1, "        ")}
     assert statement_positions("def f(:\n", 3) == []
