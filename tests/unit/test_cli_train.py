@@ -165,3 +165,20 @@ def _running(pid: int) -> bool:
     except ChildProcessError:
         return False
     return finished == 0
+
+
+def test_a_round_mixes_in_tasks_made_from_the_workspaces_code(workspace, capsys):
+    """`train.repository_tasks`: the round makes completion tasks from the workspace it runs in,
+    trains on some files' tasks and gates on the others' (`feedback.train.repo_tasks`)."""
+    config = workspace / ".squidcode.toml"
+    config.write_text(config.read_text() + "repository_tasks = 8\n")
+    (workspace / "units.py").write_text("def to_metres(feet):\n    return feet * 0.3048\n")
+    for name in ("walk", "run", "swim"):
+        (workspace / f"{name}.py").write_text(f"from units import to_metres\n\n\ndef {name}(feet):\n"
+                                              "    metres = to_metres(feet)\n    return metres\n")
+    result = run_json(capsys, "train", "--once", "--steps", "1", "--json")
+    assert result["state"] in ("promoted", "rejected")
+    data = run_json(capsys, "train", "status", "--json")["metrics"]["data"]
+    assert data["repository"]["train"] >= 1 and data["repository"]["held_out"] >= 1
+    assert data["repository"]["train"] + data["repository"]["held_out"] == 3  # one call per file
+    assert data["held_out"] > data["repository"]["held_out"]  # the regression tasks are still gated
