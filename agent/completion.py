@@ -106,12 +106,13 @@ class _References:
                 "reference_prefix": composed.prefix_hash, "reference_recovery": recovery}
 
 
-def _reference_cache(references, prefix: str) -> _References:
-    """A private cache of the Squid-composed reference documents (an empty one without any)."""
+def _reference_cache(references, prefix: str, wait: bool = False) -> _References:
+    """A private cache of the Squid-composed reference documents (an empty one without any);
+    `wait`: with every reference, the ones not encoded yet encoded first."""
     if references is None:
         return _References()
     try:
-        composed = references.compose(prefix)
+        composed = references.compose(prefix, wait=wait)
     except (SquidcodeError, RuntimeError, ValueError, OSError) as exc:
         # References only improve a completion; one that cannot have them still gets one.
         log.warning("squid: reference documents unavailable (%s); completing without them", exc)
@@ -152,7 +153,11 @@ def warm_window(runtime: ModelRuntime, request: CompletionRequest, config: Compl
         return True  # completions prefill the whole window themselves
     ctx = cursor_context(request.text, request.offset, config.suffix_lines)
     prompt = ServedPrompt.build(runtime, ctx, config)
-    past = _reference_cache(references, ctx.prefix).cache
+    # The window is warmed after every reference the next keystroke will read, the ones still
+    # queued for the background encoder encoded here first: warmed after the ready ones only, the
+    # window no longer matched once the rest were ready, and the next keystroke answered from a
+    # `keystroke_prefill_tokens` window (seen on real code: half the file context lost to Squid).
+    past = _reference_cache(references, ctx.prefix, wait=True).cache
     return runtime.warm(list(prompt.ids), past=past, should_stop=should_stop)
 
 

@@ -622,8 +622,10 @@ class CompletionReferences:
             roots=self.roots,
         )
 
-    def compose(self, prefix_text: str) -> ComposedContext | None:
+    def compose(self, prefix_text: str, *, wait: bool = False) -> ComposedContext | None:
+        """The ready references composed (the missing ones queued for the background encoder), or
+        with `wait` every reference, the missing ones encoded here first."""
         documents = self.documents(prefix_text)
         if not documents:
             return None
-        return self.service.context_for(documents)
+        return self.service.context_for(documents, wait=wait)

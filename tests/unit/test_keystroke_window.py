@@ -160,6 +160,34 @@ def test_a_completion_far_from_the_cached_window_answers_from_a_shorter_one(runt
     assert unlimited is not None and again.text == unlimited.text
 
 
+def test_the_window_is_warmed_after_references_not_encoded_yet(runtime, tmp_path):
+    """A keystroke composes the references that are ready; the window warmed while idle follows all
+    of them, the missing ones encoded first, so the next keystroke reads the whole window after its
+    references (warmed after the ready ones only, it no longer matched once the rest were ready)."""
+    from context.config import SquidCacheConfig
+    from context.squid.references import CompletionReferences
+    from context.squid.service import SquidService
+
+    units = "def to_metres(feet):\n    return feet * 0.3048\n"
+    text = CODE + "\n\ndef stride(feet):\n    return to_metres("
+    # No background encoder: a reference is encoded only when someone waits for it.
+    service = SquidService(runtime, SquidCacheConfig(document_tokens=64), None, start_thread=False)
+    open_documents = {"/w/units.py": units, "/w/cur.py": text}
+    references = CompletionReferences(service, current_path="/w/cur.py", open_documents=open_documents,
+                                      search=None, symbols=lambda names, limit: [])
+    config = CompletionConfig(max_tokens=8, keystroke_prefill_tokens=256, prefix_tokens=1024)
+    request = CompletionRequest(text, len(text), "python", "/w/cur.py")
+    runtime.forget_prefix()
+    first = complete(runtime, request, config, references=references)
+    assert first is not None and first.reference_tokens == 0  # not encoded: not read
+    assert first.dropped_tokens > 0 and first.prompt_tokens == 256
+    assert warm_window(runtime, request, config, references=references) is True
+    again = complete(runtime, request, config, references=references)
+    assert again is not None and again.reference_tokens > 0  # encoded by the warm
+    assert again.dropped_tokens == 0 and again.prompt_tokens > 900
+    service.stop()
+
+
 # A method whose neighbours open with docstrings: the model opens one too.
 DOCSTRING_STYLE = '''class Inventory:
     """Items on hand, by name."""

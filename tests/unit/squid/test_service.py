@@ -209,7 +209,7 @@ def test_a_failing_reference_source_never_breaks_a_completion(runtime):
         def foreground(self):
             return threading.Lock()
 
-        def compose(self, prefix):
+        def compose(self, prefix, wait=False):
             raise RuntimeError("simulated failure")
 
     text = "def add(a, b):\n    return "
