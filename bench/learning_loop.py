@@ -85,7 +85,7 @@ def _say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def workspace_config(data: Path, plan: Plan, device: str = "cpu") -> str:
+def workspace_config(data: Path, plan: Plan, device: str = "cpu", threads: int | None = None) -> str:
     """The workspace's `.squidcode.toml`: the product's settings with short checkpoints, and every
     file the loop writes kept under `data`; `device` "cuda" runs model and trainer on the GPU in
     bfloat16 (bench/gpu_e2e.sh)."""
@@ -103,7 +103,7 @@ checkpoints_s = [{', '.join(str(c) for c in CHECKPOINTS_S)}]
 dir = "{data / 'train'}"
 device = "{device}"
 steps = {plan.steps}
-threads = {os.cpu_count() or 1}
+threads = {threads or os.cpu_count() or 1}
 max_new_tokens = {plan.max_new_tokens}
 learning_rate = {plan.learning_rate}
 """
@@ -240,12 +240,13 @@ def recorded_outcomes(db: Path, since: float) -> dict:
 
 
 def die_with_parent() -> None:
-    """In a child before it runs (Linux): SIGTERM it when this process dies, killed or not. A bench
+    """In a child before it runs (Linux): kill it when this process dies, killed or not. A bench
     killed by its caller's timeout left its `squidcode train` running on for half an hour."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        # SIGKILL: the trainer takes SIGTERM as "stop after this step", and its gate has no steps.
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass  # not Linux: the trainer stops when its round ends
 
@@ -335,10 +336,10 @@ async def agent_edit(data: Path) -> dict:
     return {**outcome, "applied": bool(edits), "tracked": tracked}
 
 
-async def run(plan: Plan, data: Path, device: str = "cpu") -> dict:
+async def run(plan: Plan, data: Path, device: str = "cpu", train_threads: int | None = None) -> dict:
     workspace = data / "workspace"
     copy_modules(workspace, TRAINING_MODULES + HELD_OUT_MODULES)
-    (workspace / ".squidcode.toml").write_text(workspace_config(data, plan, device))
+    (workspace / ".squidcode.toml").write_text(workspace_config(data, plan, device, train_threads))
     modules = TRAINING_MODULES + HELD_OUT_MODULES
     spots = {name: find_spots((workspace / name).read_text(), name) for name in modules}
     train_spots = pick([s for m in TRAINING_MODULES for s in spots.get(m, [])], plan.train_spots)
@@ -454,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="override train.max_new_tokens (tokens per sampled and per gate answer)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: model and trainer on the GPU in bfloat16 (bench/gpu_e2e.sh)")
+    parser.add_argument("--train-threads", type=int,
+                        help="the trainer's torch threads (default: one per core; on a machine busy with "
+                             "other work, 1: a thread pool that waits on busy cores takes 10-30x longer)")
     parser.add_argument("--out", type=Path, help="where the JSON report goes")
     parser.add_argument("--keep-data", action="store_true", help="keep the workspace, store and adapters")
     args = parser.parse_args(argv)
@@ -466,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     _say(f"squidcode learning loop ({'full' if args.full else 'short'}): {plan.rounds} round(s) of "
          f"{plan.steps} steps; data in {data}")
-    report = asyncio.run(run(plan, data, args.device))
+    report = asyncio.run(run(plan, data, args.device, args.train_threads))
     report["seconds"] = round(time.perf_counter() - started, 1)
     report["date"] = time.strftime("%Y-%m-%d %H:%M")
     print("\n" + summary(report))

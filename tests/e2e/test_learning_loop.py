@@ -25,6 +25,7 @@ def test_the_loop_records_the_users_decisions_trains_on_them_and_swaps_the_adapt
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "learning_loop.py"), "--rounds", "1", "--steps", "1",
          "--train-spots", "9", "--eval-spots", "3", "--no-agent", "--max-new-tokens", "16",
+         "--train-threads", "1",  # the suite runs on two workers: a 2-thread pool on busy cores crawls
          "--out", str(out)],
         capture_output=True, text=True, timeout=900, cwd=REPO,
     )

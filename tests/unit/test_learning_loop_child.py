@@ -15,7 +15,10 @@ PARENT = """
 import subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
 from bench.learning_loop import die_with_parent
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=die_with_parent)
+# Like the trainer, the child takes SIGTERM as a request to finish its work first (here: ignores it).
+code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+child = subprocess.Popen([sys.executable, "-c", code], preexec_fn=die_with_parent, stdout=subprocess.PIPE)
+child.stdout.readline()
 print(child.pid, flush=True)
 time.sleep(60)
 """
