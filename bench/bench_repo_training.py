@@ -41,17 +41,13 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import torch  # noqa: E402
-from bench_completion import copy_package, edit_similarity, identifiers  # noqa: E402
+from bench_completion import copy_package, edit_similarity, first_line, identifiers  # noqa: E402
 
 CONFIGS = ("base", "grpo", "sft")
 
 
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
-
-
 def _scores(answer: str, example) -> dict:
-    got, want = _first_line(answer), _first_line(example.kept_text)
+    got, want = first_line(answer, "next_line"), first_line(example.kept_text, "next_line")
     return {"exact": float(got == want), "es": edit_similarity(got, want),
             "id_em": float(identifiers(got) == identifiers(want))}
 
