@@ -3,7 +3,9 @@
 `run_scheduler` lowers its own priority (os.nice), waits until the load average per core is below
 `train.idle_load`, and runs training rounds; between steps it checks again, so a busy machine (or a
 SIGTERM / SIGINT) stops the round at the next step boundary with its checkpoint saved, and the next
-round resumes it. `spawn_background` starts it detached from the editor (`squidcode train` in a new
+round resumes it. A new round starts only when what it would train on changed since the last
+finished one (`service.training_inputs`: new or changed episodes, and with
+`train.repository_tasks` the workspace's files): an idle machine with nothing new stays idle. `spawn_background` starts it detached from the editor (`squidcode train` in a new
 session); the server and `squidcode train status` follow it through the status file.
 """
 
@@ -58,12 +60,18 @@ def install_stop_signals(stop: threading.Event) -> None:
 
 def run_scheduler(
     config: SquidConfig, *, stop: threading.Event, rounds: int | None = None, poll_s: float = 30.0,
-    idle: IdleDetector | None = None, steps: int | None = None, round_fn=None,
+    idle: IdleDetector | None = None, steps: int | None = None, round_fn=None, inputs_fn=None,
 ) -> int:
-    """Run training rounds while idle until `stop` is set (or `rounds` rounds ran); returns rounds run."""
-    from .service import run_round
+    """Run training rounds while idle until `stop` is set (or `rounds` rounds ran); returns rounds run.
+
+    `inputs_fn(config)` digests what a round would train on (default `service.training_inputs` of
+    the current directory); a round that finished (promoted or rejected) records it, and no new
+    round starts until it changes. A stopped round's checkpoint is always resumed.
+    """
+    from .service import run_round, training_inputs
 
     round_fn = round_fn or run_round
+    inputs_fn = inputs_fn or training_inputs
     paths = train_paths(config)
     idle = idle or IdleDetector(config.train.idle_load)
     _lower_priority(config.train.nice)
@@ -74,14 +82,39 @@ def run_scheduler(
             stop.wait(poll_s)
             continue
         try:
-            round_fn(config, steps=steps, paths=paths,
-                     should_stop=lambda: stop.is_set() or not idle.is_idle(training=True))
+            inputs = inputs_fn(config)
+            if inputs == _last_inputs(paths) and not (paths.run_dir / "checkpoint").exists():
+                write_status(paths.status, "waiting", message="nothing new to train on since the last round")
+                stop.wait(poll_s)
+                continue
+            result = round_fn(config, steps=steps, paths=paths,
+                              should_stop=lambda: stop.is_set() or not idle.is_idle(training=True))
+            if getattr(result, "state", None) in ("promoted", "rejected"):
+                _record_inputs(paths, inputs)
         except SquidcodeError as exc:
             log.error("training round failed: %s", exc)
             write_status(paths.status, "error", message=str(exc))
             stop.wait(poll_s)
         done += 1
     return done
+
+
+def _inputs_file(paths: TrainPaths) -> Path:
+    return paths.root / "last_round_inputs"
+
+
+def _last_inputs(paths: TrainPaths) -> str | None:
+    try:
+        return _inputs_file(paths).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _record_inputs(paths: TrainPaths, inputs: str) -> None:
+    path = _inputs_file(paths)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(inputs)
+    os.replace(tmp, path)
 
 
 def _lower_priority(nice: int) -> None:

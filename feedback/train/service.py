@@ -6,6 +6,8 @@ run in progress if there is one, otherwise starts from the promoted adapter (or 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import shutil
 from collections.abc import Callable, Sequence
@@ -32,7 +34,15 @@ from .status import TrainPaths, train_paths, write_status
 if TYPE_CHECKING:
     from .trainer import StepRecord
 
-__all__ = ["BUNDLED_TASKS", "RoundResult", "episode_reward", "load_training_data", "run_round", "task_reward"]
+__all__ = [
+    "BUNDLED_TASKS",
+    "RoundResult",
+    "episode_reward",
+    "load_training_data",
+    "run_round",
+    "task_reward",
+    "training_inputs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +122,39 @@ def repository_training_tasks(config: SquidConfig, tokenizer, roots: Sequence[Pa
                             require_reference=squid.max_documents > 0)
     log.info("repository tasks: %d from %s", len(tasks), ", ".join(map(str, roots)))
     return tasks
+
+
+def training_inputs(config: SquidConfig, source: EpisodeSource | None = None,
+                    roots: Sequence[Path] | None = None) -> str:
+    """A digest of what a round would train on: the training settings, the recorded episodes with
+    their outcomes (`source`, by default the local feedback store) and, with
+    `train.repository_tasks`, the workspace's Python files as its index has them (brought up to
+    date here: after the server's first pass that only checks them). The background scheduler
+    starts a round only when it differs from the last finished round's."""
+    digest = hashlib.sha256(json.dumps(asdict(config.train), sort_keys=True, default=str).encode())
+    if source is None:
+        from feedback.store import default_db_path
+
+        from .store_source import FeedbackStoreSource
+
+        source = FeedbackStoreSource(default_db_path(config.feedback))
+    for ex in examples_from_source(source):
+        digest.update(json.dumps([ex.id, ex.kept_text, ex.reverted, ex.reverted_text]).encode())
+    roots = [Path.cwd()] if roots is None else roots
+    if config.train.repository_tasks > 0 and roots:
+        from context.index.indexer import Indexer, default_index_path
+        from context.index.store import IndexStore
+
+        absolute = [Path(r).absolute() for r in roots]
+        store = IndexStore(default_index_path(absolute))
+        try:
+            Indexer(absolute, store, workers=0).index_all()
+            for row in store.all_files():
+                if row.language == "python":
+                    digest.update(f"\0{row.path}\0{row.content_hash}".encode())
+        finally:
+            store.close()
+    return digest.hexdigest()
 
 
 def _load_model(config: SquidConfig):

@@ -15,6 +15,7 @@ from context.errors import AdapterError, SquidcodeError
 from feedback.train.adapters import AdapterRegistry, read_pointer
 from feedback.train.gate import EvalResult, decide_promotion
 from feedback.train.scheduler import IdleDetector, install_stop_signals, run_scheduler
+from feedback.train.service import RoundResult
 from feedback.train.status import read_status, train_paths, write_status
 
 
@@ -143,3 +144,55 @@ def test_sigterm_sets_the_stop_event():
     finally:
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
+
+
+class FinishingRound(RecordingRound):
+    """A stand-in round that finishes (rejected by its gate), as a real round that ran its steps does."""
+
+    def __call__(self, config, *, steps, paths, should_stop):
+        super().__call__(config, steps=steps, paths=paths, should_stop=should_stop)
+        return RoundResult("rejected", steps or 1, None, "kept the base model")
+
+
+def test_scheduler_starts_a_round_only_when_its_inputs_changed(tmp_path):
+    config = SquidConfig(train=TrainConfig(dir=str(tmp_path), nice=0))
+    idle = IdleDetector(0.5, loadavg=lambda: (0.0, 0, 0), cores=2)
+    seen = iter(["episodes-1", "episodes-1", "episodes-1", "episodes-2"])
+    asked = []
+
+    def inputs(cfg):
+        asked.append(next(seen))
+        return asked[-1]
+
+    round_fn = FinishingRound()
+    done = run_scheduler(config, stop=threading.Event(), rounds=2, poll_s=0.01, idle=idle, round_fn=round_fn,
+                         inputs_fn=inputs)
+    # Twice nothing new: the scheduler waited instead of training on the same data again.
+    assert done == 2 and len(round_fn.calls) == 2 and asked == ["episodes-1"] * 3 + ["episodes-2"]
+    assert (tmp_path / "last_round_inputs").read_text() == "episodes-2"
+
+
+def test_scheduler_resumes_a_stopped_round_whatever_its_inputs(tmp_path):
+    config = SquidConfig(train=TrainConfig(dir=str(tmp_path), nice=0))
+    (tmp_path / "last_round_inputs").write_text("same")
+    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+    idle = IdleDetector(0.5, loadavg=lambda: (0.0, 0, 0), cores=2)
+    round_fn = FinishingRound()
+    assert run_scheduler(config, stop=threading.Event(), rounds=1, poll_s=0.01, idle=idle, round_fn=round_fn,
+                         inputs_fn=lambda cfg: "same") == 1
+    assert len(round_fn.calls) == 1
+
+
+def test_scheduler_waits_with_nothing_new_and_says_so(tmp_path):
+    config = SquidConfig(train=TrainConfig(dir=str(tmp_path), nice=0))
+    (tmp_path / "last_round_inputs").write_text("same")
+    idle = IdleDetector(0.5, loadavg=lambda: (0.0, 0, 0), cores=2)
+    stop = threading.Event()
+    round_fn = FinishingRound()
+    timer = threading.Timer(0.3, stop.set)
+    timer.start()
+    assert run_scheduler(config, stop=stop, poll_s=0.01, idle=idle, round_fn=round_fn,
+                         inputs_fn=lambda cfg: "same") == 0
+    assert round_fn.calls == []
+    status = read_status(tmp_path / "status.json")
+    assert status["message"] == "nothing new to train on since the last round"

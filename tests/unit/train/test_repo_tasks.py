@@ -172,3 +172,36 @@ def test_a_repository_task_is_rewarded_for_the_code_that_stands_there_not_the_us
     assert reward(exact, task) == task_reward(exact, task) == pytest.approx(1.0)
     assert reward("        nothing = 1", task) == task_reward("        nothing = 1", task) < 0.6
     assert task_reward("        name, value = parse_header(", task) == 0.0  # does not parse
+
+
+class Episodes:
+    """An episode source of plain records (the feedback store's shape), for the inputs digest."""
+
+    def __init__(self, *records):
+        self.records = list(records)
+
+    def episodes_with_outcomes(self, since, until):
+        return iter(self.records)
+
+
+def test_a_rounds_inputs_change_with_the_workspaces_code_and_the_episodes(workspace, tmp_path, monkeypatch):
+    from context.config import SquidConfig
+    from feedback.train.service import training_inputs
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config = SquidConfig(train=TrainConfig(repository_tasks=50))
+    episode = {"id": "e1", "created_at": 1.0, "kept_text": "return 1", "outcome": "kept"}
+    source = Episodes(episode)
+    first = training_inputs(config, source, [workspace])
+    assert training_inputs(config, source, [workspace]) == first  # nothing changed
+    (workspace / "notes.txt").write_text("not code")
+    assert training_inputs(config, source, [workspace]) == first  # not a Python file
+    (workspace / "local.py").write_text(LOCAL_ONLY + "\n\ndef triple(x):\n    return x * 3\n")
+    edited = training_inputs(config, source, [workspace])
+    assert edited != first
+    reverted = Episodes({**episode, "outcome": "reverted", "kept_text": None, "output": "return 1"})
+    assert training_inputs(config, reverted, [workspace]) != edited  # the same episode, a new outcome
+    # Without repository tasks the workspace is not read at all: only the episodes count.
+    off = SquidConfig(train=TrainConfig(repository_tasks=0))
+    (workspace / "local.py").write_text(LOCAL_ONLY)
+    assert training_inputs(off, source, [workspace]) == training_inputs(off, source, [tmp_path / "elsewhere"])
