@@ -1,0 +1,141 @@
+"""Repair tasks made from the workspace's own code (`feedback.train.repair_tasks`): one-line bugs in
+functions its tests cover, kept only when the tests catch them, and the reward of an agent's answer
+by the same checks best-of-K runs plus the real tests (real pytest, real ruff)."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+import pytest
+
+from feedback.train.repair_tasks import (
+    CHECK_WEIGHT,
+    TESTS_WEIGHT,
+    RepairTask,
+    RepairWorkspace,
+    mutations,
+    repair_reward,
+    repair_tasks,
+)
+
+PAGES = textwrap.dedent('''\
+    """Paging."""
+
+
+    def page_count(items, per_page):
+        """How many pages `items` fill."""
+        if per_page <= 0:
+            raise ValueError("per_page must be positive")
+        return -(-len(items) // per_page)
+
+
+    def page(items, number, per_page):
+        """The items on page `number` (1-based)."""
+        start = (number - 1) * per_page
+        return items[start : start + per_page]
+
+
+    def untested(x):
+        return x + 1
+    ''')
+TEST_PAGES = textwrap.dedent('''\
+    from pages import page, page_count
+
+
+    def test_partial_last_page():
+        assert page_count([1, 2, 3], 2) == 2
+
+
+    def test_page_two():
+        assert page([1, 2, 3, 4, 5], 2, 2) == [3, 4]
+
+
+    def test_empty():
+        assert page_count([], 3) == 0
+    ''')
+FIX = "```edit pages.py\n<<<<<<< SEARCH\n{search}\n=======\n{replace}\n>>>>>>> REPLACE\n```"
+
+
+def make_workspace(root):
+    (root / "tests").mkdir(parents=True)
+    (root / "pages.py").write_text(PAGES)
+    (root / "tests" / "test_pages.py").write_text(TEST_PAGES)
+    return root
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    return make_workspace(tmp_path_factory.mktemp("repair") / "ws")
+
+
+@pytest.fixture(scope="module")
+def tasks(workspace):
+    return repair_tasks(workspace, per_file=6, max_tasks=6, seed=1)
+
+
+def test_mutations_are_one_line_bugs_that_parse():
+    found = mutations(PAGES)
+    kinds = {m.kind for m in found}
+    assert {"compare", "arithmetic", "constant"} <= kinds
+    lines = PAGES.splitlines()
+    for m in found:
+        assert lines[m.line] == m.before and m.after != m.before
+        broken = "\n".join([*lines[: m.line], m.after, *lines[m.line + 1 :]])
+        ast.parse(broken)
+        assert m.function in ("page_count", "page", "untested")
+        assert m.span[0] <= m.line + 1 <= m.span[1]
+    flips = {(m.before.strip(), m.after.strip()) for m in found}
+    assert ("if per_page <= 0:", "if per_page < 0:") in flips
+    assert ("start = (number - 1) * per_page", "start = (number + 1) * per_page") in flips
+    assert ("return x + 1", "return x - 1") in flips
+    # Docstrings and the module's own lines are never touched.
+    assert all('"""' not in m.before for m in found)
+
+
+def test_a_task_is_a_bug_its_tests_catch(workspace, tasks):
+    assert tasks, "the workspace's tests catch some of the bugs"
+    for task in tasks:
+        assert task.path == "pages.py" and task.test_files == ("tests/test_pages.py",)
+        assert task.function in ("page_count", "page")  # `untested` has no test that fails for it
+        assert task.failing and all(t.startswith("tests/test_pages.py::") for t in task.failing)
+        assert task.failing[0] in task.instruction and f"`{task.function}`" in task.instruction
+        broken = task.broken_text(PAGES)
+        assert broken.count(task.search) == 1 and task.replace in PAGES
+        assert RepairTask.from_json(task.to_json()) == task
+    # The same seed makes the same tasks; the workspace itself was never changed.
+    assert repair_tasks(workspace, per_file=2, max_tasks=2, seed=1) == tasks[:2]
+    assert (workspace / "pages.py").read_text() == PAGES
+
+
+def test_no_task_where_the_tests_already_fail(tmp_path):
+    workspace = make_workspace(tmp_path / "ws")
+    (workspace / "tests" / "test_pages.py").write_text(TEST_PAGES + "\n\ndef test_broken():\n    assert False\n")
+    assert repair_tasks(workspace) == []
+
+
+def test_the_reward_pays_for_each_check_and_for_the_tests_the_fix_repairs(workspace, tasks):
+    (task, *_) = [t for t in tasks if t.function == "page_count"]
+    with RepairWorkspace(workspace) as scratch:
+        right = repair_reward(task, FIX.format(search=task.search, replace=task.replace), scratch, PAGES)
+        assert right.checks == {"format": True, "applies": True, "parse": True, "lint": True, "tests": True}
+        assert right.fixed == 1.0 and right.reward == pytest.approx(1.0)
+        # Valid edits that do not fix it: the checks count, the tests do not.
+        wrong = repair_reward(task, FIX.format(search=task.search, replace=task.search + "  # fixed"),
+                              scratch, PAGES)
+        assert wrong.checks["lint"] and wrong.checks["tests"] is False and wrong.fixed == 0.0
+        assert wrong.reward == pytest.approx(4 * CHECK_WEIGHT)
+        # An edit whose search text is not in the file does not apply.
+        missing = repair_reward(task, FIX.format(search="not in the file", replace="x = 1"), scratch, PAGES)
+        assert missing.checks["format"] and missing.checks["applies"] is False
+        assert missing.reward == pytest.approx(CHECK_WEIGHT)
+        # Prose is not the format: nothing.
+        assert repair_reward(task, "I would change the comparison.", scratch, PAGES).reward == 0.0
+        # A fix that breaks another test earns nothing for the tests.
+        breaks = FIX.format(search=task.search, replace=task.replace).removesuffix("\n```") + (
+            "\n<<<<<<< SEARCH\n    start = (number - 1) * per_page\n=======\n"
+            "    start = number * per_page\n>>>>>>> REPLACE\n```")
+        other = repair_reward(task, breaks, scratch, PAGES)
+        assert other.checks["lint"] and other.checks["tests"] is False
+        assert other.fixed == 1.0 and other.reward == pytest.approx(4 * CHECK_WEIGHT)
+    assert (workspace / "pages.py").read_text() == PAGES
