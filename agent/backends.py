@@ -43,6 +43,7 @@ __all__ = [
     "OpenAIBackend",
     "build_local_prompt",
     "split_local_prompt",
+    "cut_at_step_stop",
     "LOCAL_PREFILL",
 ]
 
@@ -52,6 +53,17 @@ ShouldStop = Callable[[], bool]
 # The local model's answer is started for it: small models then write a block far more often.
 LOCAL_PREFILL = "```"
 _LOCAL_STOP = ("\n```\n", "\n```<", "<|im_end|>")
+
+
+def cut_at_step_stop(generated: str) -> tuple[str, int | None]:
+    """What `LocalBackend.sample` makes of the text generated after the opening fence: cut before
+    the first stop sequence, with the closing fence put back; and how many characters of
+    `generated` that took (None: no stop sequence, all of it)."""
+    ends = [(at, stop) for stop in _LOCAL_STOP if (at := generated.find(stop)) >= 0]
+    if not ends:
+        return generated, None
+    at, stop = min(ends)
+    return generated[:at] + "\n```", at + len(stop)
 
 
 @dataclass(frozen=True)

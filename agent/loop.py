@@ -107,6 +107,18 @@ class AgentLoop:
         )
         return result
 
+    def first_conversation(self, request: AgentRequest) -> Conversation:
+        """What the episode's first step answers, as `run` builds it (the pre-test run included):
+        the trainer prompts agent tasks with it."""
+        ctx = ToolContext(
+            self.workspace, Overlay(self.workspace, self.buffers), self.config, self.store, self.memory
+        )
+        target = self.workspace.resolve(request.path) if request.path is not None else None
+        result = AgentResult(
+            new_episode_id(), request.instruction, [], [], None, "step_budget", backend=self.backend.name
+        )
+        return self._start(ctx, request, target, result)
+
     def _start(
         self, ctx: ToolContext, request: AgentRequest, target: Path | None, result: AgentResult
     ) -> Conversation:

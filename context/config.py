@@ -222,6 +222,10 @@ class TrainConfig:
     # a statement hidden, asked for with the Squid references the server would compose there), at
     # most this many, mixed with the episodes; their held-out files join the gate. 0: none.
     repository_tasks: int = field(default=0, metadata=_range(0, 100_000))
+    # Repair tasks for the agent made from the workspace's code (`feedback.train.repair_tasks`: a
+    # one-line bug its tests catch, asked as the agent is asked), at most this many; they need the
+    # workspace's tests to pass with pytest. 0: none.
+    repair_tasks: int = field(default=0, metadata=_range(0, 10_000))
     # Where checkpoints, adapter versions, the promoted pointer and status.json live. None:
     # <cache_dir>/train.
     dir: str | None = None

@@ -77,6 +77,10 @@ class TrainingExample:
     # What the example is about (a file's function, a file): the held-out split keeps a group whole,
     # so the gate never scores the model on code it was trained on. "" = a group of its own.
     group: str = ""
+    # An agent step: its whole prompt as the agent renders it for the local model (chat template,
+    # tools, documents, the task; `agent.backends.build_local_prompt`), ending where the answer
+    # starts. Samples continue it and are cut where the agent stops a step. None: not an agent step.
+    chat_prompt: str | None = None
 
 
 class EpisodeSource(Protocol):

@@ -86,6 +86,9 @@ def prompt_ids(tokenizer, messages: list[dict[str, str]]) -> torch.Tensor:
 def example_prompt_ids(tokenizer, example) -> torch.Tensor:
     """The prompt of a training example [1, P]: the chat prompt, or for a completion episode the
     prompt the completion path builds (`completion_prompt`)."""
+    if example.chat_prompt is not None:
+        ids = tokenizer(example.chat_prompt, add_special_tokens=False)["input_ids"]
+        return torch.tensor([list(ids)], dtype=torch.long)
     if example.prompt_text is None:
         from .dataset import prompt_messages
 
@@ -123,6 +126,8 @@ def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: 
     settings and the text after the cursor), so the reward judges what a user would have seen; their
     tokens past it are masked out of the loss. Each text starts with the example's `prompt_lead`, as
     its `kept_text` does. A completion gets at most the tokens it was served with (`max_tokens`)."""
+    if example.chat_prompt is not None:
+        return _agent_step_group(model, tokenizer, example, prompt, group_size, max_new_tokens, temperature)
     if example.prompt_text is None:
         return sample_group(model, tokenizer, prompt, group_size, max_new_tokens, temperature)
     served = served_prompt(example)
@@ -149,6 +154,28 @@ def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: 
         end = len(heal) + (generated.find(shown) + len(shown) if shown else 0)
         group.mask[row, _tokens_covering(tokenizer, ids, end):] = 0
     return SampledGroup(group.prompt, group.completions, group.mask, texts, context)
+
+
+def _agent_step_group(model, tokenizer, example, prompt: torch.Tensor, group_size: int,
+                      max_new_tokens: int, temperature: float) -> SampledGroup:
+    """An agent step's samples as the local backend returns them: the prompt's opening fence, then
+    the text up to where the backend stops a step (the closing fence; its tokens past that are
+    masked out of the loss). Such a step gets `verification["max_tokens"]` tokens when it names more
+    than `max_new_tokens` (an edit block is longer than a line of code)."""
+    from agent.backends import LOCAL_PREFILL, cut_at_step_stop
+
+    budget = max(max_new_tokens, int(example.verification.get("max_tokens", 0)))
+    group = sample_group(model, tokenizer, prompt, group_size, budget, temperature)
+    texts = []
+    for row in range(group.completions.shape[0]):
+        length = int(group.mask[row].sum())
+        ids = group.completions[row, :length].tolist()
+        generated = tokenizer.decode(ids, skip_special_tokens=True)
+        shown, used = cut_at_step_stop(generated)
+        texts.append(LOCAL_PREFILL + shown)
+        if used is not None:
+            group.mask[row, _tokens_covering(tokenizer, ids, used):] = 0
+    return SampledGroup(group.prompt, group.completions, group.mask, texts, group.context)
 
 
 def _shown(tokenizer, ids: list[int], first_eos: int | None, heal: str, budget: int, finish: int,

@@ -30,17 +30,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = [
+    "REPAIR_SOURCE",
     "Mutation",
     "RepairTask",
     "RepairWorkspace",
     "TestOutcome",
     "mutations",
+    "repair_example_reward",
+    "repair_examples",
     "repair_reward",
     "repair_tasks",
     "run_tests",
 ]
 
 MAX_FILE_BYTES = 200_000
+REPAIR_SOURCE = "repair"  # `TrainingExample.verification["source"]` of a repair task
+# The tokens an agent step of a repair task may take in training (an edit block of a line or two).
+STEP_TOKENS = 96
 _SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", "build", "dist", ".tox", ".eggs"}
 _COMPARE = {ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE: (">=", ">"),
             ast.Eq: ("==", "!="), ast.NotEq: ("!=", "=="), ast.Is: ("is", "is not"),
@@ -436,3 +442,62 @@ def repair_reward(task: RepairTask, answer: str, workspace: RepairWorkspace, ori
     verdict.tests, verdict.fixed, verdict.answer_files = outcome, fixed, edited
     verdict.reward = reward + (0.0 if broke_other else TESTS_WEIGHT * fixed)
     return verdict
+
+
+# -- training examples ------------------------------------------------------------------------------
+
+
+def repair_examples(tasks: Sequence[RepairTask], root: Path, runtime, agent_config=None,
+                    created_at: float = 0.0) -> list:
+    """`TrainingExample`s of `tasks` (made in the workspace at `root`): each prompted with the
+    agent's first step as `squidcode agent` renders it for the local model on the workspace with
+    the bug in (`AgentLoop.first_conversation`: instructions, tools, the file's window, the task
+    and the pre-test run's report), documents in the prompt text."""
+    from agent.backends import LocalBackend
+    from agent.loop import AgentLoop, AgentRequest
+    from agent.sandbox import Workspace
+    from context.config import AgentConfig
+
+    from .dataset import TrainingExample
+
+    root = Path(root).resolve()
+    config = agent_config or AgentConfig(memory=False)
+    backend = LocalBackend(runtime)
+    examples = []
+    with tempfile.TemporaryDirectory(prefix="squid-repair-prompt-") as tmp:
+        work = Path(tmp) / root.name
+        shutil.copytree(root, work, symlinks=True, ignore=shutil.ignore_patterns(*_SKIP_DIRS, "*.pyc"))
+        for task in tasks:
+            original = (root / task.path).read_text(encoding="utf-8")
+            try:
+                (work / task.path).write_text(task.broken_text(original), encoding="utf-8")
+            except ValueError:
+                continue  # the file changed since the task was made
+            try:
+                loop = AgentLoop(backend, Workspace([work]), config)
+                conversation = loop.first_conversation(AgentRequest(task.instruction, work / task.path,
+                                                                    line_range=task.span))
+            finally:
+                (work / task.path).write_text(original, encoding="utf-8")
+            examples.append(TrainingExample(
+                id=task.id, created_at=created_at, instruction=task.instruction, original=original,
+                kept_text=task.replace, language="python", group=task.path,
+                chat_prompt=backend.prompt(conversation),
+                verification={"source": REPAIR_SOURCE, "root": str(root), "task": task.to_json(),
+                              "max_tokens": STEP_TOKENS},
+            ))
+    return examples
+
+
+_SCRATCH: dict[str, RepairWorkspace] = {}
+
+
+def repair_example_reward(text: str, example) -> float:
+    """The reward of an agent step's answer `text` for a repair example (`repair_reward` in a
+    scratch copy of its workspace, one per workspace for the process)."""
+    task = RepairTask.from_json(example.verification["task"])
+    root = example.verification["root"]
+    scratch = _SCRATCH.get(root)
+    if scratch is None:
+        scratch = _SCRATCH[root] = RepairWorkspace(Path(root))
+    return repair_reward(task, text, scratch, example.original).reward

@@ -5,8 +5,9 @@
 SIGTERM / SIGINT) stops the round at the next step boundary with its checkpoint saved, and the next
 round resumes it. A new round starts only when what it would train on changed since the last
 finished one (`service.training_inputs`: new or changed episodes, and with
-`train.repository_tasks` the workspace's files): an idle machine with nothing new stays idle. `spawn_background` starts it detached from the editor (`squidcode train` in a new
-session); the server and `squidcode train status` follow it through the status file.
+`train.repository_tasks` the workspace's files): an idle machine with nothing new stays idle.
+`spawn_background` starts it detached from the editor (`squidcode train` in a new session); the
+server and `squidcode train status` follow it through the status file.
 """
 
 from __future__ import annotations

@@ -59,6 +59,13 @@ class RoundResult:
 
 
 def task_reward(text: str, example: TrainingExample) -> float:
+    """The reward of a sample for a task (or an episode, without the user's preference): a repair
+    task's by its checks and tests (`repair_tasks.repair_example_reward`), others by
+    `feedback.rewards.score_output`."""
+    if example.verification.get("source") == "repair":
+        from .repair_tasks import repair_example_reward
+
+        return repair_example_reward(text, example)
     return score_output(text, reward_context(example)).total
 
 
@@ -79,8 +86,8 @@ def episode_reward(fit: PreferenceFit | None, weight: float) -> Callable[[str, T
 
 
 def is_repository_task(example: TrainingExample) -> bool:
-    """A task made from the workspace's code (`feedback.train.repo_tasks`), not a recorded episode."""
-    return example.verification.get("source") == "repository"
+    """A task made from the workspace's code (`repo_tasks`, `repair_tasks`), not a recorded episode."""
+    return example.verification.get("source") in ("repository", "repair")
 
 
 def load_training_data(
@@ -128,9 +135,9 @@ def training_inputs(config: SquidConfig, source: EpisodeSource | None = None,
                     roots: Sequence[Path] | None = None) -> str:
     """A digest of what a round would train on: the training settings, the recorded episodes with
     their outcomes (`source`, by default the local feedback store) and, with
-    `train.repository_tasks`, the workspace's Python files as its index has them (brought up to
-    date here: after the server's first pass that only checks them). The background scheduler
-    starts a round only when it differs from the last finished round's."""
+    `train.repository_tasks` or `train.repair_tasks`, the workspace's Python files as its index
+    has them (brought up to date here: after the server's first pass that only checks them). The
+    background scheduler starts a round only when it differs from the last finished round's."""
     digest = hashlib.sha256(json.dumps(asdict(config.train), sort_keys=True, default=str).encode())
     if source is None:
         from feedback.store import default_db_path
@@ -141,7 +148,7 @@ def training_inputs(config: SquidConfig, source: EpisodeSource | None = None,
     for ex in examples_from_source(source):
         digest.update(json.dumps([ex.id, ex.kept_text, ex.reverted, ex.reverted_text]).encode())
     roots = [Path.cwd()] if roots is None else roots
-    if config.train.repository_tasks > 0 and roots:
+    if (config.train.repository_tasks > 0 or config.train.repair_tasks > 0) and roots:
         from context.index.indexer import Indexer, default_index_path
         from context.index.store import IndexStore
 
@@ -155,6 +162,21 @@ def training_inputs(config: SquidConfig, source: EpisodeSource | None = None,
         finally:
             store.close()
     return digest.hexdigest()
+
+
+def repair_training_tasks(config: SquidConfig, runtime, roots: Sequence[Path]) -> list[TrainingExample]:
+    """`train.repair_tasks` repair tasks for the agent from the first workspace root (none when it
+    is 0 or its tests do not pass), prompted as the agent prompts them."""
+    if config.train.repair_tasks <= 0 or not roots:
+        return []
+    from .repair_tasks import repair_examples, repair_tasks
+
+    root = Path(roots[0])
+    tasks = repair_tasks(root, max_tasks=config.train.repair_tasks, seed=config.train.seed,
+                         timeout_s=config.agent.test_timeout_s)
+    examples = repair_examples(tasks, root, runtime, replace(config.agent, memory=False))
+    log.info("repair tasks: %d from %s", len(examples), root)
+    return examples
 
 
 def _load_model(config: SquidConfig):
@@ -193,7 +215,8 @@ def run_round(
         source = FeedbackStoreSource(default_db_path(config.feedback))
     runtime = _load_model(config)
     roots = [Path.cwd()] if roots is None else roots
-    repository = repository_training_tasks(config, runtime.tokenizer, roots)
+    repository = [*repository_training_tasks(config, runtime.tokenizer, roots),
+                  *repair_training_tasks(config, runtime, roots)]
     train, held_out, regression = load_training_data(cfg, source, repository)
     if not train:
         raise TrainingError("no training examples: record some episodes or configure train.task_set")

@@ -11,7 +11,6 @@ import pytest
 
 from feedback.train.repair_tasks import (
     CHECK_WEIGHT,
-    TESTS_WEIGHT,
     RepairTask,
     RepairWorkspace,
     mutations,
@@ -110,7 +109,8 @@ def test_a_task_is_a_bug_its_tests_catch(workspace, tasks):
 
 def test_no_task_where_the_tests_already_fail(tmp_path):
     workspace = make_workspace(tmp_path / "ws")
-    (workspace / "tests" / "test_pages.py").write_text(TEST_PAGES + "\n\ndef test_broken():\n    assert False\n")
+    failing = TEST_PAGES + "\n\ndef test_broken():\n    assert False\n"
+    (workspace / "tests" / "test_pages.py").write_text(failing)
     assert repair_tasks(workspace) == []
 
 
@@ -139,3 +139,40 @@ def test_the_reward_pays_for_each_check_and_for_the_tests_the_fix_repairs(worksp
         assert other.checks["lint"] and other.checks["tests"] is False
         assert other.fixed == 1.0 and other.reward == pytest.approx(4 * CHECK_WEIGHT)
     assert (workspace / "pages.py").read_text() == PAGES
+
+
+def test_a_repair_example_is_prompted_as_the_agent_and_sampled_as_its_backend_cuts(workspace, tasks, runtime):
+    import torch
+
+    from agent.backends import LOCAL_PREFILL
+    from feedback.train.policy import example_prompt_ids, sample_example
+    from feedback.train.repair_tasks import repair_examples
+    from feedback.train.service import is_repository_task, task_reward
+
+    task = next(t for t in tasks if t.function == "page_count")
+    (example,) = repair_examples([task], workspace, runtime)
+    prompt = example.chat_prompt
+    # The agent's first step: its tools, the file's window with the bug in it, the task, and the
+    # pre-test run's report naming the failing test; the answer starts after the opening fence.
+    assert "```edit" in prompt and task.search in prompt and task.instruction in prompt
+    assert task.failing[0].split("::")[-1] in prompt and prompt.endswith(LOCAL_PREFILL)
+    assert is_repository_task(example) and example.group == "pages.py"
+    assert (workspace / "pages.py").read_text() == PAGES  # the bug went into a copy only
+    gold = FIX.format(search=task.search, replace=task.replace)
+    assert task_reward(gold, example) == pytest.approx(1.0)
+    assert task_reward("The bug is in the comparison.", example) == 0.0
+    ids = example_prompt_ids(runtime.tokenizer, example)
+    assert ids.shape[0] == 1 and runtime.tokenizer.decode(ids[0].tolist()) == prompt
+    group = sample_example(runtime.model, runtime.tokenizer, example, ids, 2, 8, temperature=1.0)
+    assert group.completions.shape[1] <= 96 and all(text.startswith(LOCAL_PREFILL) for text in group.texts)
+    assert torch.all(group.mask.sum(dim=1) > 0)
+
+
+def test_an_agent_step_is_cut_where_the_local_backend_stops_it():
+    from agent.backends import cut_at_step_stop
+
+    answer = "edit a.py\n<<<<<<< SEARCH\nx\n=======\ny\n>>>>>>> REPLACE\n```\nand then some chatter"
+    shown, used = cut_at_step_stop(answer)
+    assert shown == answer[: answer.index("\n```\n")] + "\n```" and used == answer.index("and then")
+    assert cut_at_step_stop("tool\n{}<|im_end|>more") == ("tool\n{}\n```", len("tool\n{}<|im_end|>"))
+    assert cut_at_step_stop("no stop yet") == ("no stop yet", None)
