@@ -19,7 +19,8 @@ With `--sft-steps` / `--grpo-steps` the same run also trains a LoRA adapter on t
 tasks (prompted with the agent's first step, `repair_tasks.repair_examples`) and runs the held-out
 episodes again with it: first supervised on the repository's own fix written as the protocol's edit
 block (the model learns the format: the base model's answers mostly do not parse, so GRPO alone
-has nothing to compare), then GRPO with the repair reward (its own attempts, checked and tested).
+has nothing to compare), then GRPO with the repair reward (its own attempts, checked and tested;
+a group whose samples all earn the same gets the fix as its last sample, `train.guide_flat_groups`).
 
     python bench/bench_agent_repair.py --git-dir /work/.mirror/pytoolz+toolz/repo --commit 5eee30e \\
         --tasks 24 --k 4 --threads 2 [--adapter DIR] [--json out.json]
@@ -48,9 +49,13 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from bench_foundation import machine_info  # noqa: E402
 
-from feedback.train.repair_tasks import RepairTask, RepairWorkspace, repair_reward, repair_tasks  # noqa: E402
-
-GOLD = "```edit {path}\n<<<<<<< SEARCH\n{search}\n=======\n{replace}\n>>>>>>> REPLACE\n```"
+from feedback.train.repair_tasks import (  # noqa: E402
+    RepairTask,
+    RepairWorkspace,
+    fix_answer,
+    repair_reward,
+    repair_tasks,
+)
 
 
 def checkout(args, tmp: Path) -> Path:
@@ -141,7 +146,7 @@ def train_adapter(args, train: list[RepairTask], root: Path, out: Path) -> dict:
         batch = rng.sample(examples, min(2, len(examples)))
         for example in batch:
             task = RepairTask.from_json(example.verification["task"])
-            gold = GOLD.format(path=task.path, search=task.search, replace=task.replace)
+            gold = fix_answer(task)
             target = gold.removeprefix("```") + "\n"  # the prompt ends with the opening fence
             ids = torch.tensor([tokenizer.encode(target, add_special_tokens=False)], dtype=torch.long)
             prompt = example_prompt_ids(tokenizer, example)

@@ -226,6 +226,9 @@ class TrainConfig:
     # one-line bug its tests catch, asked as the agent is asked), at most this many; they need the
     # workspace's tests to pass with pytest. 0: none.
     repair_tasks: int = field(default=0, metadata=_range(0, 10_000))
+    # A group whose samples all earn the same reward teaches nothing: for a task with a known answer
+    # (a repair task's fix), its last sample is replaced by that answer. false: never.
+    guide_flat_groups: bool = True
     # Where checkpoints, adapter versions, the promoted pointer and status.json live. None:
     # <cache_dir>/train.
     dir: str | None = None

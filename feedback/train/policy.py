@@ -25,6 +25,7 @@ __all__ = [
     "attach_lora",
     "completion_mask",
     "example_prompt_ids",
+    "guided_group",
     "prompt_ids",
     "completion_prompt",
     "reference_prefix",
@@ -176,6 +177,32 @@ def _agent_step_group(model, tokenizer, example, prompt: torch.Tensor, group_siz
         if used is not None:
             group.mask[row, _tokens_covering(tokenizer, ids, used):] = 0
     return SampledGroup(group.prompt, group.completions, group.mask, texts, group.context)
+
+
+def guided_group(tokenizer, example, group: SampledGroup, guide: str) -> SampledGroup:
+    """`group` with its last sample replaced by `guide`, a known good answer to `example` (a repair
+    task's fix as an edit block): the text its reward judges, and its tokens after the prompt (for
+    an agent step, after the opening fence the prompt ends with, through the closing fence's line
+    break, where the backend stops). Rows are padded to the longer of the two, masked out."""
+    if example.chat_prompt is not None:
+        from agent.backends import LOCAL_PREFILL
+
+        body = guide.removeprefix(LOCAL_PREFILL) + "\n"
+    else:
+        body = guide
+    ids = tokenizer.encode(body, add_special_tokens=False)
+    rows, width = group.completions.shape
+    width = max(width, len(ids))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    completions = torch.full((rows, width), int(pad), dtype=group.completions.dtype)  # [G, C']
+    mask = torch.zeros((rows, width), dtype=group.mask.dtype)
+    completions[:, : group.completions.shape[1]] = group.completions
+    mask[:, : group.mask.shape[1]] = group.mask
+    completions[-1] = int(pad)
+    completions[-1, : len(ids)] = torch.tensor(ids, dtype=completions.dtype)
+    mask[-1] = 0
+    mask[-1, : len(ids)] = 1
+    return SampledGroup(group.prompt, completions, mask, [*group.texts[:-1], guide], group.context)
 
 
 def _shown(tokenizer, ids: list[int], first_eos: int | None, heal: str, budget: int, finish: int,

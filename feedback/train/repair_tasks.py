@@ -36,6 +36,7 @@ __all__ = [
     "RepairWorkspace",
     "TestOutcome",
     "mutations",
+    "fix_answer",
     "repair_example_reward",
     "repair_examples",
     "repair_reward",
@@ -484,9 +485,15 @@ def repair_examples(tasks: Sequence[RepairTask], root: Path, runtime, agent_conf
                 kept_text=task.replace, language="python", group=task.path,
                 chat_prompt=backend.prompt(conversation),
                 verification={"source": REPAIR_SOURCE, "root": str(root), "task": task.to_json(),
-                              "max_tokens": STEP_TOKENS},
+                              "max_tokens": STEP_TOKENS, "guide": fix_answer(task)},
             ))
     return examples
+
+
+def fix_answer(task: RepairTask) -> str:
+    """The repository's own fix as the agent's answer: one edit block in the text protocol."""
+    return (f"```edit {task.path}\n<<<<<<< SEARCH\n{task.search}\n=======\n{task.replace}\n"
+            ">>>>>>> REPLACE\n```")
 
 
 _SCRATCH: dict[str, RepairWorkspace] = {}

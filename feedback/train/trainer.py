@@ -28,7 +28,14 @@ from context.config import TrainConfig
 
 from .dataset import TrainingExample
 from .grpo import GrpoLossConfig, group_advantages, grpo_loss
-from .policy import SampledGroup, example_prompt_ids, group_logprobs, reference_logprobs, sample_example
+from .policy import (
+    SampledGroup,
+    example_prompt_ids,
+    group_logprobs,
+    guided_group,
+    reference_logprobs,
+    sample_example,
+)
 from .references import composer_for, weights_changed
 
 __all__ = ["GrpoTrainer", "RewardFn", "StepRecord"]
@@ -154,6 +161,12 @@ class GrpoTrainer:
         group = sample_example(self.model, self.tokenizer, example, prompt, self.config.group_size,
                                self.config.max_new_tokens, self.config.temperature)
         rewards = torch.tensor([self.reward_fn(text, example) for text in group.texts])
+        guide = example.verification.get("guide")
+        if guide and self.config.guide_flat_groups and bool((rewards == rewards[0]).all()):
+            # Every sample earned the same: nothing to compare. A task with a known answer (a repair
+            # task's fix) gets it as its last sample, so the group says what earns more.
+            group = guided_group(self.tokenizer, example, group, guide)
+            rewards[-1] = self.reward_fn(group.texts[-1], example)
         return _ScoredGroup(group, rewards)
 
     def _prepare_logprobs(self, scored: list[_ScoredGroup]) -> None:

@@ -176,3 +176,43 @@ def test_an_agent_step_is_cut_where_the_local_backend_stops_it():
     assert shown == answer[: answer.index("\n```\n")] + "\n```" and used == answer.index("and then")
     assert cut_at_step_stop("tool\n{}<|im_end|>more") == ("tool\n{}\n```", len("tool\n{}<|im_end|>"))
     assert cut_at_step_stop("no stop yet") == ("no stop yet", None)
+
+
+def test_a_flat_group_gets_the_tasks_fix_as_its_last_sample(workspace, tasks, runtime):
+    import copy
+
+    import torch
+
+    from context.config import TrainConfig
+    from feedback.train.policy import SampledGroup, attach_lora, guided_group
+    from feedback.train.repair_tasks import fix_answer, repair_examples
+    from feedback.train.trainer import GrpoTrainer
+
+    task = next(t for t in tasks if t.function == "page_count")
+    (example,) = repair_examples([task], workspace, runtime)
+    fix = fix_answer(task)
+    assert example.verification["guide"] == fix
+    tokenizer = runtime.tokenizer
+    sampled, mask = torch.tensor([[5, 6, 7], [8, 9, 0]]), torch.tensor([[1, 1, 1], [1, 1, 0]])
+    group = SampledGroup(torch.tensor([[1, 2]]), sampled, mask, ["a", "b"], None)
+    guided = guided_group(tokenizer, example, group, fix)
+    ids = tokenizer.encode(fix.removeprefix("```") + "\n", add_special_tokens=False)
+    assert guided.texts == ["a", fix] and guided.completions.shape == (2, max(3, len(ids)))
+    assert guided.completions[1, : len(ids)].tolist() == ids and int(guided.mask[1].sum()) == len(ids)
+    assert guided.completions[0, :3].tolist() == [5, 6, 7] and int(guided.mask[0].sum()) == 3
+    assert tokenizer.decode(ids).endswith("REPLACE\n```\n")  # through the stop, as the backend stops
+
+    # In the trainer (on a copy of the session's model): a group whose samples all earn 0 gets the
+    # fix, which earns 1; with guide_flat_groups off it stays flat.
+    model = attach_lora(copy.deepcopy(runtime.model), 4, 8)
+
+    def reward(text, ex):
+        return 1.0 if text == fix else 0.0
+
+    config = TrainConfig(group_size=2, max_new_tokens=4, temperature=1.0)
+    trainer = GrpoTrainer(model, tokenizer, config, [example], reward, workspace.parent / "run")
+    scored = trainer._sample_and_score(example, 0)
+    assert scored.group.texts[-1] == fix and scored.rewards.tolist() == [0.0, 1.0]
+    flat = TrainConfig(group_size=2, max_new_tokens=4, guide_flat_groups=False)
+    off = GrpoTrainer(model, tokenizer, flat, [example], reward, workspace.parent / "run-off")
+    assert off._sample_and_score(example, 0).rewards.tolist() == [0.0, 0.0]
