@@ -307,6 +307,27 @@ def _closing(body: str, close: int, opener: str, closed_after: str | None, langu
     return whole if not leaves_open(opener + whole, language) else "\n" + body[: close + 1]
 
 
+def _before_closer_after_cursor(text: str, ctx: CursorContext, language: str | None) -> str:
+    """Inside brackets that the line closes after the cursor (`f(|)`, as an editor that closes
+    brackets leaves it), a suggestion is cut before its own closer of that bracket: the line holds
+    it already, and the suggestion is inserted, not replacing it (`f(x|)`, not `f(x))`)."""
+    after = ctx.line_suffix.lstrip()
+    if language in _PROSE or not after or after[0] not in _CLOSERS.values():
+        return text
+    expected: list[str] = []
+    for index, char in _code_chars(text, language):
+        if index < 0:
+            return text
+        if char in _CLOSERS:
+            expected.append(_CLOSERS[char])
+        elif char in _CLOSERS.values():
+            if expected and char == expected[-1]:
+                expected.pop()
+            elif not expected:
+                return text[:index].rstrip() if char == after[0] else text
+    return text
+
+
 def suggestion(raw: str, ctx: CursorContext, max_lines: int, truncated: bool, language: str | None = None,
                finish: Callable[[], tuple[str, bool] | None] | None = None) -> str:
     """What the completion path offers of a model continuation `raw` (`truncated`: it ran out of
@@ -332,7 +353,9 @@ def suggestion(raw: str, ctx: CursorContext, max_lines: int, truncated: bool, la
         if lines is not None:
             return lines
     text = cut_at_boundary(raw, ctx, max_lines, truncated=truncated)
-    if is_mid_line(ctx) or not opens_block(ctx.line_prefix) or not leaves_open(text, language):
+    if is_mid_line(ctx):
+        return _before_closer_after_cursor(text, ctx, language)
+    if not opens_block(ctx.line_prefix) or not leaves_open(text, language):
         return text
     more = finish() if truncated and finish is not None else None
     if more is not None:

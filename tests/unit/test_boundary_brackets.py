@@ -103,7 +103,8 @@ def test_lines_that_already_close_the_bracket_below_are_not_repeated():
 @pytest.mark.parametrize(
     ("before", "after", "raw", "expected"),
     [
-        ("total = sum(", ")\nprint(total)", "values)\nprint(1)\n", "values)"),  # same line: as before
+        # Same line: its rest, without the closer the line already holds after the cursor.
+        ("total = sum(", ")\nprint(total)", "values)\nprint(1)\n", "values"),
         ("x = compute(", "", "a, b)\ny = 2\n", "a, b)"),
         ("x = f(a, b", ")", "\n)", ""),  # not right after the bracket: the line's rest only
         ("x = f(", ") + g()", "\n    a,\n)", ""),  # code after the cursor: mid-line, one line
@@ -153,3 +154,19 @@ def test_the_model_argument_list_on_the_next_lines_is_offered(runtime, closer):
 )
 def test_may_span_lines(before, after, spans):
     assert may_span_lines(ctx_at_end(before, after)) is spans
+
+
+@pytest.mark.parametrize(("line", "after", "raw", "offered"), [
+    ("total = f(", ")", "x)", "x"),  # f(x) -- not f(x))
+    ("total = f(", ")", "x) + 1\nmore", "x"),  # its own closer ends what it may insert
+    ("total = f(", ")", "g(x), y)", "g(x), y"),  # brackets it opens and closes itself stay
+    ("items = [", "]", "1, 2]", "1, 2"),
+    ("total = f(", ")", "x", "x"),  # nothing to cut
+    ("total = f(", ")", "')'", "')'"),  # a closer inside a string is text
+    ("total = f(", "):", "x]", "x]"),  # another bracket's closer: left as the model wrote it
+    ("name = ", " # note", "value)", "value)"),  # no closer after the cursor: the rule does not apply
+])
+def test_inside_brackets_closed_after_the_cursor_the_suggestion_leaves_the_closer_to_the_line(
+        line, after, raw, offered):
+    ctx = ctx_at_end(line, after)
+    assert suggestion(raw, ctx, max_lines=8, truncated=False) == offered
