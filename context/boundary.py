@@ -64,18 +64,39 @@ def is_mid_line(ctx: CursorContext) -> bool:
     return bool(ctx.line_suffix.strip())
 
 
-def bracket_at_cursor(ctx: CursorContext) -> str | None:
-    """The opening bracket the cursor sits right after, at the end of its line's code (nothing but
-    its closers after the cursor, as an editor that closes brackets leaves them); None elsewhere.
-    A continuation there may go on the next lines, up to the one that closes it (`suggestion`)."""
+def bracket_at_cursor(ctx: CursorContext, language: str | None = None) -> str | None:
+    """The opening bracket the cursor sits right after at the end of its line's code, or the one a
+    comma there leaves open (`f(a,|`: the list goes on), with nothing but its closers after the
+    cursor (as an editor that closes brackets leaves them); None elsewhere. A continuation there may
+    go on the next lines, up to the one that closes it (`suggestion`)."""
     before = ctx.line_prefix.rstrip()
     after = "".join(ctx.line_suffix.split())
-    if not before or before[-1] not in _CLOSERS:
+    if not before:
         return None
-    opener = before[-1]
+    if before[-1] in _CLOSERS:
+        opener = before[-1]
+    elif before[-1] == ",":
+        opener = _innermost_open(before, language)
+        if opener is None:
+            return None
+    else:
+        return None
     if after and (after[0] != _CLOSERS[opener] or not set(after) <= set(_CLOSERS.values())):
         return None
     return opener
+
+
+def _innermost_open(line: str, language: str | None) -> str | None:
+    """The innermost bracket `line` opens and leaves open (None: all closed, or a string left open)."""
+    open_: list[str] = []
+    for index, char in _code_chars(line, language):
+        if index < 0:
+            return None
+        if char in _CLOSERS:
+            open_.append(char)
+        elif open_ and char == _CLOSERS[open_[-1]]:
+            open_.pop()
+    return open_[-1] if open_ else None
 
 
 def opens_block(line: str) -> bool:
@@ -342,7 +363,7 @@ def suggestion(raw: str, ctx: CursorContext, max_lines: int, truncated: bool, la
     line is offered up to its line that closes the bracket (`_bracket_lines`), continued by
     `finish()` when it ran out of tokens first; one that does not close it gets the rules above.
     """
-    opener = bracket_at_cursor(ctx) if language not in _PROSE else None
+    opener = bracket_at_cursor(ctx, language) if language not in _PROSE else None
     if opener is not None and _starts_next_line(raw):
         lines = _bracket_lines(raw, ctx, opener, max_lines, truncated, language)
         if lines is None and truncated and finish is not None:

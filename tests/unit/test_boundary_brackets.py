@@ -122,6 +122,12 @@ def test_bracket_at_cursor():
     assert bracket_at_cursor(ctx_at_end("f(", "]")) is None
     assert bracket_at_cursor(ctx_at_end("f(", ") + 1")) is None
     assert bracket_at_cursor(ctx_at_end("f(a")) is None
+    # After a comma the list goes on: the innermost bracket the line leaves open.
+    assert bracket_at_cursor(ctx_at_end("f(a, [1, 2],")) == "("
+    assert bracket_at_cursor(ctx_at_end("x = {'a': g(1),", "}")) == "{"
+    assert bracket_at_cursor(ctx_at_end("a, b = 1,")) is None  # no bracket open
+    assert bracket_at_cursor(ctx_at_end("f('(',")) == "("  # a bracket inside a string is text
+    assert bracket_at_cursor(ctx_at_end("f(a,", ") + 1")) is None
 
 
 # A parser whose first option spans lines: the model writes the next one the same way.
@@ -170,3 +176,14 @@ def test_inside_brackets_closed_after_the_cursor_the_suggestion_leaves_the_close
         line, after, raw, offered):
     ctx = ctx_at_end(line, after)
     assert suggestion(raw, ctx, max_lines=8, truncated=False) == offered
+
+
+def test_after_a_comma_in_an_open_argument_list_the_next_lines_are_offered_up_to_the_closer():
+    ctx = ctx_at_end('parser.add_argument("--width", type=int,')
+    raw = '\n    help="Target width.",\n)\nparser.add_argument("--x")'
+    assert suggestion(raw, ctx, max_lines=8, truncated=False) == '\n    help="Target width.",\n)'
+    # The editor closed it after the cursor: the lines up to the model's closer, without it.
+    closed = ctx_at_end('parser.add_argument("--width", type=int,', ")")
+    assert suggestion(raw, closed, max_lines=8, truncated=False) == '\n    help="Target width.",\n'
+    # On the same line it stays the line's rest.
+    assert suggestion(" default=3)\nx = 1", ctx, 8, False) == " default=3)"
