@@ -216,3 +216,13 @@ def test_a_flat_group_gets_the_tasks_fix_as_its_last_sample(workspace, tasks, ru
     flat = TrainConfig(group_size=2, max_new_tokens=4, guide_flat_groups=False)
     off = GrpoTrainer(model, tokenizer, flat, [example], reward, workspace.parent / "run-off")
     assert off._sample_and_score(example, 0).rewards.tolist() == [0.0, 0.0]
+
+
+def test_a_round_makes_repair_tasks_only_when_asked(workspace, runtime):
+    from context.config import SquidConfig, TrainConfig
+    from feedback.train.service import repair_training_tasks
+
+    assert repair_training_tasks(SquidConfig(), runtime, [workspace]) == []  # train.repair_tasks = 0
+    examples = repair_training_tasks(SquidConfig(train=TrainConfig(repair_tasks=2)), runtime, [workspace])
+    assert len(examples) == 2
+    assert all(ex.verification["source"] == "repair" and ex.chat_prompt for ex in examples)
