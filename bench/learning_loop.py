@@ -48,6 +48,7 @@ from pygls.exceptions import JsonRpcException  # noqa: E402
 from bench.simulated_user import (  # noqa: E402
     HELD_OUT_MODULES,
     TRAINING_MODULES,
+    USERS,
     Spot,
     copy_modules,
     decide,
@@ -75,6 +76,7 @@ class Plan:
     agent: bool
     learning_rate: float = 1e-4  # train.learning_rate (the product's default)
     max_new_tokens: int = 32  # train.max_new_tokens: each sampled answer, and each gate answer
+    user: str = "docstring"  # the simulated user's hidden preference (`simulated_user.USERS`)
 
 
 SHORT = Plan(rounds=1, train_spots=12, eval_spots=12, steps=4, agent=True)
@@ -177,8 +179,10 @@ class Editor:
         return items[0] if items else None
 
 
-async def run_spots(editor: Editor, spots: list[Spot], *, record: bool) -> list[dict]:
-    """One session over `spots`: complete, accept, judge; returns what the user did at each spot."""
+async def run_spots(editor: Editor, spots: list[Spot], *, record: bool,
+                    user: str = "docstring") -> list[dict]:
+    """One session over `spots`: complete, accept, judge (by `user`'s hidden preference); returns
+    what the user did at each spot."""
     await editor.command("squidcode.feedback.setRecord", {"on": record})
     log = []
     for wave in waves(spots):
@@ -200,12 +204,10 @@ async def run_spots(editor: Editor, spots: list[Spot], *, record: bool) -> list[
             editor.change(uri, start, start, text)  # the accepted ghost text, typed in
             if item.command is not None:
                 await editor.command(item.command.command, *(item.command.arguments or [None]))
-            decision = decide(spot, text)
+            decision = decide(spot, text, user)
             await asyncio.sleep(0.1)  # reading it
-            if decision.action == "revert":
-                editor.change(uri, start, end, "")
-            elif decision.action == "modify":
-                editor.change(uri, start, end, decision.typed + text)
+            if decision.action != "keep":
+                editor.change(uri, start, end, decision.result(text))
             log.append({"spot": f"{spot.path}:{spot.name}", "action": decision.action, "text": text,
                         "latency_s": latency})
         if record:
@@ -360,7 +362,7 @@ async def run(plan: Plan, data: Path, device: str = "cpu", train_threads: int | 
         editor = Editor(client, workspace)
         _say(f"held-out: {len(eval_spots)} completions in {len(HELD_OUT_MODULES)} files the user never "
              "trains on (recording off)")
-        base = await run_spots(editor, eval_spots, record=False)
+        base = await run_spots(editor, eval_spots, record=False, user=plan.user)
         sample = next((e for e in base if e["text"]), None)
         if sample:
             _say(f"an inline completion at {sample['spot']} ({sample['action']}):\n{sample['text']}")
@@ -369,7 +371,7 @@ async def run(plan: Plan, data: Path, device: str = "cpu", train_threads: int | 
         for number in range(1, plan.rounds + 1):
             since = time.time()
             _say(f"round {number}: the user works on {len(train_spots)} spots (recorded)")
-            session = await run_spots(editor, train_spots, record=True)
+            session = await run_spots(editor, train_spots, record=True, user=plan.user)
             await asyncio.sleep(1.0)
             outcomes = recorded_outcomes(data / "feedback.db", since)
             _say(f"round {number}: user kept {keep_rate(session):.0%}; the recorder stored {outcomes}")
@@ -384,7 +386,7 @@ async def run(plan: Plan, data: Path, device: str = "cpu", train_threads: int | 
                 entry["swap_s"] = round(await wait_for_adapter(editor, result["adapter"]), 1)
                 _say(f"round {number}: the running server switched to {result['adapter']} "
                      f"in {entry['swap_s']} s, no restart")
-                held = await run_spots(editor, eval_spots, record=False)
+                held = await run_spots(editor, eval_spots, record=False, user=plan.user)
                 report["held_out"].append({"adapter": result["adapter"], "keep_rate": keep_rate(held),
                                            "log": held})
                 _say(f"held-out keep rate with {result['adapter']}: {keep_rate(held):.0%} "
@@ -414,7 +416,7 @@ def summary(report: dict) -> str:
             f"{entry['session_keep_rate']:.0%} | {reg.get('mean_reward', 0):.3f} "
             f"({reg_base.get('mean_reward', 0):.3f}) | {reg.get('mean_kl', 0):.4f} | {train['seconds']} | "
             f"{train['peak_rss_mb']} |")
-    return "\n".join(rows)
+    return f"simulated user: {report['plan'].get('user', 'docstring')}\n" + "\n".join(rows)
 
 
 def plot(report: dict, path: Path) -> bool:
@@ -458,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-threads", type=int,
                         help="the trainer's torch threads (default: one per core; on a machine busy with "
                              "other work, 1: a thread pool that waits on busy cores takes 10-30x longer)")
+    parser.add_argument("--user", choices=sorted(USERS), default="docstring",
+                        help="the simulated user's hidden preference (see bench/simulated_user.py)")
     parser.add_argument("--out", type=Path, help="where the JSON report goes")
     parser.add_argument("--keep-data", action="store_true", help="keep the workspace, store and adapters")
     args = parser.parse_args(argv)
@@ -465,11 +469,11 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan(args.rounds or plan.rounds, args.train_spots or plan.train_spots,
                 args.eval_spots or plan.eval_spots, args.steps or plan.steps,
                 plan.agent and not args.no_agent, args.learning_rate or plan.learning_rate,
-                args.max_new_tokens or plan.max_new_tokens)
+                args.max_new_tokens or plan.max_new_tokens, args.user)
     data = Path(tempfile.mkdtemp(prefix="squidcode-loop-"))
     started = time.perf_counter()
     _say(f"squidcode learning loop ({'full' if args.full else 'short'}): {plan.rounds} round(s) of "
-         f"{plan.steps} steps; data in {data}")
+         f"{plan.steps} steps, the {plan.user} user; data in {data}")
     report = asyncio.run(run(plan, data, args.device, args.train_threads))
     report["seconds"] = round(time.perf_counter() - started, 1)
     report["date"] = time.strftime("%Y-%m-%d %H:%M")

@@ -4,14 +4,24 @@ It works on a copy of a few standard-library modules (the Python Software Founda
 the PSF licence that ships with every Python). Its tasks are *spots*: a function whose body it is
 about to write, with the cursor on the empty first line of the body. It asks for an inline
 completion there, accepts what it is shown (typing it in, then the accept command, as an editor
-does) and then judges it by a fixed, hidden preference:
+does) and then judges it by a fixed, hidden preference. There are two users (`USERS`):
 
+`docstring`, a user who documents every function first:
 - **revert** (undo: the inserted text is deleted again) when the file no longer parses with it;
 - **keep** when it parses and opens with a docstring in the project's style (triple double quotes);
 - **modify** otherwise: it types the function's real summary line as a docstring above the code.
 
-The preference was fixed before any measurement and never tuned to the model. A model can learn it
-from outputs alone: kept and modified code opens with a docstring; reverted code is unfinished.
+`oneline`, a user who writes a body a line at a time and reads each suggestion before taking the
+next (the way of working that full-line completion is built for): a preference about the shape of
+a suggestion, not its content, so it shares nothing with the first user's:
+- **revert** when the file no longer parses with it;
+- **keep** when it is a single line of code;
+- **modify** when it spans lines: it deletes every line after the first, keeping that one when the
+  file still parses with it alone (and reverts otherwise).
+
+Each preference was fixed before any measurement and never tuned to the model. A model can learn
+either from outputs alone: for the first, kept and modified code opens with a docstring and reverted
+code is unfinished; for the second, what stands after a modify is the suggestion's first line.
 Every decision reaches the server as `didChange` edits, so the feedback recorder sees what it would
 see from a person.
 """
@@ -25,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Decision", "Spot", "copy_modules", "decide", "find_spots", "HELD_OUT_MODULES",
-           "TRAINING_MODULES"]
+           "TRAINING_MODULES", "USERS"]
 
 # Spots for training sessions come from these modules, held-out spots from the others: the model
 # is measured on files it was never trained on.
@@ -60,6 +70,16 @@ class Spot:
 class Decision:
     action: str  # "keep" | "modify" | "revert"
     typed: str = ""  # what a modify types at the start of the inserted text
+    # What a modify leaves in place of the inserted text (None: `typed` + the inserted text).
+    replacement: str | None = None
+
+    def result(self, inserted: str) -> str:
+        """The text that stands where the suggestion was inserted, after this decision."""
+        if self.action == "revert":
+            return ""
+        if self.action == "keep":
+            return inserted
+        return self.replacement if self.replacement is not None else self.typed + inserted
 
 
 def copy_modules(target: Path, modules: tuple[str, ...]) -> list[Path]:
@@ -119,10 +139,29 @@ def parses(text: str) -> bool:
     return True
 
 
-def decide(spot: Spot, inserted: str) -> Decision:
-    """The hidden preference (see the module docstring)."""
+def decide(spot: Spot, inserted: str, user: str = "docstring") -> Decision:
+    """The hidden preference of `user` (one of `USERS`; see the module docstring)."""
+    return USERS[user](spot, inserted)
+
+
+def _docstring_user(spot: Spot, inserted: str) -> Decision:
     if not parses(spot.before + inserted + spot.after):
         return Decision("revert")
     if inserted.lstrip().startswith(STYLE_DOCSTRING):
         return Decision("keep")
     return Decision("modify", f'"""{spot.summary}"""\n{spot.indent}')
+
+
+def _oneline_user(spot: Spot, inserted: str) -> Decision:
+    if not parses(spot.before + inserted + spot.after):
+        return Decision("revert")
+    lines = inserted.rstrip().split("\n")
+    if len([line for line in lines if line.strip()]) <= 1:
+        return Decision("keep")
+    first = lines[0].rstrip()
+    if first.strip() and parses(spot.before + first + spot.after):
+        return Decision("modify", replacement=first)
+    return Decision("revert")
+
+
+USERS = {"docstring": _docstring_user, "oneline": _oneline_user}

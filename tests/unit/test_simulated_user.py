@@ -53,9 +53,28 @@ def test_the_hidden_preference():
     assert decide(area, '"""Area."""\n    return width * height').action == "keep"
     modified = decide(area, "return width * height")
     assert modified.action == "modify" and modified.typed == '"""Return the area of a rectangle."""\n    '
+    assert modified.result("return width * height") == modified.typed + "return width * height"
     assert ast.parse(area.before + modified.typed + "return width * height" + area.after)
     assert decide(area, '"""Return the area of\n    ').action == "revert"  # an unfinished docstring
     assert decide(area, "return (width *").action == "revert"
+
+
+def test_the_oneline_users_hidden_preference():
+    area = {s.name: s for s in find_spots(MODULE, "m.py")}["area"]
+    kept = decide(area, "return width * height", "oneline")
+    assert kept.action == "keep" and kept.result("return width * height") == "return width * height"
+    two = "if width < 0:\n        raise ValueError(width)\n    return width * height"
+    # Spanning lines: the first line stays only if the file parses with it alone; here it does not.
+    assert decide(area, two, "oneline").action == "revert"
+    lines = "area = width * height\n    return area"
+    modified = decide(area, lines, "oneline")
+    assert modified.action == "modify" and modified.result(lines) == "area = width * height"
+    assert ast.parse(area.before + modified.result(lines) + area.after)
+    assert decide(area, "return (width *", "oneline").action == "revert"
+    # A docstring is no different from other code to this user.
+    assert decide(area, '"""Area."""\n    return width * height', "oneline").action == "modify"
+    # The two users disagree where their preferences differ.
+    assert decide(area, "return width * height").action == "modify"
 
 
 def test_waves_open_one_spot_per_file_and_pick_spreads_evenly():
