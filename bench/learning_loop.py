@@ -32,11 +32,12 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,6 +78,7 @@ class Plan:
     learning_rate: float = 1e-4  # train.learning_rate (the product's default)
     max_new_tokens: int = 32  # train.max_new_tokens: each sampled answer, and each gate answer
     user: str = "docstring"  # the simulated user's hidden preference (`simulated_user.USERS`)
+    seed: int = 0  # train.seed: the trainer's sampling and shuffling
 
 
 SHORT = Plan(rounds=1, train_spots=12, eval_spots=12, steps=4, agent=True)
@@ -108,6 +110,7 @@ steps = {plan.steps}
 threads = {threads or os.cpu_count() or 1}
 max_new_tokens = {plan.max_new_tokens}
 learning_rate = {plan.learning_rate}
+seed = {plan.seed}
 """
 
 
@@ -209,7 +212,7 @@ async def run_spots(editor: Editor, spots: list[Spot], *, record: bool,
             if decision.action != "keep":
                 editor.change(uri, start, end, decision.result(text))
             log.append({"spot": f"{spot.path}:{spot.name}", "action": decision.action, "text": text,
-                        "latency_s": latency})
+                        "retained": decision.retained(text), "latency_s": latency})
         if record:
             await asyncio.sleep(CHECKPOINTS_S[-1] + 1.5)  # the recorder judges at its checkpoints
         for uri in opened:
@@ -219,6 +222,12 @@ async def run_spots(editor: Editor, spots: list[Spot], *, record: bool,
 
 def keep_rate(log: list[dict]) -> float:
     return sum(1 for entry in log if entry["action"] == "keep") / max(1, len(log))
+
+
+def retained_per_shown(log: list[dict]) -> float:
+    """Characters of the suggestions that stayed in the file, per suggestion shown."""
+    shown = [entry for entry in log if entry["text"]]
+    return sum(entry.get("retained", 0) for entry in shown) / max(1, len(shown))
 
 
 def recorded_outcomes(db: Path, since: float) -> dict:
@@ -366,7 +375,8 @@ async def run(plan: Plan, data: Path, device: str = "cpu", train_threads: int | 
         sample = next((e for e in base if e["text"]), None)
         if sample:
             _say(f"an inline completion at {sample['spot']} ({sample['action']}):\n{sample['text']}")
-        report["held_out"] = [{"adapter": None, "keep_rate": keep_rate(base), "log": base}]
+        report["held_out"] = [{"adapter": None, "keep_rate": keep_rate(base),
+                               "retained_per_shown": retained_per_shown(base), "log": base}]
         _say(f"held-out keep rate, base model: {keep_rate(base):.0%}")
         for number in range(1, plan.rounds + 1):
             since = time.time()
@@ -388,7 +398,7 @@ async def run(plan: Plan, data: Path, device: str = "cpu", train_threads: int | 
                      f"in {entry['swap_s']} s, no restart")
                 held = await run_spots(editor, eval_spots, record=False, user=plan.user)
                 report["held_out"].append({"adapter": result["adapter"], "keep_rate": keep_rate(held),
-                                           "log": held})
+                                           "retained_per_shown": retained_per_shown(held), "log": held})
                 _say(f"held-out keep rate with {result['adapter']}: {keep_rate(held):.0%} "
                      f"(base {keep_rate(base):.0%})")
             report["rounds"].append(entry)
@@ -417,6 +427,63 @@ def summary(report: dict) -> str:
             f"({reg_base.get('mean_reward', 0):.3f}) | {reg.get('mean_kl', 0):.4f} | {train['seconds']} | "
             f"{train['peak_rss_mb']} |")
     return f"simulated user: {report['plan'].get('user', 'docstring')}\n" + "\n".join(rows)
+
+
+def run_outcome(report: dict) -> dict:
+    """One run's held-out result: the base model's, the last promoted adapter's, and the gain."""
+    base, last = report["held_out"][0], report["held_out"][-1]
+    return {"seed": report["plan"]["seed"], "user": report["plan"]["user"],
+            "base_keep": base["keep_rate"], "final_keep": last["keep_rate"],
+            "gain": last["keep_rate"] - base["keep_rate"],
+            "base_retained": base.get("retained_per_shown", 0.0),
+            "final_retained": last.get("retained_per_shown", 0.0),
+            "promoted": len(report["held_out"]) - 1,
+            "peak_rss_mb": max((e["train"].get("peak_rss_mb") or 0 for e in report["rounds"]), default=0),
+            "regression": [e["gate"].get("regression", {}).get("mean_reward") for e in report["rounds"]],
+            "regression_base": [e["gate"].get("regression_baseline", {}).get("mean_reward")
+                                for e in report["rounds"]]}
+
+
+def matrix_summary(outcomes: list[dict]) -> str:
+    """Each run of a seeds matrix, then the mean [min, max] per user."""
+    rows = ["| user | seed | held-out keep: base -> final | gain | retained chars per shown: base -> final | "
+            "promoted rounds | trainer peak RSS MiB |", "|---|---|---|---|---|---|---|"]
+    for o in outcomes:
+        rows.append(f"| {o['user']} | {o['seed']} | {o['base_keep']:.0%} -> {o['final_keep']:.0%} | "
+                    f"{100 * o['gain']:+.1f} | {o['base_retained']:.1f} -> {o['final_retained']:.1f} | "
+                    f"{o['promoted']} | {o['peak_rss_mb']} |")
+    for user in sorted({o["user"] for o in outcomes}):
+        runs = [o for o in outcomes if o["user"] == user]
+        gains = [100 * o["gain"] for o in runs]
+        kept = [o["final_retained"] - o["base_retained"] for o in runs]
+        rows.append(f"| {user} | mean of {len(runs)} | | {statistics.fmean(gains):+.1f} "
+                    f"[{min(gains):+.1f}, {max(gains):+.1f}] | {statistics.fmean(kept):+.1f} "
+                    f"[{min(kept):+.1f}, {max(kept):+.1f}] | | |")
+    return "\n".join(rows)
+
+
+def plot_matrix(reports: list[dict], path: Path) -> bool:
+    """Held-out keep rate by round, one line per run."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for report in reports:
+        rounds = [0] + [e["round"] for e in report["rounds"] if e["train"]["state"] == "promoted"]
+        ax.plot(rounds, [h["keep_rate"] for h in report["held_out"]], "o-",
+                label=f"{report['plan']['user']} seed {report['plan']['seed']}")
+    ax.set_xlabel("training round (promoted adapters)")
+    ax.set_ylabel("held-out keep rate")
+    ax.set_ylim(0, 1)
+    ax.legend(loc="lower right", fontsize=7)
+    ax.set_title("squidcode learning loop: seeds and users (SmolLM2-135M)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
 
 
 def plot(report: dict, path: Path) -> bool:
@@ -460,8 +527,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-threads", type=int,
                         help="the trainer's torch threads (default: one per core; on a machine busy with "
                              "other work, 1: a thread pool that waits on busy cores takes 10-30x longer)")
-    parser.add_argument("--user", choices=sorted(USERS), default="docstring",
-                        help="the simulated user's hidden preference (see bench/simulated_user.py)")
+    parser.add_argument("--user", choices=sorted(USERS), nargs="+", default=["docstring"],
+                        help="the simulated user's hidden preference (see bench/simulated_user.py); "
+                             "several: a run for each")
+    parser.add_argument("--seeds", type=int,
+                        help="run the loop once per train.seed 0..N-1 (per user): each run and the mean "
+                             "gain with its min and max, in a table and a plot")
     parser.add_argument("--out", type=Path, help="where the JSON report goes")
     parser.add_argument("--keep-data", action="store_true", help="keep the workspace, store and adapters")
     args = parser.parse_args(argv)
@@ -469,17 +540,42 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan(args.rounds or plan.rounds, args.train_spots or plan.train_spots,
                 args.eval_spots or plan.eval_spots, args.steps or plan.steps,
                 plan.agent and not args.no_agent, args.learning_rate or plan.learning_rate,
-                args.max_new_tokens or plan.max_new_tokens, args.user)
+                args.max_new_tokens or plan.max_new_tokens, args.user[0])
+    if args.seeds is None and len(args.user) == 1:
+        return run_one(plan, args)
+    # The matrix: every user with every seed, each run a fresh workspace, store and trainer.
+    seeds = list(range(args.seeds or 1))
+    reports, runs, ok = [], [], True
+    name = f"learning-loop-matrix-{'full' if args.full else 'short'}-{time.strftime('%Y-%m-%d')}.json"
+    out = args.out or ROOT / "bench" / "results" / name
+    for user in args.user:
+        for seed in seeds:
+            one = replace(plan, user=user, seed=seed, agent=plan.agent and not reports)
+            run_out = out.with_name(f"{out.stem}-{user}-seed{seed}.json")
+            ok = run_one(one, args, run_out) == 0 and ok
+            reports.append(json.loads(run_out.read_text()))
+            runs.append(str(run_out))
+            outcomes = [run_outcome(r) for r in reports]
+            out.write_text(json.dumps({"runs": outcomes, "reports": runs}, indent=1))
+    print("\n" + matrix_summary([run_outcome(r) for r in reports]))
+    if plot_matrix(reports, out.with_suffix(".png")):
+        print(f"plot: {out.with_suffix('.png')}")
+    print(f"matrix: {out}")
+    return 0 if ok else 1
+
+
+def run_one(plan: Plan, args, out: Path | None = None) -> int:
+    """One run of the loop with `plan`; its report (JSON) at `out`."""
     data = Path(tempfile.mkdtemp(prefix="squidcode-loop-"))
     started = time.perf_counter()
     _say(f"squidcode learning loop ({'full' if args.full else 'short'}): {plan.rounds} round(s) of "
-         f"{plan.steps} steps, the {plan.user} user; data in {data}")
+         f"{plan.steps} steps, the {plan.user} user, seed {plan.seed}; data in {data}")
     report = asyncio.run(run(plan, data, args.device, args.train_threads))
     report["seconds"] = round(time.perf_counter() - started, 1)
     report["date"] = time.strftime("%Y-%m-%d %H:%M")
     print("\n" + summary(report))
-    out = args.out or ROOT / "bench" / "results" / f"learning-loop-{'full' if args.full else 'short'}-" \
-        f"{time.strftime('%Y-%m-%d')}.json"
+    name = f"learning-loop-{'full' if args.full else 'short'}-{time.strftime('%Y-%m-%d')}.json"
+    out = out or args.out or ROOT / "bench" / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
     if args.full and plot(report, out.with_suffix(".png")):

@@ -81,6 +81,20 @@ class Decision:
             return inserted
         return self.replacement if self.replacement is not None else self.typed + inserted
 
+    def retained(self, inserted: str) -> int:
+        """How many characters of the suggestion stay in the file after this decision (the measure
+        of accepted-and-retained characters)."""
+        if self.action == "revert":
+            return 0
+        if self.action == "keep" or self.replacement is None:
+            return len(inserted)  # kept, or kept with the user's own text typed above it
+        same = 0
+        for a, b in zip(inserted, self.replacement, strict=False):
+            if a != b:
+                break
+            same += 1
+        return same
+
 
 def copy_modules(target: Path, modules: tuple[str, ...]) -> list[Path]:
     """Copy standard-library modules of the running Python into `target` (with the PSF licence)."""

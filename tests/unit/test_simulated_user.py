@@ -91,3 +91,32 @@ def test_the_workspace_is_a_copy_of_real_standard_library_modules(tmp_path):
     assert [p.name for p in copied] == ["textwrap.py"]
     spots = find_spots(copied[0].read_text(), "textwrap.py")
     assert len(spots) >= 5 and any(s.name == "dedent" for s in spots)
+
+
+def test_retained_characters_follow_the_decision():
+    area = {s.name: s for s in find_spots(MODULE, "m.py")}["area"]
+    text = "area = width * height\n    return area"
+    assert decide(area, text, "oneline").retained(text) == len("area = width * height")
+    # The docstring user keeps the code under the docstring it types: all of it stays.
+    assert decide(area, "return width * height").retained("return width * height") == 21
+    assert decide(area, "return (width *").retained("return (width *") == 0
+
+
+def test_a_seeds_matrix_reports_each_run_and_the_mean_with_its_spread():
+    from bench.learning_loop import matrix_summary, retained_per_shown, run_outcome
+
+    def report(user, seed, keeps, retained):
+        return {"plan": {"user": user, "seed": seed},
+                "held_out": [{"keep_rate": k, "retained_per_shown": r} for k, r in zip(keeps, retained, strict=True)],
+                "rounds": [{"train": {"peak_rss_mb": 3000 + seed}, "gate": {}}]}
+
+    outcomes = [run_outcome(report("oneline", 0, [0.25, 0.5], [10.0, 20.0])),
+                run_outcome(report("oneline", 1, [0.25, 0.3], [10.0, 12.0])),
+                run_outcome(report("docstring", 0, [0.5, 0.4], [30.0, 25.0]))]
+    assert [o["gain"] for o in outcomes] == [0.25, 0.04999999999999999, -0.09999999999999998]
+    table = matrix_summary(outcomes)
+    assert "| oneline | mean of 2 | | +15.0 [+5.0, +25.0] | +6.0 [+2.0, +10.0] | | |" in table
+    assert "| docstring | mean of 1 | | -10.0 [-10.0, -10.0]" in table
+    assert "| oneline | 1 | 25% -> 30% | +5.0 | 10.0 -> 12.0 | 1 | 3001 |" in table
+    log = [{"text": "ab", "retained": 2}, {"text": "", "retained": 0}, {"text": "cdef", "retained": 1}]
+    assert retained_per_shown(log) == 1.5  # per suggestion shown: the empty one was not
