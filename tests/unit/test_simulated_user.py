@@ -106,8 +106,8 @@ def test_a_seeds_matrix_reports_each_run_and_the_mean_with_its_spread():
     from bench.learning_loop import matrix_summary, retained_per_shown, run_outcome
 
     def report(user, seed, keeps, retained):
-        return {"plan": {"user": user, "seed": seed},
-                "held_out": [{"keep_rate": k, "retained_per_shown": r} for k, r in zip(keeps, retained, strict=True)],
+        held = [{"keep_rate": k, "retained_per_shown": r} for k, r in zip(keeps, retained, strict=True)]
+        return {"plan": {"user": user, "seed": seed}, "held_out": held,
                 "rounds": [{"train": {"peak_rss_mb": 3000 + seed}, "gate": {}}]}
 
     outcomes = [run_outcome(report("oneline", 0, [0.25, 0.5], [10.0, 20.0])),
