@@ -84,6 +84,9 @@ class Conversation:
     documents: list[Document] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style turns
     tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style tool schemas
+    # For the local model: text its answer must start with, after the opening fence (the loop's
+    # fallback after an answer that did not parse: an edit block of the file asked about, opened).
+    prefill: str = ""
 
 
 @dataclass
@@ -198,7 +201,7 @@ class LocalBackend:
             conversation.repo_map,
             conversation.documents,
             conversation.messages,
-        )
+        ) + conversation.prefill
 
     def _prepared(self, conversation: Conversation) -> tuple[list[int], object]:
         """(prompt ids, composed documents or None): with Squid, the ids continue the composed
@@ -207,7 +210,7 @@ class LocalBackend:
         if composed is None:
             return self.runtime.encode(self.prompt(conversation)), None
         context, tail = composed
-        return self.runtime.encode(tail), context
+        return self.runtime.encode(tail + conversation.prefill), context
 
     def _composed(self, conversation: Conversation):
         """(composed head + documents, the prompt text after them), or None for the plain prompt."""
@@ -275,7 +278,7 @@ class LocalBackend:
             raise AgentCancelled("cancelled while sampling")
         samples = []
         for result in results:
-            text = LOCAL_PREFILL + result.text
+            text = LOCAL_PREFILL + conversation.prefill + result.text
             if result.stop_reason == "stop":
                 text += "\n```"
             samples.append(Sample(text, [], result.new_tokens, None, result.stop_reason))
@@ -287,7 +290,8 @@ class LocalBackend:
         import torch
 
         prompt_ids, composed = self._prepared(conversation)
-        answer = sample.text[len(LOCAL_PREFILL) :] if sample.text.startswith(LOCAL_PREFILL) else sample.text
+        opened = LOCAL_PREFILL + conversation.prefill
+        answer = sample.text[len(opened) :] if sample.text.startswith(opened) else sample.text
         answer_ids = self.runtime.encode(answer)
         if not answer_ids:
             return None

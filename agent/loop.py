@@ -178,6 +178,8 @@ class AgentLoop:
                 if reprompts > self.config.reprompts:
                     result.stop_reason = "unparsable"
                     return
+                if self._open_edit(conversation, default_path):
+                    continue  # the same turn again, its answer started as an edit of the file
                 self._reprompt(conversation, sample, action)
                 continue
             reprompts = 0
@@ -224,6 +226,17 @@ class AgentLoop:
             return parsed if isinstance(parsed, ToolCall) else Done(sample.text)
         return parse_action(sample.text, default_path)
 
+    def _open_edit(self, conversation: Conversation, path: str | None) -> bool:
+        """After an answer of the local model that did not parse, when the request names a file
+        (`agent.edit_fallback`): the next answer to the same turn starts as an edit block of that
+        file, opened up to its search text, instead of a message about the format (which a small
+        model rarely follows). True when it did; once per turn."""
+        if (not self.config.edit_fallback or path is None or conversation.prefill
+                or not isinstance(self.backend, LocalBackend)):
+            return False
+        conversation.prefill = f"edit {path}\n<<<<<<< SEARCH\n"
+        return True
+
     def _reprompt(self, conversation: Conversation, sample: Sample, failure: ParseFailure) -> None:
         conversation.messages.append({"role": "assistant", "content": trim_middle(sample.text, 800)})
         conversation.messages.append(
@@ -250,6 +263,7 @@ class AgentLoop:
     def _tool_step(
         self, ctx: ToolContext, conversation: Conversation, call: ToolCall, result: AgentResult
     ) -> None:
+        conversation.prefill = ""
         began = time.monotonic()
         outcome = self.registry.call(ctx, call.name, call.args)
         self._record(
@@ -299,6 +313,7 @@ class AgentLoop:
         if chosen is not None:
             result.chosen, result.stop_reason = chosen, "verified"
             return True
+        conversation.prefill = ""  # the next turn answers freely again
         self._observe(conversation, action, first_candidate.detail or "the edit was not verified", False)
         return False
 

@@ -205,6 +205,8 @@ def main() -> int:
     parser.add_argument("--sft-steps", type=int, default=0, help="supervised steps (2 fixes each), then GRPO")
     parser.add_argument("--grpo-steps", type=int, default=0)
     parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--without-fallback", action="store_true",
+                        help="also run the base model with agent.edit_fallback off")
     parser.add_argument("--tasks-json", type=Path, help="write the tasks made (train and held out) here")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -226,19 +228,23 @@ def main() -> int:
             args.tasks_json.write_text(json.dumps({"train": [t.to_json() for t in train],
                                                    "held_out": [t.to_json() for t in held]}, indent=1))
         runtime = get_runtime(ModelConfig(threads=args.threads))
-        adapters = [("base", None)]
+        # (label, adapter, agent.edit_fallback): the product's settings, and the base model without
+        # the fallback when asked (what the agent did before it).
+        adapters = [("base", None, True)]
+        if args.without_fallback:
+            adapters.insert(0, ("base, no edit fallback", None, False))
         training = None
         if args.adapter:
-            adapters = [("adapter", args.adapter)]
+            adapters = [("adapter", args.adapter, True)]
         if args.sft_steps or args.grpo_steps:
             out = Path(tmp) / "adapter" / "trained"
             training = train_adapter(args, train, root, out)
             shown = {k: v for k, v in training.items() if k != "sft_losses"}
             print(f"trained: {json.dumps(shown)}", flush=True)
-            adapters.append(("trained", out))
-        config = replace(AgentConfig(), k=args.k, memory=False)
+            adapters.append(("trained", out, True))
         results = {}
-        for label, adapter in adapters:
+        for label, adapter, fallback in adapters:
+            config = replace(AgentConfig(), k=args.k, memory=False, edit_fallback=fallback)
             if adapter is not None:
                 from context.adapters import apply_adapter
 

@@ -255,6 +255,9 @@ class AgentConfig:
     # All tokens the model may generate in one episode, candidates included.
     token_budget: int = field(default=6000, metadata=_range(64, 1_000_000))
     reprompts: int = field(default=2, metadata=_range(0, 10))  # unparsable outputs retried
+    # The local model's answer did not parse and the request names a file: answer the same turn
+    # again with the answer started as an edit block of that file (false: a message about the format).
+    edit_fallback: bool = True
     k: int = field(default=1, metadata=_range(1, 16))
     temperature: float = field(default=0.7, metadata=_range(0.0, 2.0))  # for candidates 2..K
     context_tokens: int = field(default=1500, metadata=_range(0, 100_000))  # repo map + documents

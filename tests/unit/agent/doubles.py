@@ -11,7 +11,7 @@ from typing import Any
 from agent.backends import Conversation, Sample
 from agent.errors import AgentCancelled
 
-__all__ = ["ScriptedBackend", "FakeOpenAIServer"]
+__all__ = ["ScriptedBackend", "ScriptedRuntime", "FakeOpenAIServer"]
 
 
 class ScriptedBackend:
@@ -150,3 +150,30 @@ def chat_completion(
         "choices": choices,
         "usage": {"completion_tokens": 10 * len(contents)},
     }
+
+
+class ScriptedRuntime:
+    """A model-runtime double for `LocalBackend` (the prompt it renders and the answer text it
+    builds are the real code's): `generate` pops the next scripted continuation and records the
+    prompt it was asked to continue. Its tokenizer has no chat template, so prompts are plain."""
+
+    tokenizer = None
+    device = "cpu"
+
+    def __init__(self, continuations: list[str]):
+        self.continuations = list(continuations)
+        self.prompts: list[str] = []
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def generate(self, prompt_ids, *, max_new_tokens, stop=(), temperature=0.0, seed=None, should_stop=None,
+                 past=None, **_):
+        from context.runtime import GenerationResult
+
+        self.prompts.append("".join(map(chr, prompt_ids)))
+        text = self.continuations.pop(0) if self.continuations else "done\n"
+        cut = min((text.find(s) for s in stop if s in text), default=-1)
+        reason = "stop" if cut >= 0 else "eos"
+        text = text[:cut] if cut >= 0 else text
+        return GenerationResult(text, len(text), len(prompt_ids), 0.0, 0.0, reason)

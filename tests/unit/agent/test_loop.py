@@ -228,3 +228,37 @@ def test_a_served_model_without_function_calls_uses_the_text_protocol(project):
     assert "tools" not in request
     assert "```edit PATH" in request["messages"][0]["content"]
     assert result.stop_reason == "verified" and "+    return a + b" in result.diff
+
+
+def test_an_unparsable_local_answer_is_answered_again_as_an_edit_of_the_file(project):
+    from agent.backends import LocalBackend
+    from tests.unit.agent.doubles import ScriptedRuntime
+
+    runtime = ScriptedRuntime(["\n\nThe code is:\n```\n",
+                               "    return a - b\n=======\n    return a + b\n>>>>>>> REPLACE\n```\n"])
+    config = AgentConfig(test_timeout_s=30, pretest=False)
+    result = AgentLoop(LocalBackend(runtime), Workspace([project]), config).run(
+        AgentRequest("add() subtracts; fix it", project / "calc.py"))
+    assert [s.tool for s in result.steps] == ["invalid", "edit"]
+    assert result.stop_reason == "verified" and result.chosen == 0
+    # The same turn again (no message about the format), its answer opened as an edit of calc.py.
+    assert runtime.prompts[1] == runtime.prompts[0] + "edit calc.py\n<<<<<<< SEARCH\n"
+    assert result.candidates[0].text.startswith("```edit calc.py\n<<<<<<< SEARCH\n    return a - b\n")
+
+
+def test_without_the_edit_fallback_an_unparsable_answer_gets_a_message_about_the_format(project):
+    from agent.backends import LocalBackend
+    from tests.unit.agent.doubles import ScriptedRuntime
+
+    runtime = ScriptedRuntime(["\n\nThe code is:\n```\n"] * 3)
+    config = AgentConfig(test_timeout_s=30, pretest=False, edit_fallback=False)
+    result = AgentLoop(LocalBackend(runtime), Workspace([project]), config).run(
+        AgentRequest("add() subtracts; fix it", project / "calc.py"))
+    assert result.stop_reason == "unparsable"
+    assert "could not be used" in runtime.prompts[1] and not runtime.prompts[1].endswith("SEARCH\n")
+    # Without a file named by the request there is nothing to open an edit of: the message again.
+    runtime = ScriptedRuntime(["\n\nThe code is:\n```\n"] * 3)
+    config = AgentConfig(test_timeout_s=30, pretest=False)
+    result = AgentLoop(LocalBackend(runtime), Workspace([project]), config).run(
+        AgentRequest("add() subtracts; fix it"))
+    assert result.stop_reason == "unparsable" and "could not be used" in runtime.prompts[1]
