@@ -84,6 +84,33 @@ def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+# The CPU features the runtime's speed depends on (vector width, fused multiply-add, bfloat16 and
+# int8 dot products, AMX tiles).
+CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+             "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_info() -> dict:
+    """Where a speed figure was measured: the CPU's model name, its vendor, the cores this process
+    may use, and which of `CPU_FLAGS` it has."""
+    model, vendor, flags = "", "", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and not model:
+                model = value.strip()
+            elif key == "vendor_id" and not vendor:
+                vendor = value.strip()
+            elif key == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {"model": model or platform.processor() or platform.machine(), "vendor": vendor, "cores": cores,
+            "flags": [flag for flag in CPU_FLAGS if flag in flags]}
+
+
 def machine_info() -> dict:
     cpu_model = ""
     try:

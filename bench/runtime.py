@@ -50,6 +50,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.bench_foundation import cpu_info  # noqa: E402
+
 PREFIX_FIXTURE = Path(__file__).resolve().parent / "fixtures" / "foundation_prefix.txt"
 NEW_TOKENS = 64
 WEIGHTS = ("none", "int8", "int4")  # the runtime's `model.quantize` settings
@@ -417,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     record: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_before": loadavg(),
                     "threads": args.threads, "keystroke_threads": args.keystroke_threads,
-                    "nproc": os.cpu_count(), "torch": torch.__version__}
+                    "nproc": os.cpu_count(), "torch": torch.__version__, "cpu": cpu_info()}
     runtimes = {w: runtime_for(w, args.threads) for w in WEIGHTS}
     # The float32 engine again with an exact output projection, with row-major weights, with the
     # fused step reading the float32 tensors instead of their exact 4-bit codes, and with torch's
@@ -489,6 +491,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.save:
         Path(args.save).write_text(json.dumps(record | {"result": result}, indent=2, default=str))
+    cpu = record["cpu"]
+    print(f"| CPU | cores | flags | keystroke p50 / p95 s | prompt lookup | decode vs llama.cpp |\n"
+          f"|---|---|---|---|---|---|\n| {cpu['model']} | {cpu['cores']} | {' '.join(cpu['flags'])} | "
+          f"{result['keystroke_p50_s']} / {result['keystroke_p95_s']} | {result['speculative_speedup']}x | "
+          f"{result['vs_llama_cpp'] or '-'} |", file=sys.stderr)
+    result["cpu"] = cpu
     if args.json:
         print(json.dumps(result))
     else:
