@@ -3,9 +3,10 @@
 #   postgresql   the team collector's PostgreSQL store (tests/unit/feedback/test_collector_postgres.py)
 #   chromium     the HTML feedback report rendered headless (the VS Code e2e script installs it too)
 #   gcc          builds the fused CPU decoding step (kernels/cpu_decode.c; usually present already)
+#   bubblewrap   contains the workspace's tests the agent runs (agent/contain.py; `unshare` otherwise)
 # Without them those tests are skipped and say why; nothing else depends on them.
 set -euo pipefail
-PACKAGES=(postgresql chromium gcc)
+PACKAGES=(postgresql chromium gcc bubblewrap)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")

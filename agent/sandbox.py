@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -111,13 +112,45 @@ def run_command(
     env: dict[str, str] | None = None,
     hard_cap_factor: int = 20,
     stderr: bool = True,
+    contain: Path | None = None,
+    allow_unisolated: bool = False,
 ) -> CommandResult:
     """Run an allowlisted command with a timeout; keep at most `max_output_bytes` of its output.
 
     Output beyond the kept bytes is drained and dropped; past `hard_cap_factor` times that the child
     is killed (a runaway printer would otherwise keep us reading until the timeout).
+
+    `contain`: the command runs code nobody reviewed (the workspace's tests); it runs contained
+    (`agent.contain`: no network, a scrubbed environment with `env` on top, the home folder hidden,
+    resource limits) with `contain`, a throwaway copy of the workspace, the one writable place. A
+    machine that cannot isolate it refuses (SandboxError) unless `allow_unisolated`.
     """
     full = _program(argv)
+    home = None
+    if contain is not None:
+        from .contain import Limits, contained_command, isolation, scrubbed_env
+
+        iso = isolation()
+        if not iso.isolated and not allow_unisolated:
+            raise SandboxError(f"cannot run {argv[0]} contained: {iso.detail}. Install bubblewrap, or set "
+                               "agent.allow_unisolated = true to run the workspace's code without isolation")
+        limits = Limits(cpu_s=max(1, int(timeout_s) + 5))
+        full = contained_command(full, contain, cwd, iso.kind, limits)
+        if iso.kind == "bwrap":
+            env = scrubbed_env(Path("/tmp"), env)  # an empty tmpfs in the sandbox
+        else:
+            home = tempfile.mkdtemp(prefix="squid-home-")
+            env = scrubbed_env(Path(home), env)
+    try:
+        return _run(full, argv, cwd, timeout_s, max_output_bytes, stdin_text, env, hard_cap_factor, stderr)
+    finally:
+        if home is not None:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def _run(full: list[str], argv: Sequence[str], cwd: Path, timeout_s: float, max_output_bytes: int,
+         stdin_text: str | None, env: dict[str, str] | None, hard_cap_factor: int,
+         stderr: bool) -> CommandResult:
     started = time.monotonic()
     try:
         process = subprocess.Popen(

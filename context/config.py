@@ -263,6 +263,10 @@ class AgentConfig:
     context_tokens: int = field(default=1500, metadata=_range(0, 100_000))  # repo map + documents
     pretest: bool = True  # run the tests once before the first step and show what fails
     test_timeout_s: float = field(default=60.0, metadata=_range(1.0, 3600.0))
+    # The workspace's tests run contained (agent.contain: no network, scrubbed environment, home
+    # hidden, resource limits). A machine with neither bubblewrap nor `unshare` cannot: then they run
+    # only when this is true.
+    allow_unisolated: bool = False
     tool_timeout_s: float = field(default=20.0, metadata=_range(1.0, 600.0))
     max_output_bytes: int = field(default=200_000, metadata=_range(1_000, 100_000_000))
     memory: bool = True

@@ -158,6 +158,21 @@ def check_writable(name: str, folder: Path) -> Check:
     return Check(name, True, f"{folder} ({free:.1f} GiB free)")
 
 
+def check_isolation(config: SquidConfig) -> Check:
+    """How the workspace's tests (the agent's pre-test run and candidates, repair rewards) run."""
+    from agent.contain import isolation
+
+    found = isolation()
+    if found.isolated:
+        return Check("test sandbox", True, found.detail, required=False)
+    allowed = "they run anyway (agent.allow_unisolated)" if config.agent.allow_unisolated else \
+        "the agent does not run them (set agent.allow_unisolated = true to run them unisolated)"
+    return Check("test sandbox", False, f"{found.detail}; {allowed}",
+                 "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install "
+                 "bubblewrap)",
+                 required=False)
+
+
 def collect_checks(load_model: bool = True, workspace: Path | None = None) -> list[Check]:
     workspace = workspace or Path.cwd()
     config, _ = load_file_config([workspace])
@@ -170,6 +185,7 @@ def collect_checks(load_model: bool = True, workspace: Path | None = None) -> li
         check_grammars,
         lambda: _tool_version("git", "install git (Debian/Ubuntu: apt-get install git)"),
         lambda: _tool_version("ruff", "pip install ruff"),
+        lambda: check_isolation(config),
         lambda: check_writable("cache dir", config.resolved_cache_dir()),
         lambda: check_writable("data dir", data_dir()),
     ]

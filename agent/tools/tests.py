@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ToolError
+from ..errors import SandboxError, ToolError
 from ..sandbox import run_command, trim_middle
 from .code import _SKIP_DIRS
 from .registry import Tool, ToolContext, ToolResult
@@ -148,10 +148,15 @@ def run_project_tests(ctx: ToolContext, target: str | None = None, timeout_s: fl
         argv = _unittest_argv(target)
     with tempfile.TemporaryDirectory(prefix="squid-tests-") as tmp:
         copy_workspace(ctx, Path(tmp))
-        env = {**os.environ, "PYTHONPATH": tmp, "PYTHONDONTWRITEBYTECODE": "1"}
-        result = run_command(
-            argv, Path(tmp), timeout_s=timeout, max_output_bytes=ctx.config.max_output_bytes, env=env
-        )
+        # Code nobody reviewed: contained, with only these variables on top of a scrubbed environment.
+        env = {"PYTHONPATH": tmp, "PYTHONDONTWRITEBYTECODE": "1"}
+        try:
+            result = run_command(
+                argv, Path(tmp), timeout_s=timeout, max_output_bytes=ctx.config.max_output_bytes, env=env,
+                contain=Path(tmp), allow_unisolated=ctx.config.allow_unisolated,
+            )
+        except SandboxError as exc:  # no way to contain them here, and running them anyway not allowed
+            return TestRun(None, f"not run: {exc}", "", False)
     output = result.output.replace(tmp, ".")
     if result.timed_out:
         return TestRun(False, f"timed out after {timeout:.0f} s", trim_middle(output, REPORT_CHARS), True)

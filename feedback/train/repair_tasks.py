@@ -12,8 +12,8 @@ check passed and for the share of the tests the bug broke that pass again, nothi
 the edit breaks another one.
 
 Tests run as the agent's own test runs do (`agent.sandbox.run_command`: an allowlisted command
-with a timeout, on a scratch copy of the workspace), never in the workspace itself. A task belongs
-to its file (`group`): held-out files are never trained on.
+with a timeout, contained by `agent.contain`, on a scratch copy of the workspace), never in the
+workspace itself. A task belongs to its file (`group`): held-out files are never trained on.
 """
 
 from __future__ import annotations
@@ -285,16 +285,18 @@ class RepairWorkspace:
                 (self.scratch / rel).write_text(text, encoding="utf-8")
 
 
-def run_tests(root: Path, test_files: Sequence[str], timeout_s: float,
-              stop_first: bool = False) -> TestOutcome:
-    """pytest over `test_files` in `root`, as the agent's test runs run it (allowlisted, with a
-    timeout); the counts of passed and failed tests and the ids that failed."""
+def run_tests(root: Path, test_files: Sequence[str], timeout_s: float, stop_first: bool = False,
+              allow_unisolated: bool = False) -> TestOutcome:
+    """pytest over `test_files` in `root` (a scratch copy), as the agent's test runs run it
+    (allowlisted, with a timeout, contained: `agent.contain`); the counts of passed and failed
+    tests and the ids that failed."""
     from agent.sandbox import run_command
 
     argv = ["python", "-m", "pytest", "-q", "-rfE", "--tb=no", "-p", "no:cacheprovider", "--color=no",
             *(["-x"] if stop_first else []), *test_files]
-    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
-    result = run_command(argv, root, timeout_s=timeout_s, max_output_bytes=2_000_000, env=env)
+    env = {"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+    result = run_command(argv, root, timeout_s=timeout_s, max_output_bytes=2_000_000, env=env, contain=root,
+                         allow_unisolated=allow_unisolated)
     output = result.output or ""
     counts = {"passed": 0, "failed": 0, "error": 0}
     for number, what in _COUNT.findall(output[-2000:]):

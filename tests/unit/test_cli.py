@@ -54,7 +54,7 @@ def test_doctor_json_lists_every_check_and_passes_here():
     out = run_cli("doctor", "--json", "--no-load")
     checks = {c["name"]: c for c in json.loads(out.stdout)}
     assert {"torch", "model", "C compiler", "grammars", "git", "ruff", "cache dir", "data dir",
-            "config"} <= set(checks)
+            "config", "test sandbox"} <= set(checks)
     assert out.returncode == 0, [c for c in checks.values() if not c["ok"]]
 
 
@@ -105,3 +105,19 @@ def test_doctor_without_a_c_compiler_warns_and_tells_how_to_install_one(kernel_c
     # A check that is not required warns without failing the doctor.
     assert run_doctor(load_model=False) == 0
     assert "warn C compiler: no fused decode step (no C compiler (/nonexistent)" in capsys.readouterr().out
+
+
+def test_doctor_says_how_the_workspaces_tests_are_contained(monkeypatch):
+    from agent import contain
+    from context.config import AgentConfig, SquidConfig
+    from lsp_server.doctor import check_isolation
+
+    here = check_isolation(SquidConfig())
+    assert here.ok == contain.isolation().isolated and here.detail == contain.isolation().detail
+    nothing = contain.Isolation("none", "bubblewrap is not installed")
+    monkeypatch.setattr(contain, "isolation", lambda: nothing)
+    refused = check_isolation(SquidConfig())
+    assert not refused.ok and not refused.required and "does not run them" in refused.detail
+    assert "apt-get install bubblewrap" in refused.fix
+    allowed = check_isolation(SquidConfig(agent=AgentConfig(allow_unisolated=True)))
+    assert "run anyway" in allowed.detail

@@ -1,0 +1,144 @@
+"""Running code nobody reviewed: the workspace's tests, in a sandbox that holds.
+
+The agent runs the workspace's tests on its own (the pre-test run: nobody asked for it, and the
+workspace may be a repository just cloned from anywhere), on every candidate edit, and the trainer
+runs them on every repair reward. That code gets, on a throwaway copy of the workspace:
+
+- no network: a network namespace of its own (`bwrap --unshare-net`, else `unshare --net`);
+- a scrubbed environment: the locale, `PATH` and the variables the caller sets, nothing else (no
+  tokens, keys or credentials), `HOME` an empty folder;
+- the user's home hidden (an empty tmpfs over it; the Python interpreter is bound back read-only
+  when it lives there), `/tmp` empty, every other path read-only, the copy the one writable place;
+- its own process namespace (everything it started dies with it), and limits on CPU time, memory
+  (address space), processes, file size and open files (util-linux's `prlimit`).
+
+`isolation()` finds what this machine offers, once: bubblewrap (installed by the project's setup:
+`.ci/system-packages.sh`), else util-linux's `unshare` with a user namespace, else nothing. With
+nothing, the tests run only when `agent.allow_unisolated` says so; `squidcode doctor` reports which.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Isolation", "Limits", "contained_command", "isolation", "scrubbed_env"]
+
+# Variables a test run keeps from the caller's environment: the locale and the search path.
+_KEPT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How contained commands run on this machine: "bwrap", "unshare" or "none", and why."""
+
+    kind: str
+    detail: str
+
+    @property
+    def isolated(self) -> bool:
+        return self.kind != "none"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of a contained command (0: that limit is not set)."""
+
+    cpu_s: int = 120
+    memory_bytes: int = 4 << 30
+    processes: int = 1024  # counted over the user's tasks on the whole machine, threads included
+    file_bytes: int = 256 << 20
+    open_files: int = 1024
+
+
+def _probe(argv: list[str]) -> tuple[bool, str]:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    return done.returncode == 0, (done.stderr or done.stdout).strip()[:200]
+
+
+@functools.cache
+def isolation() -> Isolation:
+    """What this machine offers to contain a command (probed once per process)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap:
+        ok, why = _probe([bwrap, *_BWRAP_BASE, "--ro-bind", "/", "/", "--", "true"])
+        if ok:
+            return Isolation("bwrap", f"bubblewrap ({bwrap}): no network, own process and user namespace")
+        failed = f"bubblewrap did not start ({why}); "
+    else:
+        failed = "bubblewrap is not installed; "
+    unshare = shutil.which("unshare")
+    if unshare:
+        ok, why = _probe([unshare, *_UNSHARE_BASE, "true"])
+        if ok:
+            return Isolation("unshare", failed + f"unshare ({unshare}): no network, own process namespace; "
+                             "the home folder stays readable")
+        failed += f"unshare did not start ({why}); "
+    else:
+        failed += "unshare is not installed; "
+    return Isolation("none", failed + "tests would run with the network and the home folder reachable")
+
+
+_BWRAP_BASE = ("--die-with-parent", "--new-session", "--unshare-all", "--unshare-user", "--uid", "1000",
+               "--gid", "1000")
+_UNSHARE_BASE = ("--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child")
+
+
+def _interpreter_paths() -> list[Path]:
+    """Where the running Python lives (bound back read-only when the home folder hides it)."""
+    real = Path(os.path.realpath(sys.executable))
+    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), real.parent.parent}
+    return sorted(p for p in paths if p.is_dir())
+
+
+def scrubbed_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a contained command: `_KEPT` from this one, `HOME` and `TMPDIR` in the
+    sandbox, then `extra` (the caller's own settings, as `PYTHONPATH`)."""
+    env = {name: os.environ[name] for name in _KEPT if name in os.environ}
+    env.update(HOME=str(home), TMPDIR="/tmp", PYTHONNOUSERSITE="1")
+    env.update(extra or {})
+    return env
+
+
+def _limit_args(limits: Limits) -> list[str]:
+    """util-linux's `prlimit` in front of the command, when installed (the limits hold for it and
+    everything it starts)."""
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        return []
+    args = [prlimit]
+    for flag, value in (("cpu", limits.cpu_s), ("as", limits.memory_bytes), ("nproc", limits.processes),
+                        ("fsize", limits.file_bytes), ("nofile", limits.open_files)):
+        if value > 0:
+            args.append(f"--{flag}={value}:{value}")
+    return [*args, "--"]
+
+
+def contained_command(argv: list[str], copy: Path, cwd: Path, kind: str,
+                      limits: Limits = Limits()) -> list[str]:
+    """`argv` (its program resolved) wrapped to run contained (`kind`: an `Isolation.kind`) under
+    `limits`, with `copy` (the throwaway copy of the workspace) the one writable place and `cwd` in it."""
+    copy, cwd = Path(copy).resolve(), Path(cwd).resolve()
+    argv = [*_limit_args(limits), *argv]
+    if kind == "bwrap":
+        wrapped = [shutil.which("bwrap") or "bwrap", *_BWRAP_BASE, "--ro-bind", "/", "/", "--dev", "/dev",
+                   "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run", "--tmpfs", "/var/tmp"]
+        home = Path.home()
+        if home != Path("/") and home.is_dir():
+            wrapped += ["--tmpfs", str(home)]
+        for path in _interpreter_paths():
+            wrapped += ["--ro-bind", str(path), str(path)]
+        wrapped += ["--bind", str(copy), str(copy), "--chdir", str(cwd), "--"]
+        return wrapped + argv
+    if kind == "unshare":
+        return [shutil.which("unshare") or "unshare", *_UNSHARE_BASE, *argv]
+    return list(argv)

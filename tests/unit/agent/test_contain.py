@@ -1,0 +1,158 @@
+"""Code nobody reviewed runs contained (`agent.contain`): a hostile script run as the agent runs the
+workspace's tests, on a throwaway copy, tries to read a key from the environment and the user's
+`~/.ssh`, reach a port on 127.0.0.1, write outside its copy, allocate 20 GB, fork without end,
+sleep forever and print a gigabyte; each is contained and nothing leaks. Real bubblewrap (installed
+by .ci/system-packages.sh) or util-linux's `unshare`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import textwrap
+import threading
+import uuid
+
+import pytest
+
+from agent.contain import contained_command, isolation
+from agent.errors import SandboxError
+from agent.sandbox import run_command
+
+pytestmark = pytest.mark.skipif(not isolation().isolated, reason=f"no isolation here: {isolation().detail}")
+
+HOSTILE = textwrap.dedent('''\
+    import json, os, pathlib, socket, sys
+    home_key, port, outside, marker = sys.argv[1:5]
+    found = {"env_key": os.environ.get("SQUID_HOSTILE_KEY"), "home": os.environ.get("HOME")}
+    try:
+        found["ssh"] = pathlib.Path(home_key).read_text()
+    except OSError:
+        found["ssh"] = None
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect(("127.0.0.1", int(port)))
+        s.sendall(b"leak")
+        found["connected"] = True
+    except OSError:
+        found["connected"] = False
+    try:
+        pathlib.Path(outside).write_text("escaped")
+        found["wrote_outside"] = True
+    except OSError:
+        found["wrote_outside"] = False
+    pathlib.Path("inside.txt").write_text("fine")  # the copy itself is writable
+    found["wrote_inside"] = pathlib.Path("inside.txt").read_text() == "fine"
+    try:
+        block = bytearray(20 << 30)
+        found["allocated_20g"] = True
+    except MemoryError:
+        found["allocated_20g"] = False
+    forks = 0
+    try:
+        for _ in range(3000):
+            pid = os.fork()
+            if pid == 0:
+                os.execvp("sleep", ["sleep", marker])
+            forks += 1
+    except OSError:
+        pass
+    found["forks"] = forks
+    print(json.dumps(found), flush=True)
+    ''')
+
+
+def test_a_hostile_script_is_contained_and_nothing_leaks(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("PRIVATE KEY")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("SQUID_HOSTILE_KEY", "sk-secret")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(3)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(_accept(listener)), daemon=True)
+    waiter.start()
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "hostile.py").write_text(HOSTILE)
+    outside = tmp_path / "outside.txt"
+    marker = f"30{uuid.uuid4().int % 1000}.5"
+    result = run_command(["python", "hostile.py", str(home / ".ssh" / "id_ed25519"),
+                          str(listener.getsockname()[1]), str(outside), marker],
+                         copy, timeout_s=60, env={"PYTHONDONTWRITEBYTECODE": "1"}, contain=copy)
+    found = json.loads(result.output.strip().splitlines()[-1])
+    waiter.join(timeout=10)
+    assert found["env_key"] is None and found["home"] != str(home)
+    assert found["ssh"] is None  # the home folder is hidden (or, with unshare, not where HOME points)
+    assert found["connected"] is False and got == [None]
+    # Outside its copy it writes nowhere that lasts: a read-only path, or a scratch /tmp of its own.
+    assert not outside.exists()
+    assert found["wrote_inside"] is True and (copy / "inside.txt").read_text() == "fine"
+    assert found["allocated_20g"] is False
+    # Whatever it forked died with it: no sleeper is left on this machine.
+    left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout
+    assert left == ""
+    listener.close()
+
+
+def _accept(listener: socket.socket):
+    try:
+        conn, _ = listener.accept()
+    except OSError:
+        return None
+    conn.close()
+    return "connected"
+
+
+def test_sleeping_forever_and_printing_a_gigabyte_are_cut_off(tmp_path):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    slept = run_command(["python", "-c", "import time; time.sleep(600)"], copy, timeout_s=3, contain=copy)
+    assert slept.timed_out and slept.returncode is None and slept.seconds < 30
+    printed = run_command(["python", "-c", "import sys\nwhile True: sys.stdout.write('x' * 65536)"], copy,
+                          timeout_s=60, max_output_bytes=10_000, contain=copy)
+    assert printed.returncode is None and printed.truncated and "killed: printed more" in printed.output
+    assert printed.seconds < 60
+
+
+def test_the_wrapper_binds_the_copy_writable_and_hides_the_home_folder(tmp_path):
+    argv = contained_command(["python", "-V"], tmp_path, tmp_path, "bwrap")
+    assert argv[0].endswith("bwrap") and "--unshare-all" in argv and argv[-2:] == ["python", "-V"]
+    assert ["--bind", str(tmp_path.resolve()), str(tmp_path.resolve())] == argv[argv.index("--bind"):][:3]
+    assert "--tmpfs" in argv and "prlimit" in " ".join(argv)
+
+
+def test_without_isolation_the_workspaces_code_does_not_run_unless_allowed(tmp_path, monkeypatch):
+    from agent import contain
+
+    monkeypatch.setattr(contain, "isolation", lambda: contain.Isolation("none", "nothing to isolate with"))
+    with pytest.raises(SandboxError, match="allow_unisolated"):
+        run_command(["python", "-c", "print(1)"], tmp_path, timeout_s=10, contain=tmp_path)
+    ran = run_command(["python", "-c", "print(1)"], tmp_path, timeout_s=10, contain=tmp_path,
+                      allow_unisolated=True)
+    assert ran.ok and ran.output.strip() == "1"
+
+
+def test_the_agents_test_runs_are_contained_and_say_so_when_they_cannot_be(tmp_path, monkeypatch):
+    from agent import contain
+    from agent.overlay import Overlay
+    from agent.sandbox import Workspace
+    from agent.tools import ToolContext
+    from agent.tools.tests import run_project_tests
+    from context.config import AgentConfig
+
+    (tmp_path / "test_env.py").write_text(
+        "import os\n\ndef test_no_secret():\n    assert 'SQUID_HOSTILE_KEY' not in os.environ\n")
+    monkeypatch.setenv("SQUID_HOSTILE_KEY", "sk-secret")
+    workspace = Workspace([tmp_path])
+    ctx = ToolContext(workspace, Overlay(workspace), AgentConfig(test_timeout_s=60))
+    run = run_project_tests(ctx)
+    assert run.passed is True, run.report  # the key never reached the tests
+    monkeypatch.setattr(contain, "isolation", lambda: contain.Isolation("none", "nothing to isolate with"))
+    refused = run_project_tests(ctx)
+    assert refused.passed is None and refused.summary.startswith("not run:")
+    assert "allow_unisolated" in refused.summary
