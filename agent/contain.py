@@ -51,7 +51,7 @@ class Limits:
     """Resource limits of a contained command (0: that limit is not set)."""
 
     cpu_s: int = 120
-    memory_bytes: int = 4 << 30
+    memory_bytes: int = 8 << 30
     processes: int = 1024  # counted over the user's tasks on the whole machine, threads included
     file_bytes: int = 256 << 20
     open_files: int = 1024
