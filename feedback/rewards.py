@@ -224,6 +224,11 @@ def run_tests_sandboxed(code: str, context: RewardContext) -> float | None:
             cmd = [sys.executable, "-I", "-c", _ASSERT_HARNESS, json.dumps(list(context.test_asserts))]
         else:
             cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *context.test_files]
+        from agent.contain import Limits, contained_command, isolation
+
+        # Model-written code: no network and the home folder hidden too, where this machine can
+        # (agent.contain); the limits above hold either way.
+        cmd = contained_command(cmd, root, root, isolation().kind, Limits(cpu_s=20, memory_bytes=2 << 30))
         try:
             proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
                                   timeout=context.timeout_s, preexec_fn=_limit_resources)
