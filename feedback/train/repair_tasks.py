@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import os
 import random
 import re
@@ -35,6 +36,7 @@ __all__ = [
     "RepairTask",
     "RepairWorkspace",
     "TestOutcome",
+    "cached_repair_tasks",
     "mutations",
     "fix_answer",
     "repair_example_reward",
@@ -42,6 +44,7 @@ __all__ = [
     "repair_reward",
     "repair_tasks",
     "run_tests",
+    "workspace_digest",
 ]
 
 MAX_FILE_BYTES = 200_000
@@ -392,6 +395,40 @@ def repair_tasks(
                     instruction=_instruction(rel, mutation.function, outcome.failing),
                 ))
                 found += 1
+    return tasks
+
+
+def workspace_digest(root: Path) -> str:
+    """A digest of the workspace's Python files (paths and contents): what its tasks are made of."""
+    root = Path(root).resolve()
+    digest = hashlib.sha256()
+    for path in _listed(root):
+        if path.suffix == ".py" and not path.is_symlink():
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            digest.update(f"\0{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
+            digest.update(data)
+    return digest.hexdigest()
+
+
+def cached_repair_tasks(root: Path, cache: Path, **options) -> list[RepairTask]:
+    """`repair_tasks(root, **options)`, kept in the JSON file `cache` while the workspace's Python
+    files and the options stay the same (making them runs the tests once per candidate bug)."""
+    key = hashlib.sha256(f"{workspace_digest(root)}\0{sorted(options.items())}".encode()).hexdigest()
+    try:
+        saved = json.loads(Path(cache).read_text())
+        if saved.get("key") == key:
+            return [RepairTask.from_json(t) for t in saved["tasks"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none yet, or unreadable: made again
+    tasks = repair_tasks(root, **options)
+    cache = Path(cache)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(f".{cache.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"key": key, "tasks": [t.to_json() for t in tasks]}))
+    os.replace(tmp, cache)
     return tasks
 
 

@@ -164,16 +164,22 @@ def training_inputs(config: SquidConfig, source: EpisodeSource | None = None,
     return digest.hexdigest()
 
 
-def repair_training_tasks(config: SquidConfig, runtime, roots: Sequence[Path]) -> list[TrainingExample]:
+def repair_training_tasks(config: SquidConfig, runtime, roots: Sequence[Path],
+                          cache: Path | None = None) -> list[TrainingExample]:
     """`train.repair_tasks` repair tasks for the agent from the first workspace root (none when it
-    is 0 or its tests do not pass), prompted as the agent prompts them."""
+    is 0 or its tests do not pass), prompted as the agent prompts them; the tasks kept in `cache`
+    while the workspace's Python files stay the same."""
     if config.train.repair_tasks <= 0 or not roots:
         return []
-    from .repair_tasks import repair_examples, repair_tasks
+    from .repair_tasks import cached_repair_tasks, repair_examples, repair_tasks
 
     root = Path(roots[0])
-    tasks = repair_tasks(root, max_tasks=config.train.repair_tasks, seed=config.train.seed,
-                         timeout_s=config.agent.test_timeout_s)
+    options = {"max_tasks": config.train.repair_tasks, "seed": config.train.seed,
+               "timeout_s": config.agent.test_timeout_s}
+    if cache is not None:
+        tasks = cached_repair_tasks(root, cache, **options)
+    else:
+        tasks = repair_tasks(root, **options)
     examples = repair_examples(tasks, root, runtime, replace(config.agent, memory=False))
     log.info("repair tasks: %d from %s", len(examples), root)
     return examples
@@ -216,7 +222,7 @@ def run_round(
     runtime = _load_model(config)
     roots = [Path.cwd()] if roots is None else roots
     repository = [*repository_training_tasks(config, runtime.tokenizer, roots),
-                  *repair_training_tasks(config, runtime, roots)]
+                  *repair_training_tasks(config, runtime, roots, paths.root / "repair_tasks.json")]
     train, held_out, regression = load_training_data(cfg, source, repository)
     if not train:
         raise TrainingError("no training examples: record some episodes or configure train.task_set")

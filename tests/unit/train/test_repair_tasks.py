@@ -226,3 +226,23 @@ def test_a_round_makes_repair_tasks_only_when_asked(workspace, runtime):
     examples = repair_training_tasks(SquidConfig(train=TrainConfig(repair_tasks=2)), runtime, [workspace])
     assert len(examples) == 2
     assert all(ex.verification["source"] == "repair" and ex.chat_prompt for ex in examples)
+
+
+def test_tasks_are_kept_while_the_workspaces_code_stays_the_same(tmp_path):
+    from feedback.train.repair_tasks import cached_repair_tasks
+
+    workspace = make_workspace(tmp_path / "ws")
+    cache = tmp_path / "train" / "repair_tasks.json"
+    first = cached_repair_tasks(workspace, cache, per_file=2, max_tasks=2, seed=3)
+    assert first and cache.exists()
+    saved = cache.read_text()
+    assert cached_repair_tasks(workspace, cache, per_file=2, max_tasks=2, seed=3) == first
+    assert cache.read_text() == saved  # read back, not made again
+    (workspace / "notes.txt").write_text("not code")
+    assert cached_repair_tasks(workspace, cache, per_file=2, max_tasks=2, seed=3) == first
+    assert cache.read_text() == saved
+    (workspace / "pages.py").write_text(PAGES + "\n\ndef extra(x):\n    return x * 2\n")
+    again = cached_repair_tasks(workspace, cache, per_file=2, max_tasks=2, seed=3)
+    assert cache.read_text() != saved and all(t.path == "pages.py" for t in again)
+    cache.write_text("{broken")
+    assert cached_repair_tasks(workspace, cache, per_file=2, max_tasks=2, seed=3) == again
