@@ -11,6 +11,7 @@ from . import (
     index_events,
     inline_completion,
     lifecycle,
+    next_edit,
     status,
     workspace_symbol,
 )
@@ -30,6 +31,7 @@ FEATURE_MODULES = (
     adapters,
     agent_command,
     code_actions,
+    next_edit,
 )
 
 

@@ -124,6 +124,7 @@ def register(server: SquidServer) -> None:
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: SquidServer, params: types.DidOpenTextDocumentParams) -> None:
+        ls.notify_document_listeners(types.TEXT_DOCUMENT_DID_OPEN, params)
         if ls.feedback is not None:
             ls.feedback.on_open(params.text_document.uri, params.text_document.text)
 

@@ -1,0 +1,216 @@
+"""Next-edit suggestions, the deterministic path: the edit the developer just made, made again where
+it applies next.
+
+`EditHistory` keeps, per open document, its recent edits (in memory only, cleared when the file
+closes), each typing burst merged into one edit: typing a new name over an old one is one edit
+from the old name to the new. `predict` reads the last edit:
+
+- a **rename**: the edit turned one identifier into another (`total` -> `subtotal`); the next
+  whole-word occurrence of the old name after the cursor (then from the top) gets the new one;
+- a **repeat**: any other edit within a line (an argument added to a call, an operator changed);
+  the next place after the cursor where the same text stands between the same neighbours on its
+  line (up to `CONTEXT` characters each side) gets the same change.
+
+A prediction that would undo a recent edit (the user just changed the new name back) is never
+offered. The model path (a rewrite of the region around the cursor from the recent edits) comes
+later (issue 24).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["CONTEXT", "Edit", "EditHistory", "Prediction", "predict"]
+
+CONTEXT = 12  # characters of the edited line each side of the edit that a repeat must match
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Edit:
+    """`old` at offset `start` of the document became `new` (offsets before the edit)."""
+
+    start: int
+    old: str
+    new: str
+    at: float = 0.0  # when it was last extended (monotonic seconds)
+    before: str = ""  # the document before the edit (kept for the newest edits only)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Replace the text at [start, end) of the document as it is now with `text`."""
+
+    start: int
+    end: int
+    text: str
+    kind: str  # "rename" | "repeat"
+
+
+@dataclass
+class _Document:
+    text: str
+    edits: list[Edit] = field(default_factory=list)
+
+
+class EditHistory:
+    """Recent edits per open document, a typing burst merged into one (see the module docstring)."""
+
+    def __init__(self, max_edits: int = 32, burst_s: float = 1.5, clock=time.monotonic):
+        self.max_edits = max_edits
+        self.burst_s = burst_s
+        self.clock = clock
+        self._docs: dict[str, _Document] = {}
+
+    def open(self, uri: str, text: str) -> None:
+        self._docs[uri] = _Document(text)
+
+    def close(self, uri: str) -> None:
+        self._docs.pop(uri, None)
+
+    def text(self, uri: str) -> str | None:
+        doc = self._docs.get(uri)
+        return doc.text if doc else None
+
+    def edits(self, uri: str) -> list[Edit]:
+        doc = self._docs.get(uri)
+        return list(doc.edits) if doc else []
+
+    def change(self, uri: str, start: int | None, end: int | None, new: str) -> None:
+        """One content change: [start, end) of the document's current text replaced by `new`
+        (start None: the whole text replaced, as a client without incremental sync sends it)."""
+        doc = self._docs.get(uri)
+        if doc is None:
+            return
+        text = doc.text
+        if start is None or end is None:
+            start, end, new = _difference(text, new)
+        start, end = max(0, min(start, len(text))), max(0, min(end, len(text)))
+        edit = Edit(start, text[start:end], new, self.clock(), text)
+        doc.text = text[:start] + new + text[end:]
+        if edit.old == edit.new:
+            return
+        merged = _merge(doc.edits[-1], edit, self.burst_s) if doc.edits else None
+        if merged is not None:
+            doc.edits[-1] = merged
+        else:
+            doc.edits.append(edit)
+            if len(doc.edits) > 1:
+                doc.edits[-2] = Edit(doc.edits[-2].start, doc.edits[-2].old, doc.edits[-2].new,
+                                     doc.edits[-2].at)  # only the newest keeps its document
+            del doc.edits[: -self.max_edits]
+
+
+def _difference(old: str, new: str) -> tuple[int, int, str]:
+    """The one replacement that turns `old` into `new` (common prefix and suffix kept)."""
+    prefix = 0
+    limit = min(len(old), len(new))
+    while prefix < limit and old[prefix] == new[prefix]:
+        prefix += 1
+    suffix = 0
+    while suffix < limit - prefix and old[len(old) - 1 - suffix] == new[len(new) - 1 - suffix]:
+        suffix += 1
+    return prefix, len(old) - suffix, new[prefix : len(new) - suffix]
+
+
+def _merge(prev: Edit, edit: Edit, burst_s: float) -> Edit | None:
+    """`prev` and `edit` as one edit when `edit` continues the same burst of typing; else None."""
+    if edit.at - prev.at > burst_s:
+        return None
+    prev_end = prev.start + len(prev.new)  # where prev's text ends, in the document after it
+    if edit.start == prev_end:  # typing on
+        return Edit(prev.start, prev.old + edit.old, prev.new + edit.new, edit.at, prev.before)
+    if edit.new == "" and edit.start >= prev.start and edit.start + len(edit.old) == prev_end:
+        kept = prev.new[: len(prev.new) - len(edit.old)]  # backspacing over what was just typed
+        return Edit(prev.start, prev.old, kept, edit.at, prev.before)
+    if edit.new == "" and edit.start + len(edit.old) == prev.start:  # backspacing past it
+        return Edit(edit.start, edit.old + prev.old, prev.new, edit.at, prev.before or edit.before)
+    return None
+
+
+def _word_at(text: str, start: int, end: int) -> tuple[int, int] | None:
+    """The identifier of `text` that holds [start, end) (its bounds), or None."""
+    left = start
+    while left > 0 and (text[left - 1].isalnum() or text[left - 1] == "_"):
+        left -= 1
+    right = end
+    while right < len(text) and (text[right].isalnum() or text[right] == "_"):
+        right += 1
+    word = text[left:right]
+    return (left, right) if _IDENT.fullmatch(word) else None
+
+
+def _rename(edit: Edit) -> tuple[str, str] | None:
+    """(old name, new name) when `edit` turned one identifier into another."""
+    before = edit.before
+    if not before:
+        return None
+    old_bounds = _word_at(before, edit.start, edit.start + len(edit.old))
+    after = before[: edit.start] + edit.new + before[edit.start + len(edit.old) :]
+    new_bounds = _word_at(after, edit.start, edit.start + len(edit.new))
+    if old_bounds is None or new_bounds is None or old_bounds[0] != new_bounds[0]:
+        return None
+    old, new = before[old_bounds[0] : old_bounds[1]], after[new_bounds[0] : new_bounds[1]]
+    return (old, new) if old != new else None
+
+
+def _undone(edits: Sequence[Edit], old: str, new: str) -> bool:
+    """Whether an earlier edit turned `new` into `old`: the prediction (`old` -> `new`) would undo
+    what the user chose."""
+    for edit in edits[:-1]:
+        if (_rename(edit) or (edit.old, edit.new)) == (new, old):
+            return True
+    return False
+
+
+def _next_match(text: str, pattern: re.Pattern, cursor: int, skip: tuple[int, int]) -> re.Match | None:
+    """The first match at or after `cursor`, else the first from the top; never the span `skip`."""
+    first = None
+    for match in pattern.finditer(text):
+        if match.span() == skip or (match.start() < skip[1] and match.end() > skip[0]):
+            continue
+        if match.start() >= cursor:
+            return match
+        first = first or match
+    return first
+
+
+def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
+    """The next edit after the document's last one, at the offset `cursor` of its current text."""
+    edits = history.edits(uri)
+    text = history.text(uri)
+    if not edits or text is None:
+        return None
+    last = edits[-1]
+    done = (last.start, last.start + len(last.new))  # where the last edit stands now
+    renamed = _rename(last)
+    if renamed is not None:
+        old, new = renamed
+        if _undone(edits, old, new):
+            return None
+        pattern = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(old)}(?![A-Za-z0-9_])")
+        match = _next_match(text, pattern, cursor, done)
+        return Prediction(match.start(), match.end(), new, "rename") if match else None
+    if "\n" in last.old or "\n" in last.new or not last.before or _undone(edits, last.old, last.new):
+        return None
+    before = last.before
+    line_start = before.rfind("\n", 0, last.start) + 1
+    line_end = before.find("\n", last.start + len(last.old))
+    line_end = len(before) if line_end < 0 else line_end
+    left = before[max(line_start, last.start - CONTEXT) : last.start]
+    right = before[last.start + len(last.old) : min(line_end, last.start + len(last.old) + CONTEXT)]
+    if not (left + last.old + right).strip():
+        return None
+    pattern = re.compile(re.escape(left) + "(" + re.escape(last.old) + ")" + re.escape(right))
+    first = None
+    for match in pattern.finditer(text):
+        span = match.span(1)
+        if span[0] < done[1] and span[1] > done[0] or (span[0] == done[0] and not last.old):
+            continue
+        if span[0] >= cursor:
+            return Prediction(span[0], span[1], last.new, "repeat")
+        first = first or Prediction(span[0], span[1], last.new, "repeat")
+    return first

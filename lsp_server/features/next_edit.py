@@ -1,0 +1,88 @@
+"""`squidcode/nextEdit`: the edit the developer is about to make, from the edits they just made.
+
+The server keeps each open document's recent edits in memory (`context.next_edit.EditHistory`, fed
+by didOpen / didChange / didClose through the document listeners; never stored) and answers with
+the deterministic path's prediction: the last edit's rename or repeat, carried to where it applies
+next (docs/protocol.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from lsprotocol import types
+
+from context.next_edit import EditHistory, predict
+
+from ..positions import offset_at, position_at
+from ..server import SquidServer
+
+__all__ = ["NEXT_EDIT", "next_edit", "register"]
+
+log = logging.getLogger(__name__)
+
+NEXT_EDIT = "squidcode/nextEdit"
+
+
+def _field(params: Any, name: str, default: Any = None) -> Any:
+    if isinstance(params, dict):
+        return params.get(name, default)
+    return getattr(params, name, default)
+
+
+def on_document(ls: SquidServer, method: str, params) -> None:
+    history: EditHistory = ls.edit_history
+    uri = params.text_document.uri
+    if method == types.TEXT_DOCUMENT_DID_OPEN:
+        history.open(uri, params.text_document.text)
+    elif method == types.TEXT_DOCUMENT_DID_CLOSE:
+        history.close(uri)
+    elif method == types.TEXT_DOCUMENT_DID_CHANGE:
+        if history.text(uri) is None:
+            opened = ls.open_document_text(uri)
+            if opened is not None:
+                history.open(uri, opened[0])  # opened before we listened: edits from here on
+            return
+        for change in params.content_changes:
+            rng = getattr(change, "range", None)
+            current = history.text(uri) or ""
+            if rng is None:
+                history.change(uri, None, None, change.text)
+            else:
+                history.change(uri, offset_at(current, rng.start), offset_at(current, rng.end), change.text)
+        opened = ls.open_document_text(uri)
+        if opened is not None and opened[0] != history.text(uri):
+            log.warning("next edit: %s out of step with the editor; following it from here", uri)
+            history.open(uri, opened[0])
+
+
+def next_edit(ls: SquidServer, params: Any) -> dict:
+    """The answer to `squidcode/nextEdit` for `{textDocument: {uri, version?}, position}`."""
+    document = _field(params, "textDocument") or _field(params, "text_document")
+    position = _field(params, "position")
+    uri = _field(document, "uri")
+    text = ls.edit_history.text(uri) if uri else None
+    if text is None or position is None:
+        return {"edits": []}
+    cursor = offset_at(text, types.Position(int(_field(position, "line", 0)),
+                                            int(_field(position, "character", 0))))
+    found = predict(ls.edit_history, uri, cursor)
+    if found is None:
+        return {"edits": []}
+    start, end = position_at(text, found.start), position_at(text, found.end)
+    return {"edits": [{
+        "range": {"start": {"line": start.line, "character": start.character},
+                  "end": {"line": end.line, "character": end.character}},
+        "newText": found.text, "kind": found.kind,
+        "textDocument": {"uri": uri, "version": _field(document, "version")},
+    }]}
+
+
+def register(server: SquidServer) -> None:
+    server.edit_history = EditHistory()
+    server.document_listeners.append(lambda method, params: on_document(server, method, params))
+
+    @server.feature(NEXT_EDIT)
+    def next_edit_request(ls: SquidServer, params: Any) -> dict:
+        return next_edit(ls, params)

@@ -1,0 +1,76 @@
+"""`squidcode/nextEdit` over LSP to the server subprocess: a rename typed in the editor, as
+incremental didChange events, is offered at the next occurrence; then the edit is accepted and the
+next one offered; a request about nothing gets no edit and the server keeps serving."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import pytest_lsp
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
+
+from lsp_server.features.next_edit import NEXT_EDIT
+from tests.conftest import SERVER_CMD
+from tests.e2e.test_index_lsp import plain
+
+pytestmark = pytest.mark.e2e
+
+CODE = ("def report(items):\n    total = 0\n    for item in items:\n        total += item.price\n"
+        "    return total\n")
+
+
+@pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER_CMD))
+async def client(lsp_client: LanguageClient, tmp_path: Path, model_cache_dir):
+    project = tmp_path / "ws"
+    project.mkdir()
+    (project / "report.py").write_text(CODE)
+    await lsp_client.initialize_session(types.InitializeParams(
+        capabilities=client_capabilities("visual-studio-code"), root_uri=project.as_uri(),
+        workspace_folders=[types.WorkspaceFolder(uri=project.as_uri(), name="ws")]))
+    lsp_client.uri = (project / "report.py").as_uri()
+    yield
+    await lsp_client.shutdown_session()
+
+
+def change(client: LanguageClient, version: int, line: int, start: int, end: int, text: str) -> None:
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=client.uri, version=version),
+        content_changes=[types.TextDocumentContentChangePartial(
+            range=types.Range(types.Position(line, start), types.Position(line, end)), text=text)]))
+
+
+async def ask(client: LanguageClient, line: int, character: int) -> list[dict]:
+    result = await client.protocol.send_request_async(NEXT_EDIT, {
+        "textDocument": {"uri": client.uri, "version": 9},
+        "position": {"line": line, "character": character}})
+    return plain(result)["edits"]
+
+
+async def test_a_typed_rename_is_offered_at_the_next_occurrence_then_the_one_after(client: LanguageClient):
+    client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
+        uri=client.uri, language_id="python", version=1, text=CODE)))
+    # Select `total` on line 1 and type `subtotal` over it, a character at a time.
+    change(client, 2, 1, 4, 9, "s")
+    for i, char in enumerate("ubtotal", start=5):
+        change(client, i - 2, 1, i, i, char)
+    (edit,) = await ask(client, 1, 12)
+    assert edit["newText"] == "subtotal" and edit["kind"] == "rename"
+    assert edit["range"] == {"start": {"line": 3, "character": 8}, "end": {"line": 3, "character": 13}}
+    assert edit["textDocument"] == {"uri": client.uri, "version": 9}
+    # The editor applies it (an edit of its own); the next occurrence comes next.
+    change(client, 20, 3, 8, 13, "subtotal")
+    (after,) = await ask(client, 3, 16)
+    assert after["range"]["start"] == {"line": 4, "character": 11} and after["newText"] == "subtotal"
+
+
+async def test_nothing_to_offer_and_bad_requests_get_no_edit(client: LanguageClient):
+    assert await ask(client, 0, 0) == []  # never opened
+    client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
+        uri=client.uri, language_id="python", version=1, text=CODE)))
+    assert await ask(client, 0, 0) == []  # no edit yet
+    result = await client.protocol.send_request_async(NEXT_EDIT, {"position": "nowhere"})
+    assert plain(result) == {"edits": []}
+    symbols = await client.workspace_symbol_async(types.WorkspaceSymbolParams(query="report"))
+    assert symbols is not None  # still serving

@@ -1,0 +1,127 @@
+"""Next-edit suggestions' deterministic path (`context.next_edit`): typing bursts merged into one
+edit, a rename carried to the next occurrence, a repeated change carried to the next place it
+fits, never an edit that undoes one the user made."""
+
+from __future__ import annotations
+
+from context.next_edit import EditHistory, predict
+
+CODE = """def report(items):
+    total = 0
+    for item in items:
+        total += item.price
+    print(total)
+    return total
+"""
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def type_over(history: EditHistory, uri: str, start: int, old: str, new: str, clock: Clock) -> None:
+    """Select `old` at `start` and type `new` a character at a time, as an editor sends it."""
+    history.change(uri, start, start + len(old), new[0])
+    for i, char in enumerate(new[1:], start=1):
+        clock.now += 0.1
+        history.change(uri, start + i, start + i, char)
+
+
+def test_typing_over_a_name_is_one_edit_and_the_next_occurrence_is_renamed():
+    clock = Clock()
+    history = EditHistory(clock=clock)
+    history.open("a.py", CODE)
+    first = CODE.index("total")
+    type_over(history, "a.py", first, "total", "subtotal", clock)
+    (edit,) = history.edits("a.py")
+    assert (edit.start, edit.old, edit.new) == (first, "total", "subtotal")
+    text = history.text("a.py")
+    cursor = first + len("subtotal")
+    nxt = predict(history, "a.py", cursor)
+    assert nxt.kind == "rename" and text[nxt.start:nxt.end] == "total" and nxt.text == "subtotal"
+    assert nxt.start == text.index("total +=")
+    # Applying it and asking again walks on to the next one.
+    history.change("a.py", nxt.start, nxt.end, "subtotal")
+    text = history.text("a.py")
+    again = predict(history, "a.py", nxt.start + len("subtotal"))
+    assert again is not None and again.start == text.index("total)")
+
+
+def test_a_name_typed_in_front_of_an_old_one_is_a_rename_too():
+    clock = Clock()
+    history = EditHistory(clock=clock)
+    history.open("a.py", CODE)
+    at = CODE.index("total")
+    for i, char in enumerate("sub"):
+        history.change("a.py", at + i, at + i, char)
+        clock.now += 0.1
+    nxt = predict(history, "a.py", at + 3)
+    assert nxt is not None and nxt.kind == "rename" and nxt.text == "subtotal"
+
+
+def test_an_argument_added_to_a_call_is_offered_at_the_next_same_call():
+    code = "fetch(url)\nlog('x')\nfetch(url)\nfetch(other)\n"
+    clock = Clock()
+    history = EditHistory(clock=clock)
+    history.open("b.py", code)
+    at = code.index(")")
+    for i, char in enumerate(", timeout=5"):
+        history.change("b.py", at + i, at + i, char)
+        clock.now += 0.05
+    text = history.text("b.py")
+    nxt = predict(history, "b.py", at + len(", timeout=5"))
+    assert nxt is not None and nxt.kind == "repeat" and nxt.text == ", timeout=5"
+    assert nxt.start == nxt.end == text.index("fetch(url)\nfetch(other)") + len("fetch(url")
+    history.change("b.py", nxt.start, nxt.end, nxt.text)
+    # `fetch(other)` has other neighbours: nothing more to offer.
+    assert predict(history, "b.py", nxt.start) is None
+
+
+def test_a_pause_starts_a_new_edit():
+    clock = Clock()
+    history = EditHistory(clock=clock, burst_s=1.0)
+    history.open("c.py", "ab")
+    history.change("c.py", 2, 2, "c")
+    clock.now += 5
+    history.change("c.py", 3, 3, "d")
+    assert [(e.old, e.new) for e in history.edits("c.py")] == [("", "c"), ("", "d")]
+    history.close("c.py")
+    assert history.edits("c.py") == [] and predict(history, "c.py", 0) is None
+
+
+def test_backspacing_is_part_of_the_burst():
+    clock = Clock()
+    history = EditHistory(clock=clock)
+    history.open("d.py", "value = 1\n")
+    history.change("d.py", 0, 5, "count")  # value -> count
+    clock.now += 0.1
+    history.change("d.py", 4, 5, "")  # backspace over the t
+    (edit,) = history.edits("d.py")
+    assert (edit.old, edit.new) == ("value", "coun")
+
+
+def test_a_rename_the_user_undid_elsewhere_is_not_offered():
+    code = "a = size\nb = size\nc = size\n"
+    clock = Clock()
+    history = EditHistory(clock=clock)
+    history.open("e.py", code)
+    # The user once turned `length` into `size` at the third line, then renames `size` to `length`.
+    history.open("e.py", code.replace("c = size", "c = length"))
+    history.change("e.py", len("a = size\nb = size\nc = "), len("a = size\nb = size\nc = length"), "size")
+    clock.now += 5
+    history.change("e.py", 4, 8, "length")
+    assert predict(history, "e.py", 10) is None
+
+
+def test_a_whole_document_replacement_is_diffed_into_one_edit():
+    history = EditHistory()
+    history.open("f.py", CODE)
+    history.change("f.py", None, None, CODE.replace("total = 0", "subtotal = 0", 1))
+    (edit,) = history.edits("f.py")
+    assert edit.new == "sub" and edit.old == ""
+    nxt = predict(history, "f.py", 0)
+    assert nxt is not None and nxt.kind == "rename" and nxt.text == "subtotal"
