@@ -5,11 +5,15 @@ it applies next.
 closes), each typing burst merged into one edit: typing a new name over an old one is one edit
 from the old name to the new. `predict` reads the last edit:
 
-- a **rename**: the edit turned one identifier into another (`total` -> `subtotal`); the next
-  whole-word occurrence of the old name after the cursor (then from the top) gets the new one;
-- a **repeat**: any other edit within a line (an argument added to a call, an operator changed);
-  the next place after the cursor where the same text stands between the same neighbours on its
-  line (up to `CONTEXT` characters each side) gets the same change.
+- a **rename**: the edit turned one identifier into another (`total` -> `subtotal`);
+- a **repeat**: any other edit within a line (an argument added to a call, an operator changed,
+  `(object)` dropped from a class line).
+
+The old text is looked for after the cursor (then from the top). A renamed name, at its next use (as
+a whole name or a part of one between underscores: `blacklist` in `add_blacklist`). A repeat,
+between the same neighbours it had on its line, `CONTEXT` characters each side, then fewer, then on
+one side only, then alone (an insertion always needs neighbours; one at the end of its line goes at
+the end of another). The first place found gets the same change.
 
 A prediction that would undo a recent edit (the user just changed the new name back) is never
 offered. The model path (a rewrite of the region around the cursor from the recent edits) comes
@@ -25,7 +29,10 @@ from dataclasses import dataclass, field
 
 __all__ = ["CONTEXT", "Edit", "EditHistory", "Prediction", "predict"]
 
-CONTEXT = 12  # characters of the edited line each side of the edit that a repeat must match
+CONTEXT = 12  # characters of the edited line each side of the edit that a repeat must match first
+# The neighbours (left, right) a repeat tries in turn: both sides, then one, then none.
+_NEIGHBOURS = ((CONTEXT, CONTEXT), (6, 6), (3, 3), (CONTEXT, 0), (6, 0), (3, 0), (0, CONTEXT), (0, 6), (0, 3),
+               (0, 0))
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -157,6 +164,11 @@ def _rename(edit: Edit) -> tuple[str, str] | None:
     return (old, new) if old != new else None
 
 
+def _telling(context: str) -> bool:
+    """Whether one-sided neighbours are specific enough to place a change: a name in them."""
+    return len(context.strip()) >= 3 and any(ch.isalnum() for ch in context)
+
+
 def _undone(edits: Sequence[Edit], old: str, new: str) -> bool:
     """Whether an earlier edit turned `new` into `old`: the prediction (`old` -> `new`) would undo
     what the user chose."""
@@ -166,18 +178,6 @@ def _undone(edits: Sequence[Edit], old: str, new: str) -> bool:
     return False
 
 
-def _next_match(text: str, pattern: re.Pattern, cursor: int, skip: tuple[int, int]) -> re.Match | None:
-    """The first match at or after `cursor`, else the first from the top; never the span `skip`."""
-    first = None
-    for match in pattern.finditer(text):
-        if match.span() == skip or (match.start() < skip[1] and match.end() > skip[0]):
-            continue
-        if match.start() >= cursor:
-            return match
-        first = first or match
-    return first
-
-
 def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
     """The next edit after the document's last one, at the offset `cursor` of its current text."""
     edits = history.edits(uri)
@@ -185,32 +185,56 @@ def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
     if not edits or text is None:
         return None
     last = edits[-1]
+    if not last.before or "\n" in last.old or "\n" in last.new:
+        return None
     done = (last.start, last.start + len(last.new))  # where the last edit stands now
     renamed = _rename(last)
     if renamed is not None:
         old, new = renamed
-        if _undone(edits, old, new):
-            return None
-        pattern = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(old)}(?![A-Za-z0-9_])")
-        match = _next_match(text, pattern, cursor, done)
-        return Prediction(match.start(), match.end(), new, "rename") if match else None
-    if "\n" in last.old or "\n" in last.new or not last.before or _undone(edits, last.old, last.new):
+        start = _word_at(last.before, last.start, last.start + len(last.old))[0]
+        kind = "rename"
+    else:
+        old, new, start, kind = last.old, last.new, last.start, "repeat"
+    if _undone(edits, old, new) or not (old or new).strip():
         return None
     before = last.before
-    line_start = before.rfind("\n", 0, last.start) + 1
-    line_end = before.find("\n", last.start + len(last.old))
+    line_start = before.rfind("\n", 0, start) + 1
+    line_end = before.find("\n", start + len(old))
     line_end = len(before) if line_end < 0 else line_end
-    left = before[max(line_start, last.start - CONTEXT) : last.start]
-    right = before[last.start + len(last.old) : min(line_end, last.start + len(last.old) + CONTEXT)]
-    if not (left + last.old + right).strip():
-        return None
-    pattern = re.compile(re.escape(left) + "(" + re.escape(last.old) + ")" + re.escape(right))
+    word = bool(_IDENT.fullmatch(old))
+    # A renamed name is renamed at its next use, wherever it stands; a repeated change where the
+    # same text stands between the same neighbours, the widest that match first.
+    for left_size, right_size in (((0, 0),) if kind == "rename" else _NEIGHBOURS):
+        if not old and not left_size and not right_size:
+            break  # an insertion needs neighbours to say where it goes
+        left = before[max(line_start, start - left_size) : start] if left_size else ""
+        right = before[start + len(old) : min(line_end, start + len(old) + right_size)] if right_size else ""
+        if bool(left_size) != bool(right_size) and not _telling(left or right):
+            continue  # one side only, and it says too little (a lone `)`) to put the change anywhere
+        # Without neighbours a name matches as a whole name or a part of one between underscores.
+        head = re.escape(left) if left_size else (r"(?<![A-Za-z0-9])" if word else "")
+        tail = re.escape(right) if right_size else (r"(?![A-Za-z0-9])" if word else "")
+        if right_size and not right:
+            tail = r"(?=\r?\n|\Z)"  # the edit was at the end of its line: so at the end of another
+        found = _next_group(text, re.compile(head + "(" + re.escape(old) + ")" + tail), cursor, done, new)
+        if found is not None:
+            return Prediction(found[0], found[1], new, kind)
+    return None
+
+
+def _next_group(text: str, pattern: re.Pattern, cursor: int, done: tuple[int, int],
+                new: str) -> tuple[int, int] | None:
+    """The span of group 1 of the first match at or after `cursor` (else the first from the top),
+    never overlapping `done` (the edit just made), nor at its very place, nor where `new` stands
+    already (an insertion made there before)."""
     first = None
     for match in pattern.finditer(text):
         span = match.span(1)
-        if span[0] < done[1] and span[1] > done[0] or (span[0] == done[0] and not last.old):
+        if (span[0] < done[1] and span[1] > done[0]) or span[0] == done[0] or span[1] == done[1]:
+            continue
+        if span[0] == span[1] and text.startswith(new, span[0]):
             continue
         if span[0] >= cursor:
-            return Prediction(span[0], span[1], last.new, "repeat")
-        first = first or Prediction(span[0], span[1], last.new, "repeat")
+            return span
+        first = first or span
     return first

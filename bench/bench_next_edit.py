@@ -1,0 +1,172 @@
+"""Next-edit suggestions on real edit histories (issue 24): the deterministic path against the next
+hunk a developer actually wrote.
+
+Cases come from a public repository's commits: in a commit that changes several lines of one Python
+file, each a one-line change, the first change is the edit made so far and the next one is what to
+predict. The file as it was before the commit is opened in `context.next_edit.EditHistory`, the
+first change applied as the editor would send it (the changed characters only), and `predict` is
+asked at the end of it. Reported for all cases and for the rename/repeat cases (the next change is
+the same substitution as the first, the kind the deterministic path is for):
+
+  exact      the prediction changes the same characters to the same text as the next hunk
+  in commit  the prediction is one of the commit's one-line changes of that file (a right edit the
+             developer made elsewhere than at the next hunk: they may skip a docstring, go back up)
+  none       no prediction
+  reversal   the prediction would put back what the first edit removed
+  latency    p50 / p95 of `predict`
+
+    python bench/bench_next_edit.py --git-dir /work/.mirror/pytoolz+toolz/repo [--commits 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from context.next_edit import EditHistory, predict  # noqa: E402
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def git(git_dir: Path, *args: str) -> str:
+    return subprocess.run(["git", "--git-dir", str(git_dir), *args], check=True, capture_output=True,
+                          text=True, errors="replace").stdout
+
+
+def one_line_changes(diff: str) -> dict[str, list[tuple[int, str, str]]]:
+    """Per file: (line number in the old file, old line, new line) of each hunk that changes one
+    line into one line."""
+    out: dict[str, list[tuple[int, str, str]]] = {}
+    path, lines = None, diff.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("+++ "):
+            path = line[6:] if line.startswith("+++ b/") else None
+        match = _HUNK.match(line)
+        if match and path and path.endswith(".py"):
+            old_n = int(match.group(2) or 1)
+            new_n = int(match.group(4) or 1)
+            if old_n == 1 and new_n == 1 and i + 2 < len(lines):
+                old, new = lines[i + 1], lines[i + 2]
+                if old.startswith("-") and new.startswith("+"):
+                    out.setdefault(path, []).append((int(match.group(1)), old[1:], new[1:]))
+    return out
+
+
+def char_change(old: str, new: str) -> tuple[int, int, str]:
+    """(start, end in `old`, replacement) of the one change that turns `old` into `new`."""
+    prefix = 0
+    while prefix < min(len(old), len(new)) and old[prefix] == new[prefix]:
+        prefix += 1
+    suffix = 0
+    while suffix < min(len(old), len(new)) - prefix and old[-1 - suffix] == new[-1 - suffix]:
+        suffix += 1
+    return prefix, len(old) - suffix, new[prefix : len(new) - suffix]
+
+
+def line_offset(text: str, line: int) -> int:
+    """The offset where 1-based `line` starts."""
+    offset = 0
+    for _ in range(line - 1):
+        offset = text.index("\n", offset) + 1
+    return offset
+
+
+def cases(git_dir: Path, commits: int):
+    for sha in git(git_dir, "log", "--no-merges", f"-{commits}", "--format=%H").split():
+        try:
+            diff = git(git_dir, "show", "--format=", "-U0", sha)
+        except subprocess.CalledProcessError:
+            continue
+        for path, changes in one_line_changes(diff).items():
+            if len(changes) < 2:
+                continue
+            try:
+                before = git(git_dir, "show", f"{sha}^:{path}")
+            except subprocess.CalledProcessError:
+                continue
+            yield sha, path, before, changes[0], changes[1], changes
+
+
+def run_case(before: str, first, second, changes=()) -> dict:
+    (line1, old1, new1), (line2, old2, new2) = first, second
+    s1, e1, r1 = char_change(old1, new1)
+    s2, e2, r2 = char_change(old2, new2)
+    history = EditHistory()
+    history.open("f.py", before)
+    start1 = line_offset(before, line1) + s1
+    history.change("f.py", start1, line_offset(before, line1) + e1, r1)
+    after = history.text("f.py")
+    shift = len(r1) - (e1 - s1)
+    start2 = line_offset(before, line2) + s2 + (shift if line2 > line1 else 0)
+    expected = (start2, start2 + (e2 - s2), r2)
+    began = time.perf_counter()
+    found = predict(history, "f.py", start1 + len(r1))
+    seconds = time.perf_counter() - began
+    same_kind = (old1[s1:e1], r1) == (old2[s2:e2], r2)
+    rename = _words(old1, new1) is not None and _words(old1, new1) == _words(old2, new2)
+    # Exact: the document after the prediction is the document after the next hunk (the same
+    # change may be spelled over other characters: `black` -> `deny` or `blacklist` -> `denylist`).
+    want = after[: expected[0]] + expected[2] + after[expected[1]:]
+    got = after[: found.start] + found.text + after[found.end:] if found else None
+    made = {(o.strip(), n.strip()) for _, o, n in changes[1:]}
+    in_commit = False
+    if found:
+        line_start = got.rfind("\n", 0, found.start) + 1
+        line_end = got.find("\n", found.start + len(found.text))
+        old_end = after.find("\n", found.end)
+        old_line = after[line_start : len(after) if old_end < 0 else old_end]
+        new_line = got[line_start : len(got) if line_end < 0 else line_end]
+        in_commit = (old_line.strip(), new_line.strip()) in made
+    return {"exact": got == want, "in_commit": got == want or in_commit, "none": found is None,
+            "seconds": seconds,
+            "repeat_case": same_kind or rename,
+            "reversal": bool(found) and found.text == old1[s1:e1] and after[found.start:found.end] == r1}
+
+
+def _words(old: str, new: str):
+    a, b = re.findall(r"\w+", old), re.findall(r"\w+", new)
+    if len(a) != len(b):
+        return None
+    pairs = {(x, y) for x, y in zip(a, b, strict=True) if x != y}
+    return pairs if len(pairs) == 1 else None
+
+
+def summary(rows: list[dict]) -> dict:
+    n = max(len(rows), 1)
+    times = sorted(r["seconds"] for r in rows) or [0.0]
+    return {"cases": len(rows), "exact": round(sum(r["exact"] for r in rows) / n, 3),
+            "in_commit": round(sum(r["in_commit"] for r in rows) / n, 3),
+            "none": round(sum(r["none"] for r in rows) / n, 3),
+            "reversal": round(sum(r["reversal"] for r in rows) / n, 3),
+            "p50_ms": round(1000 * statistics.median(times), 3),
+            "p95_ms": round(1000 * times[int(0.95 * (len(times) - 1))], 3)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--git-dir", type=Path, required=True)
+    parser.add_argument("--commits", type=int, default=2000)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    rows = [dict(run_case(before, first, second, changes), commit=sha[:10], path=path)
+            for sha, path, before, first, second, changes in cases(args.git_dir, args.commits)]
+    out = {"all": summary(rows), "rename_or_repeat": summary([r for r in rows if r["repeat_case"]]),
+           "other": summary([r for r in rows if not r["repeat_case"]])}
+    print(json.dumps(out, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps({"summary": out, "cases": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
