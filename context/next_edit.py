@@ -100,7 +100,7 @@ class EditHistory:
         doc.text = text[:start] + new + text[end:]
         if edit.old == edit.new:
             return
-        merged = _merge(doc.edits[-1], edit, self.burst_s) if doc.edits else None
+        merged = _merge(doc.edits[-1], edit, self.burst_s, doc.text) if doc.edits else None
         if merged is not None:
             doc.edits[-1] = merged
         else:
@@ -123,19 +123,25 @@ def _difference(old: str, new: str) -> tuple[int, int, str]:
     return prefix, len(old) - suffix, new[prefix : len(new) - suffix]
 
 
-def _merge(prev: Edit, edit: Edit, burst_s: float) -> Edit | None:
-    """`prev` and `edit` as one edit when `edit` continues the same burst of typing; else None."""
-    if edit.at - prev.at > burst_s:
+def _merge(prev: Edit, edit: Edit, burst_s: float, after: str) -> Edit | None:
+    """`prev` and `edit` as one edit when `edit` continues the same burst of typing (within
+    `burst_s`, at most `_NEAR` characters from where `prev` stands, on one line); else None.
+    The merged edit is the one difference between the document before `prev` and `after`: an
+    editor that sends `items` -> `s` as "delete `item`" and then types `tock` after the `s` has
+    renamed `items` to `stock`."""
+    if edit.at - prev.at > burst_s or not prev.before or "\n" in prev.old + prev.new + edit.old + edit.new:
         return None
     prev_end = prev.start + len(prev.new)  # where prev's text ends, in the document after it
-    if edit.start == prev_end:  # typing on
-        return Edit(prev.start, prev.old + edit.old, prev.new + edit.new, edit.at, prev.before)
-    if edit.new == "" and edit.start >= prev.start and edit.start + len(edit.old) == prev_end:
-        kept = prev.new[: len(prev.new) - len(edit.old)]  # backspacing over what was just typed
-        return Edit(prev.start, prev.old, kept, edit.at, prev.before)
-    if edit.new == "" and edit.start + len(edit.old) == prev.start:  # backspacing past it
-        return Edit(edit.start, edit.old + prev.old, prev.new, edit.at, prev.before or edit.before)
-    return None
+    if not prev.start - _NEAR <= edit.start <= prev_end + _NEAR:
+        return None
+    start, end, new = _difference(prev.before, after)
+    old = prev.before[start:end]
+    if "\n" in old or "\n" in new:
+        return None
+    return Edit(start, old, new, edit.at, prev.before)
+
+
+_NEAR = 2  # characters between two edits of one burst (an editor's diff may leave one standing)
 
 
 def _word_at(text: str, start: int, end: int) -> tuple[int, int] | None:

@@ -1,7 +1,8 @@
 """The Neovim plugin as a user sets it up (`require('squidcode').setup({...})`), in a real headless
 Neovim against the real server: attach, status notification and statusline, ghost text accepted with
-the plugin's accept key, :Squid status / feedback / record, :checkhealth squidcode, and an agent edit
-on a range. One run of tests/e2e/nvim/plugin.lua (module fixture); each test judges one part.
+the plugin's accept key, :Squid status / feedback / record, :checkhealth squidcode, a next edit
+previewed and accepted (:Squid next), and an agent edit on a range. One run of
+tests/e2e/nvim/plugin.lua (module fixture); each test judges one part.
 Parts that need a server command this server does not offer are skipped with the command's name.
 """
 
@@ -96,7 +97,7 @@ def test_setup_registers_server_commands_and_accept_key(plugin_run: PluginRun):
     assert setup["squid_desc"].startswith("squidcode: agent {instruction}"), ctx
     assert setup["squid_range"] == ".", ctx
     assert setup["accept_map_desc"] == "squidcode: accept the inline completion (and report it)", ctx
-    assert sorted(setup["completions"]) == ["agent", "feedback", "record", "share", "status"], ctx
+    assert sorted(setup["completions"]) == ["agent", "feedback", "next", "record", "share", "status"], ctx
     assert setup["statusline_before"] == "", ctx  # no client yet
     client = r["client"]
     assert client["cmd"] == SERVER_CMD, ctx
@@ -173,3 +174,15 @@ def test_agent_edit_on_a_range_is_applied(plugin_run: PluginRun):
     assert len(plugin_run.fake.requests) >= 1, ctx
     before, after = r["before_agent"], r["after_agent"]
     assert after == [NEW_DOCSTRING] + before[1:], ctx
+
+
+def test_a_next_edit_is_previewed_and_accepted(plugin_run: PluginRun):
+    r, ctx = plugin_run.report, plugin_run.context()
+    edit = r["next_edit"]
+    assert edit and edit["newText"] == "stock" and edit["kind"] == "rename", ctx
+    assert edit["range"]["start"]["line"] == edit["range"]["end"]["line"], ctx
+    assert r["next_edit_marks"] == 1, ctx
+    assert r["next_edit_accepted"] is True, ctx
+    # The next `items` is in in_stock's docstring (renames go there too: in real histories the next
+    # change after a rename often is the docstring's); `item` is another name and stays.
+    assert r["after_next_edit"] == '    """The stock with at least one unit left."""', ctx

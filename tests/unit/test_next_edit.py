@@ -37,8 +37,8 @@ def test_typing_over_a_name_is_one_edit_and_the_next_occurrence_is_renamed():
     history.open("a.py", CODE)
     first = CODE.index("total")
     type_over(history, "a.py", first, "total", "subtotal", clock)
-    (edit,) = history.edits("a.py")
-    assert (edit.start, edit.old, edit.new) == (first, "total", "subtotal")
+    (edit,) = history.edits("a.py")  # one edit: the document before the burst against after it
+    assert (edit.start, edit.old, edit.new) == (first, "", "sub")
     text = history.text("a.py")
     cursor = first + len("subtotal")
     nxt = predict(history, "a.py", cursor)
@@ -125,3 +125,20 @@ def test_a_whole_document_replacement_is_diffed_into_one_edit():
     assert edit.new == "sub" and edit.old == ""
     nxt = predict(history, "f.py", 0)
     assert nxt is not None and nxt.kind == "rename" and nxt.text == "subtotal"
+
+
+def test_an_editors_minimal_diff_of_a_typed_rename_is_still_one_rename():
+    """Neovim sends `items` -> `s` as "delete `item`" (the `s` stays), then the typed `tock`."""
+    clock = Clock()
+    history = EditHistory(clock=clock)
+    code = "def in_stock(items):\n    return [item for item in items if item]\n"
+    history.open("g.py", code)
+    at = code.index("items")
+    history.change("g.py", at, at + 4, "")
+    for i, char in enumerate("tock", start=1):
+        clock.now += 0.03
+        history.change("g.py", at + i, at + i, char)
+    text = history.text("g.py")
+    nxt = predict(history, "g.py", at + 5)
+    assert nxt is not None and nxt.kind == "rename" and nxt.text == "stock"
+    assert text[nxt.start:nxt.end] == "items" and nxt.start == text.index("in items") + 3

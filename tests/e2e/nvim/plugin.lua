@@ -159,6 +159,39 @@ local function commands_and_health(squid, bufnr)
   save()
 end
 
+--- 6. A next edit: `items` renamed to `stock` in in_stock's signature, typed over as a user would;
+--- :Squid next previews the next `items`, and again accepts it.
+local function next_edit(squid, bufnr)
+  local row
+  for i, line in ipairs(lines(bufnr)) do
+    if line:find('^def in_stock%(items') then
+      row = i - 1
+    end
+  end
+  if not row then
+    return fail('no in_stock line to rename in')
+  end
+  local col = #'def in_stock('
+  vim.api.nvim_buf_set_text(bufnr, row, col, row, col + #'items', { 's' })
+  for i, char in ipairs({ 't', 'o', 'c', 'k' }) do
+    vim.api.nvim_buf_set_text(bufnr, row, col + i, row, col + i, { char })
+    vim.wait(30)
+  end
+  vim.wait(400) -- the client sends didChange after its debounce
+  vim.api.nvim_win_set_cursor(0, { row + 1, col + #'stock' })
+  exec('Squid next')
+  local shown = squid.state.next_edit
+  result.next_edit = shown and shown.edit or vim.NIL
+  result.next_edit_marks = #vim.api.nvim_buf_get_extmarks(bufnr, vim.api.nvim_get_namespaces()['squidcode.next_edit'],
+    0, -1, {})
+  exec('Squid next')
+  result.next_edit_accepted = squid.state.next_edit == nil
+  local edit = shown and shown.edit
+  result.after_next_edit = edit and lines(bufnr)[edit.range.start.line + 1] or vim.NIL
+  result.cursor_after_next_edit = vim.api.nvim_win_get_cursor(0)
+  save()
+end
+
 --- 5. The agent on line 1 (a range), its WorkspaceEdit applied to the buffer.
 local function agent_on_a_range(squid, client, bufnr)
   result.before_agent = lines(bufnr)
@@ -183,6 +216,7 @@ local function main()
   model_loaded(squid)
   ghost_text_and_accept(squid, client, bufnr, map)
   commands_and_health(squid, bufnr)
+  next_edit(squid, bufnr)
   agent_on_a_range(squid, client, bufnr)
   client:stop()
   result.stopped = wait_for(10000, function()

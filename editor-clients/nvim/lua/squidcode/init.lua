@@ -33,6 +33,7 @@ M.state = {
   agent = nil, -- { running = bool, result = table?, error = string?, applied = bool? }
   accepted = {}, -- one entry per acceptance reported: { args, ok, error }
   feedback = nil, -- the last feedback status
+  next_edit = nil, -- the next edit shown: { bufnr, edit, encoding }
 }
 
 local registered = false
@@ -268,6 +269,79 @@ local function report_acceptance(command, ctx)
     end, ctx.bufnr)
 end
 
+-- -- next edit ------------------------------------------------------------------------------------
+
+local next_ns = vim.api.nvim_create_namespace('squidcode.next_edit')
+
+--- Removes the next-edit preview of `bufnr` (the current buffer by default).
+function M.clear_next_edit(bufnr)
+  bufnr = bufnr or vim.api.nvim_get_current_buf()
+  if vim.api.nvim_buf_is_valid(bufnr) then
+    vim.api.nvim_buf_clear_namespace(bufnr, next_ns, 0, -1)
+  end
+  if M.state.next_edit and M.state.next_edit.bufnr == bufnr then
+    M.state.next_edit = nil
+  end
+end
+
+local function byte_col(bufnr, position, encoding)
+  local line = vim.api.nvim_buf_get_lines(bufnr, position.line, position.line + 1, false)[1] or ''
+  return vim.str_byteindex(line, encoding, position.character, false)
+end
+
+--- Asks the server for the edit the user is about to make (squidcode/nextEdit, from the edits just
+--- made) and previews it: the text it replaces struck through, the new text beside it. Returns the
+--- edit, or nil when there is none.
+function M.next_edit(bufnr)
+  bufnr = bufnr or vim.api.nvim_get_current_buf()
+  M.clear_next_edit(bufnr)
+  local client = M.client(bufnr)
+  if not client then
+    return nil
+  end
+  local params = vim.lsp.util.make_position_params(0, client.offset_encoding)
+  params.textDocument.version = vim.lsp.util.buf_versions[bufnr]
+  local response = client:request_sync('squidcode/nextEdit', params, 2000, bufnr)
+  local edit = response and response.result and response.result.edits and response.result.edits[1]
+  if not edit then
+    return nil
+  end
+  local first, last = edit.range.start, edit.range['end']
+  local start_col = byte_col(bufnr, first, client.offset_encoding)
+  local end_col = byte_col(bufnr, last, client.offset_encoding)
+  vim.api.nvim_buf_set_extmark(bufnr, next_ns, first.line, start_col, {
+    end_row = last.line, end_col = end_col, hl_group = 'DiffDelete',
+    virt_text = { { edit.newText, 'DiffAdd' } }, virt_text_pos = 'inline',
+  })
+  M.state.next_edit = { bufnr = bufnr, edit = edit, encoding = client.offset_encoding }
+  return edit
+end
+
+--- Applies the previewed next edit and puts the cursor after it; false when none is shown.
+function M.accept_next_edit()
+  local shown = M.state.next_edit
+  if not shown or not vim.api.nvim_buf_is_valid(shown.bufnr) then
+    return false
+  end
+  M.clear_next_edit(shown.bufnr)
+  local edit = shown.edit
+  vim.lsp.util.apply_text_edits({ { range = edit.range, newText = edit.newText } }, shown.bufnr, shown.encoding)
+  local start = edit.range.start
+  local col = byte_col(shown.bufnr, start, shown.encoding) + #edit.newText
+  if vim.api.nvim_get_current_buf() == shown.bufnr then
+    vim.api.nvim_win_set_cursor(0, { start.line + 1, col })
+  end
+  return true
+end
+
+--- Shows the next edit, or accepts the one shown (the `next_edit_key` mapping and `:Squid next`).
+function M.next()
+  if M.state.next_edit and M.state.next_edit.bufnr == vim.api.nvim_get_current_buf() then
+    return M.accept_next_edit()
+  end
+  return M.next_edit() ~= nil
+end
+
 -- -- registration ---------------------------------------------------------------------------------
 
 local subcommands = {
@@ -281,6 +355,7 @@ local subcommands = {
     end,
   },
   status = { run = function() M.show_status() end },
+  next = { run = function() M.next() end },
   feedback = { run = function() M.feedback() end },
   record = { args = { 'on', 'off' } },
   share = { args = { 'on', 'off' } },
@@ -299,7 +374,7 @@ local function squid_command(opts)
   local name, rest = opts.args:match('^%s*(%S+)%s*(.-)%s*$')
   local sub = subcommands[name or '']
   if not sub then
-    return notify('usage: :Squid agent {instruction} | status | feedback | record on|off | share on|off',
+    return notify('usage: :Squid agent {instruction} | next | status | feedback | record on|off | share on|off',
       vim.log.levels.ERROR)
   end
   sub.run(opts, rest)
@@ -355,12 +430,13 @@ function M.register()
     nargs = '+',
     range = true,
     complete = complete_squid,
-    desc = 'squidcode: agent {instruction} (on a range) | status | feedback | record on|off | share on|off',
+    desc = 'squidcode: agent {instruction} (on a range) | next | status | feedback | record on|off | share on|off',
   })
 end
 
 --- Configures and enables the server. Options (all optional): cmd, settings, backend_url,
---- filetypes, accept_key ('<Tab>'; false for none), inline (true).
+--- filetypes, accept_key ('<Tab>'; false for none), inline (true), next_edit_key (normal mode:
+--- show the next edit, then accept it; none by default).
 function M.setup(opts)
   opts = opts or {}
   M.register()
@@ -389,6 +465,9 @@ function M.setup(opts)
         return vim.keycode(key)
       end
     end, { expr = true, desc = 'squidcode: accept the inline completion (and report it)' })
+  end
+  if opts.next_edit_key then
+    vim.keymap.set('n', opts.next_edit_key, M.next, { desc = 'squidcode: show the next edit, then accept it' })
   end
   M.options = opts
   return M
