@@ -18,11 +18,14 @@ from context.next_edit import EditHistory, predict
 from ..positions import offset_at, position_at
 from ..server import SquidServer
 
-__all__ = ["NEXT_EDIT", "next_edit", "register"]
+__all__ = ["COPILOT_INLINE_EDIT", "NEXT_EDIT", "copilot_inline_edit", "next_edit", "register"]
 
 log = logging.getLogger(__name__)
 
 NEXT_EDIT = "squidcode/nextEdit"
+# The request shape an existing Neovim next-edit client uses (copilot-lsp): `{edits: [{range, text,
+# textDocument, command}]}`.
+COPILOT_INLINE_EDIT = "textDocument/copilotInlineEdit"
 
 
 def _field(params: Any, name: str, default: Any = None) -> Any:
@@ -79,6 +82,13 @@ def next_edit(ls: SquidServer, params: Any) -> dict:
     }]}
 
 
+def copilot_inline_edit(ls: SquidServer, params: Any) -> dict:
+    """`next_edit` in the shape of `textDocument/copilotInlineEdit`."""
+    edits = next_edit(ls, params)["edits"]
+    return {"edits": [{"range": e["range"], "text": e["newText"], "textDocument": e["textDocument"],
+                       "command": None} for e in edits]}
+
+
 def register(server: SquidServer) -> None:
     server.edit_history = EditHistory()
     server.document_listeners.append(lambda method, params: on_document(server, method, params))
@@ -86,3 +96,7 @@ def register(server: SquidServer) -> None:
     @server.feature(NEXT_EDIT)
     def next_edit_request(ls: SquidServer, params: Any) -> dict:
         return next_edit(ls, params)
+
+    @server.feature(COPILOT_INLINE_EDIT)
+    def copilot_inline_edit_request(ls: SquidServer, params: Any) -> dict:
+        return copilot_inline_edit(ls, params)

@@ -11,7 +11,7 @@ import pytest_lsp
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
-from lsp_server.features.next_edit import NEXT_EDIT
+from lsp_server.features.next_edit import COPILOT_INLINE_EDIT, NEXT_EDIT
 from tests.conftest import SERVER_CMD
 from tests.e2e.test_index_lsp import plain
 
@@ -59,6 +59,11 @@ async def test_a_typed_rename_is_offered_at_the_next_occurrence_then_the_one_aft
     assert edit["newText"] == "subtotal" and edit["kind"] == "rename"
     assert edit["range"] == {"start": {"line": 3, "character": 8}, "end": {"line": 3, "character": 13}}
     assert edit["textDocument"] == {"uri": client.uri, "version": 9}
+    # The same answer in the shape copilot-lsp's Neovim client asks for.
+    copilot = plain(await client.protocol.send_request_async(COPILOT_INLINE_EDIT, {
+        "textDocument": {"uri": client.uri, "version": 9}, "position": {"line": 1, "character": 12}}))
+    assert copilot["edits"] == [{"range": edit["range"], "text": "subtotal", "command": None,
+                                 "textDocument": {"uri": client.uri, "version": 9}}]
     # The editor applies it (an edit of its own); the next occurrence comes next.
     change(client, 20, 3, 8, 13, "subtotal")
     (after,) = await ask(client, 3, 16)
