@@ -1,6 +1,7 @@
 """`squidcode/nextEdit` over LSP to the server subprocess: a rename typed in the editor, as
-incremental didChange events, is offered at the next occurrence; then the edit is accepted and the
-next one offered; a request about nothing gets no edit and the server keeps serving."""
+incremental didChange events, is offered at the next occurrence (also as
+`textDocument/copilotInlineEdit`); then the edit is accepted and the next one offered; a request
+about nothing, or a malformed one, gets no edit and the server keeps serving. One server start."""
 
 from __future__ import annotations
 
@@ -49,8 +50,13 @@ async def ask(client: LanguageClient, line: int, character: int) -> list[dict]:
 
 
 async def test_a_typed_rename_is_offered_at_the_next_occurrence_then_the_one_after(client: LanguageClient):
+    # Before anything is open, and with a malformed request: no edit, and the server keeps serving.
+    assert await ask(client, 0, 0) == []
+    result = await client.protocol.send_request_async(NEXT_EDIT, {"position": "nowhere"})
+    assert plain(result) == {"edits": []}
     client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
         uri=client.uri, language_id="python", version=1, text=CODE)))
+    assert await ask(client, 0, 0) == []  # no edit yet
     # Select `total` on line 1 and type `subtotal` over it, a character at a time.
     change(client, 2, 1, 4, 9, "s")
     for i, char in enumerate("ubtotal", start=5):
@@ -68,14 +74,5 @@ async def test_a_typed_rename_is_offered_at_the_next_occurrence_then_the_one_aft
     change(client, 20, 3, 8, 13, "subtotal")
     (after,) = await ask(client, 3, 16)
     assert after["range"]["start"] == {"line": 4, "character": 11} and after["newText"] == "subtotal"
-
-
-async def test_nothing_to_offer_and_bad_requests_get_no_edit(client: LanguageClient):
-    assert await ask(client, 0, 0) == []  # never opened
-    client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
-        uri=client.uri, language_id="python", version=1, text=CODE)))
-    assert await ask(client, 0, 0) == []  # no edit yet
-    result = await client.protocol.send_request_async(NEXT_EDIT, {"position": "nowhere"})
-    assert plain(result) == {"edits": []}
     symbols = await client.workspace_symbol_async(types.WorkspaceSymbolParams(query="report"))
     assert symbols is not None  # still serving
