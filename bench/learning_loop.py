@@ -463,14 +463,22 @@ def matrix_summary(outcomes: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def plot_matrix(reports: list[dict], path: Path) -> bool:
-    """Held-out keep rate by round, one line per run."""
+def _pyplot():
+    """matplotlib's pyplot without a display, or None when matplotlib is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def plot_matrix(reports: list[dict], path: Path) -> bool:
+    """Held-out keep rate by round, one line per run."""
+    plt = _pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for report in reports:
@@ -488,12 +496,8 @@ def plot_matrix(reports: list[dict], path: Path) -> bool:
 
 
 def plot(report: dict, path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return False
     rounds = [0] + [e["round"] for e in report["rounds"] if e["train"]["state"] == "promoted"]
     keeps = [h["keep_rate"] for h in report["held_out"]]
