@@ -1,11 +1,14 @@
 """Best-of-K: verify each sampled edit (format, applies, parses, lint, tests) and rank the verified.
 
 Every candidate is applied to its own copy of the overlay, so candidates never see each other. The
-verified ones (format followed, applied, no new syntax or lint error, tests not failing) are ranked
-by the model's mean log-probability per token; all are kept with their checks for the feedback store.
+verified ones (format followed, applied, no new syntax, lint or language-server error, tests not
+failing) are ranked by the model's mean log-probability per token; all are kept with their checks for
+the feedback store.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from .episode import Candidate
 from .errors import ToolError
@@ -43,14 +46,14 @@ def verify_candidate(
     if after == before:
         return _failed(checks, "applies", "the edit changes nothing", text, temperature)
     checks["applies"] = True
-    trial = ToolContext(ctx.workspace, overlay, ctx.config, ctx.store, ctx.memory, ctx.lint_cache)
+    trial = dataclasses.replace(ctx, overlay=overlay)  # the same services (lint cache, language servers)
     try:
         check = check_edit(trial, path, before, after)
     except ToolError as exc:
         checks["parse"] = True
         return _failed(checks, "lint", f"lint could not run: {exc}", text, temperature)
     checks["parse"] = not check.syntax
-    checks["lint"] = not check.syntax and not check.lint
+    checks["lint"] = not check.syntax and not check.lint and not check.types
     overlay.write(path, after)
     candidate = Candidate(overlay.diff(), False, checks, text, None, temperature, changes=overlay.changes())
     if not check.ok:

@@ -12,6 +12,8 @@ __all__ = [
     "BackendTimeoutError",
     "MemoryStoreError",
     "AgentCancelled",
+    "LanguageServerError",
+    "LanguageServerTimeout",
 ]
 
 
@@ -49,3 +51,11 @@ class MemoryStoreError(AgentError):
 
 class AgentCancelled(AgentError):
     """The episode was cancelled by its caller."""
+
+
+class LanguageServerError(AgentError):
+    """A language server the agent queries is missing, stopped, or refused a request."""
+
+
+class LanguageServerTimeout(LanguageServerError):
+    """A language server did not answer within its timeout."""

@@ -19,7 +19,7 @@ from context.errors import SquidcodeError
 
 from . import __version__
 
-__all__ = ["Check", "collect_checks", "run_doctor", "GRAMMARS", "data_dir"]
+__all__ = ["Check", "collect_checks", "run_doctor", "GRAMMARS", "data_dir", "check_language_servers"]
 
 GRAMMARS = ("python", "javascript", "typescript", "go", "rust", "lua")
 COMPILER_INSTALL = ("install a C compiler (Debian/Ubuntu: apt install gcc; Fedora: dnf install gcc; "
@@ -173,6 +173,24 @@ def check_isolation(config: SquidConfig) -> Check:
                  required=False)
 
 
+def check_language_servers(config: SquidConfig) -> Check:
+    """Which language servers the agent's tools can start (agent.lsp_client): Python's built in, the
+    configured ones, and the usual ones for other languages."""
+    from agent.lsp_client.specs import find_servers, parse_server_commands
+
+    commands, problems = parse_server_commands(getattr(config.agent, "language_server_commands", None))
+    servers = find_servers(commands)
+    found = [f"{s.name} ({s.language})" for s in servers if s.found]
+    missing = [f"{s.name} ({s.language})" for s in servers if not s.found]
+    python_missing = [s.name for s in servers if s.language == "python" and not s.found]
+    enabled = "on" if getattr(config.agent, "language_servers", False) else "off (agent.language_servers)"
+    detail = "; ".join([f"found: {', '.join(found) or 'none'}", f"not found: {', '.join(missing) or 'none'}",
+                        f"agent tools {enabled}", *problems])
+    fix = "pip install basedpyright (or squidcode[lsp]); other languages: install the server and name its " \
+          "command in agent.language_server_commands"
+    return Check("language servers", not python_missing, detail, fix, required=False)
+
+
 def collect_checks(load_model: bool = True, workspace: Path | None = None) -> list[Check]:
     workspace = workspace or Path.cwd()
     config, _ = load_file_config([workspace])
@@ -185,6 +203,7 @@ def collect_checks(load_model: bool = True, workspace: Path | None = None) -> li
         check_grammars,
         lambda: _tool_version("git", "install git (Debian/Ubuntu: apt-get install git)"),
         lambda: _tool_version("ruff", "pip install ruff"),
+        lambda: check_language_servers(config),
         lambda: check_isolation(config),
         lambda: check_writable("cache dir", config.resolved_cache_dir()),
         lambda: check_writable("data dir", data_dir()),

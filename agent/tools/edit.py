@@ -1,19 +1,21 @@
-"""`edit`: search/replace blocks applied to the overlay, gated by the parser and the linter.
+"""`edit`: search/replace blocks applied to the overlay, gated by the parser, the linter and, when
+they are turned on, the type-checking language servers.
 
-An edit that introduces a syntax error or new lint errors is rejected: the overlay keeps the file as
-it was and the model is shown the errors, the code it proposed and the original. A search text must
-match exactly one place; lines that differ only in trailing spaces, or in indentation as a whole,
-still match (small models rarely reproduce whitespace exactly).
+An edit that introduces a syntax error, new lint errors or new type errors is rejected: the overlay
+keeps the file as it was and the model is shown the errors, the code it proposed and the original.
+A search text must match exactly one place; lines that differ only in trailing spaces, or in
+indentation as a whole, still match (small models rarely reproduce whitespace exactly).
 """
 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import ToolError
 from ..overlay import unified_diff
 from .lint import lint_change
+from .lsp import gate_check, notes_text
 from .registry import Tool, ToolContext, ToolResult
 
 __all__ = ["EDIT", "apply_blocks", "check_edit", "EditCheck", "Block", "replace_definitions", "new_text_for"]
@@ -34,6 +36,8 @@ class EditCheck:
     lint: list[str]
     before: str
     after: str
+    types: list[str] = field(default_factory=list)  # new errors from the language servers
+    notes: list[str] = field(default_factory=list)  # a server missing or hung, errors not blocking
 
 
 def _find_lines(lines: list[str], wanted: list[str], key) -> list[int]:
@@ -168,7 +172,9 @@ def new_text_for(before: str, args: dict) -> str:
 
 def check_edit(ctx: ToolContext, path, before: str, after: str) -> EditCheck:
     syntax, lint = lint_change(ctx, path, before, after)
-    return EditCheck(not syntax and not lint, syntax, [d.render() for d in lint], before, after)
+    types, notes = gate_check(ctx, path, before, after) if not syntax else ([], [])
+    ok = not syntax and not lint and not types
+    return EditCheck(ok, syntax, [d.render() for d in lint], before, after, types, notes)
 
 
 def _excerpt(text: str, around: set[int], context: int = 3) -> str:
@@ -195,7 +201,7 @@ def _changed_lines(before: str, after: str) -> tuple[set[int], set[int]]:
 
 def rejection_message(rel: str, check: EditCheck) -> str:
     old, new = _changed_lines(check.before, check.after)
-    errors = "\n".join(check.syntax + check.lint)
+    errors = "\n".join(check.syntax + check.lint + check.types)
     return (
         f"edit of {rel} rejected, the file is unchanged. It would introduce:\n{errors}\n"
         f"--- your proposed code:\n{_excerpt(check.after, new)}\n"
@@ -241,16 +247,17 @@ def edit(ctx: ToolContext, args: dict) -> ToolResult:
         return ToolResult(
             False,
             rejection_message(rel, check),
-            {"rejected": True, "syntax": check.syntax, "lint": check.lint},
+            {"rejected": True, "syntax": check.syntax, "lint": check.lint, "types": check.types},
         )
     ctx.overlay.write(path, after)
-    return ToolResult(True, f"edited {rel}:\n{unified_diff(rel, before, after)}", {"path": str(path)})
+    diff = unified_diff(rel, before, after)
+    return ToolResult(True, f"edited {rel}:\n{diff}{notes_text(check.notes)}", {"path": str(path)})
 
 
 EDIT = Tool(
     "edit",
     "Change a file with search/replace blocks (each search text must match one place). Rejected, "
-    "with the errors shown, when it introduces a syntax error or new lint errors.",
+    "with the errors shown, when it introduces a syntax error or new lint (or type) errors.",
     {
         "type": "object",
         "properties": {

@@ -47,6 +47,8 @@ class ToolContext:
     store: Any = None  # context.index.store.IndexStore, when the workspace is indexed
     memory: Any = None  # agent.memory.MemoryStore
     lint_cache: dict = field(default_factory=dict)
+    # agent.lsp_client.LanguageServers; None = the process's shared pool when the config enables them
+    language_servers: Any = None
 
 
 ToolFunction = Callable[[ToolContext, dict[str, Any]], ToolResult]
