@@ -73,7 +73,7 @@ class AgentLoop:
         self.backend = backend
         self.workspace = workspace
         self.config = config
-        self.registry = registry or default_registry(bool(getattr(config, "language_servers", False)))
+        self.registry = registry or default_registry(config.language_servers)
         self.store = store
         self.memory = memory
         self.buffers = buffers or {}

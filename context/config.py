@@ -21,6 +21,8 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .fim import resolve as resolve_fim
+
 __all__ = [
     "ModelConfig",
     "CompletionConfig",
@@ -51,6 +53,15 @@ def _choice(*allowed: str) -> dict[str, Any]:
 
 def _range(low: float, high: float) -> dict[str, Any]:
     return {"range": (low, high)}
+
+
+def _fim_setting(value: str) -> str | None:
+    """Why `completion.fim` cannot be `value`, or None."""
+    try:
+        resolve_fim(value, ())
+    except ValueError as exc:
+        return str(exc).removeprefix("completion.fim ")
+    return None
 
 
 @dataclass(frozen=True)
@@ -137,6 +148,23 @@ class CompletionConfig:
     # A newer request for the same document within this window supersedes the older one.
     debounce_ms: int = field(default=30, metadata=_range(0, 5000))
     stop: tuple[str, ...] = ()
+    # Fill-in-the-middle (`context.fim`): "auto" = the format of the model's FIM tokens when it has
+    # them (code models), else the text before the cursor only; "off"; a family's name
+    # (qwen2.5-coder, starcoder2, deepseek-coder, codellama, codestral); or a template holding
+    # {prefix} and {suffix}. For `backend = "openai"`, "auto" sends the server's `suffix` field.
+    fim: str = field(default="auto", metadata={"check": _fim_setting})
+    # Tokens of the text after the cursor a FIM prompt carries (cut at a line boundary).
+    suffix_tokens: int = field(default=256, metadata=_range(0, 32768))
+    # Who answers: "local" = the model runtime ([model]); "llama-server" = llama.cpp's `/infill`
+    # at `server_url` (references sent as `input_extra`, its prompt cache on); "openai" = the
+    # `/v1/completions` of any OpenAI-compatible server (vLLM, llama.cpp, Ollama). When a server is
+    # down or slow the local model answers, and the status says so.
+    backend: str = field(default="local", metadata=_choice("local", "llama-server", "openai"))
+    server_url: str = "http://127.0.0.1:8080"  # llama-server: its root; openai: the base ending in /v1
+    server_model: str = ""  # the model name sent to the server ("" = the server's default)
+    server_api_key_env: str = ""  # the environment variable holding the server's key ("" = none)
+    # No first token from the server within this: the local model answers this keystroke.
+    server_timeout_s: float = field(default=2.0, metadata=_range(0.05, 600.0))
 
 
 @dataclass(frozen=True)
@@ -274,6 +302,14 @@ class AgentConfig:
     # Pull request titles, descriptions and reviews: only when a token variable is named and set.
     forge_api_url: str = ""  # "" = https://api.github.com or the GitLab host of the origin remote
     forge_token_env: str = ""  # e.g. "GITHUB_TOKEN" or "GITLAB_TOKEN"; "" = never call the API
+    # Real language servers as the agent's tools (`agent/lsp_client`): diagnostics, definition,
+    # references, hover, document symbols, rename, and new type errors in the edit gate. Python:
+    # basedpyright and `ruff server` (the `lsp` extra); other languages: "language=command" entries,
+    # e.g. "go=gopls", "typescript=typescript-language-server --stdio".
+    language_servers: bool = False
+    type_errors_block: bool = True  # new type errors fail the edit gate (false: a note to the model)
+    lsp_timeout_s: float = field(default=10.0, metadata=_range(1.0, 600.0))
+    language_server_commands: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -480,6 +516,9 @@ def _check_value(spec: Any, value: Any) -> tuple[bool, Any, str]:
         choices = meta.get("choices")
         if choices and value.lower() not in choices:
             return False, None, f"must be one of {', '.join(choices)}, got {value!r}"
+        check = meta.get("check")
+        if check is not None and (why := check(value)):
+            return False, None, why
         return True, value.lower() if choices else value, ""
     if kind == "tuple[str, ...]":
         if isinstance(value, list | tuple) and all(isinstance(v, str) and v for v in value):

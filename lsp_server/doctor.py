@@ -178,12 +178,12 @@ def check_language_servers(config: SquidConfig) -> Check:
     configured ones, and the usual ones for other languages."""
     from agent.lsp_client.specs import find_servers, parse_server_commands
 
-    commands, problems = parse_server_commands(getattr(config.agent, "language_server_commands", None))
+    commands, problems = parse_server_commands(config.agent.language_server_commands)
     servers = find_servers(commands)
     found = [f"{s.name} ({s.language})" for s in servers if s.found]
     missing = [f"{s.name} ({s.language})" for s in servers if not s.found]
     python_missing = [s.name for s in servers if s.language == "python" and not s.found]
-    enabled = "on" if getattr(config.agent, "language_servers", False) else "off (agent.language_servers)"
+    enabled = "on" if config.agent.language_servers else "off (agent.language_servers)"
     detail = "; ".join([f"found: {', '.join(found) or 'none'}", f"not found: {', '.join(missing) or 'none'}",
                         f"agent tools {enabled}", *problems])
     fix = "pip install basedpyright (or squidcode[lsp]); other languages: install the server and name its " \

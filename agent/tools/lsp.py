@@ -55,13 +55,13 @@ class LspSettings:
 
 
 def lsp_settings(config: Any) -> LspSettings:
-    commands, problems = parse_server_commands(getattr(config, "language_server_commands", None))
+    commands, problems = parse_server_commands(config.language_server_commands)
     for problem in problems:
         log.warning("agent.language_server_commands: %s", problem)
     return LspSettings(
-        bool(getattr(config, "language_servers", False)),
-        bool(getattr(config, "type_errors_block", True)),
-        float(getattr(config, "lsp_timeout_s", 10.0)),
+        config.language_servers,
+        config.type_errors_block,
+        config.lsp_timeout_s,
         tuple(sorted((k, v if isinstance(v, str) else tuple(v)) for k, v in commands.items())),
     )
 
