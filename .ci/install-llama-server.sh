@@ -4,6 +4,10 @@
 # minutes on two cores), in its own venv so its dependencies never meet squidcode's. The result is
 # cached under $SQUIDCODE_LLAMA_SERVER_DIR (default ~/.cache/squidcode/llama-server); a second run
 # with the stamp present returns at once. Prints the venv's python on its last line.
+#
+# Also llama.cpp's own C++ server (`$DEST/bin/llama-server`: `/infill`, `/slots`, which the Python
+# server lacks), built with CMake from the llama.cpp sources vendored in the same release's sdist
+# (fetched from PyPI), for the completion-server tests (tests/e2e/test_completion_server.py).
 set -euo pipefail
 
 VERSION=0.3.36
@@ -22,5 +26,24 @@ if [ ! -f "$STAMP" ]; then
     --no-cache-dir "llama-cpp-python[server]==$VERSION"
   "$DEST/bin/python" -c 'import llama_cpp.server'
   touch "$STAMP"
+fi
+SERVER_STAMP="$DEST/.installed-llama-server-$VERSION-noamx"
+if [ ! -f "$SERVER_STAMP" ]; then
+  echo "install-llama-server: building llama.cpp's llama-server $VERSION into $DEST/bin (several minutes, once)" >&2
+  WORK="$(mktemp -d)"
+  trap 'rm -rf "$WORK"' EXIT
+  "$DEST/bin/python" -m pip --disable-pip-version-check -q download --no-deps --no-binary :all: \
+    --dest "$WORK" "llama-cpp-python==$VERSION"
+  tar -xzf "$WORK"/llama_cpp_python-"$VERSION".tar.gz -C "$WORK"
+  SRC="$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp"
+  # A static binary without the web UI, TLS or downloads: loopback tests need none of them.
+  cmake -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF \
+    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
+    -DCMAKE_C_FLAGS="$FLAGS" -DCMAKE_CXX_FLAGS="$FLAGS" >/dev/null
+  cmake --build "$WORK/build" --target llama-server -j "$(nproc)" >/dev/null
+  install -m 755 "$WORK/build/bin/llama-server" "$DEST/bin/llama-server"
+  "$DEST/bin/llama-server" --version >/dev/null 2>&1
+  touch "$SERVER_STAMP"
 fi
 echo "$DEST/bin/python"

@@ -4,9 +4,10 @@
 #   chromium     the HTML feedback report rendered headless (the VS Code e2e script installs it too)
 #   gcc          builds the fused CPU decoding step (kernels/cpu_decode.c; usually present already)
 #   bubblewrap   contains the workspace's tests the agent runs (agent/contain.py; `unshare` otherwise)
+#   cmake, g++   build llama.cpp's server for the completion-server tests (.ci/install-llama-server.sh)
 # Without them those tests are skipped and say why; nothing else depends on them.
 set -euo pipefail
-PACKAGES=(postgresql chromium gcc bubblewrap)
+PACKAGES=(postgresql chromium gcc bubblewrap cmake g++)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")

@@ -1,9 +1,10 @@
 """Inline code completion: build the prompt around a cursor, generate, cut at a natural boundary.
 
-The embedded model has no fill-in-the-middle training, so the prompt is the text before the cursor,
-trimmed to a token budget (nearest text kept). The text after the cursor is used where it helps:
-mid-line the completion ends with the line; otherwise it stops before it would repeat the code that
-already follows the cursor.
+The embedded model has no fill-in-the-middle training, so its prompt is the text before the cursor,
+trimmed to a token budget (nearest text kept). A code model with FIM tokens (`context.fim`) reads
+the text after the cursor too, in its family's format. Either way the text after the cursor is
+used where it helps: mid-line the completion ends with the line; otherwise it stops before it would
+repeat the code that already follows the cursor.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from context.boundary import (
 )
 from context.config import CompletionConfig
 from context.errors import GenerationCancelled, SquidcodeError
-from context.prompt_record import ReferenceIdentity, ServedPrompt, window_ids
+from context.fim import FimFormat, resolve, trim_suffix
+from context.prompt_record import CHARS_PER_TOKEN_CEILING, ReferenceIdentity, ServedPrompt, window_ids
 from context.runtime import ModelRuntime
 
 __all__ = [
@@ -34,8 +36,12 @@ __all__ = [
     "ServedPrompt",
     "cursor_context",
     "build_prompt_ids",
+    "fim_format",
+    "served_prompt",
+    "text_after",
     "cut_at_boundary",
     "complete",
+    "complete_served",
     "warm_window",
 ]
 
@@ -65,6 +71,9 @@ class Completion:
     new_tokens: int
     stop_reason: str
     prompt: ServedPrompt  # recorded with the episode; the trainer prompts with it as it is
+    # What answered: "local" (this process's model), or a completion server's backend:model.
+    served_by: str = "local"
+    cached_tokens: int = 0  # prompt tokens a completion server took from its prompt cache
 
     @property
     def reference_tokens(self) -> int:
@@ -75,6 +84,27 @@ class Completion:
     def dropped_tokens(self) -> int:
         """Tokens of the `prefix_tokens` window left out to answer within `keystroke_prefill_tokens`."""
         return self.prompt.dropped_tokens
+
+
+def fim_format(runtime, config: CompletionConfig) -> FimFormat | None:
+    """The fill-in-the-middle format `completion.fim` asks for with this model; None: the prefix
+    prompt ("off", or "auto" with a model without FIM tokens)."""
+    if config.fim == "auto":
+        return getattr(runtime, "fim_format", None)
+    return resolve(config.fim, ())
+
+
+def text_after(request: CompletionRequest, config: CompletionConfig) -> str:
+    """The document after the cursor, as much as a FIM prompt's `suffix_tokens` can hold."""
+    return request.text[request.offset : request.offset + config.suffix_tokens * CHARS_PER_TOKEN_CEILING]
+
+
+def served_prompt(runtime, request: CompletionRequest, ctx: CursorContext,
+                  config: CompletionConfig) -> ServedPrompt:
+    """The prompt the local model answers `request` from: the window before the cursor, in the
+    model's FIM format with the text after the cursor when it has one."""
+    fmt = fim_format(runtime, config)
+    return ServedPrompt.build(runtime, ctx, config, fmt, text_after(request, config) if fmt else "")
 
 
 def build_prompt_ids(runtime: ModelRuntime, prefix: str, budget_tokens: int) -> list[int]:
@@ -152,7 +182,7 @@ def warm_window(runtime: ModelRuntime, request: CompletionRequest, config: Compl
     if config.keystroke_prefill_tokens <= 0:
         return True  # completions prefill the whole window themselves
     ctx = cursor_context(request.text, request.offset, config.suffix_lines)
-    prompt = ServedPrompt.build(runtime, ctx, config)
+    prompt = served_prompt(runtime, request, ctx, config)
     # The window is warmed after every reference the next keystroke will read, the ones still
     # queued for the background encoder encoded here first: warmed after the ready ones only, the
     # window no longer matched once the rest were ready, and the next keystroke answered from a
@@ -164,14 +194,9 @@ def warm_window(runtime: ModelRuntime, request: CompletionRequest, config: Compl
 def _complete(runtime, request, config, should_stop, references) -> Completion | None:
     started = time.perf_counter()
     ctx = cursor_context(request.text, request.offset, config.suffix_lines)
-    prompt = ServedPrompt.build(runtime, ctx, config)
+    prompt = served_prompt(runtime, request, ctx, config)
     prompt_ids, heal = list(prompt.ids), prompt.heal
-    # Mid-line a suggestion ends with the line, except after an opening bracket the editor closed:
-    # an argument list may start on the next line (`context.boundary.suggestion`).
-    one_line = is_mid_line(ctx) and bracket_at_cursor(ctx) is None
-    stop = tuple(config.stop) + (("\n",) if one_line else ("\n\n\n",))
-    if request.language != "markdown":
-        stop += _PROSE_STOPS
+    stop = _stops(ctx, config, request.language)
     composed = _reference_cache(references, ctx.prefix)
     try:
         result = runtime.generate(
@@ -183,6 +208,7 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
             heal=heal,
             past=composed.cache,
             prefill_limit=config.keystroke_prefill_tokens,
+            pinned=prompt.pinned_tokens,
         )
     except GenerationCancelled:
         return None
@@ -193,7 +219,7 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
 
     def finish():
         # The budget ran out inside something the completion opened: let it close it.
-        more = (_finish(runtime, prompt_ids, heal + raw, ctx, config, stop, should_stop, references)
+        more = (_finish(runtime, prompt, heal + raw, ctx, config, stop, should_stop, references)
                 if config.finish_tokens else None)
         if more is None:
             return None
@@ -216,12 +242,90 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
     )
 
 
-def _finish(runtime, prompt_ids, generated: str, ctx, config, stop, should_stop, references):
-    """Up to `finish_tokens` more after `prompt_ids` + `generated`, or None when cancelled."""
+def _stops(ctx: CursorContext, config: CompletionConfig, language: str | None) -> tuple[str, ...]:
+    # Mid-line a suggestion ends with the line, except after an opening bracket the editor closed:
+    # an argument list may start on the next line (`context.boundary.suggestion`).
+    one_line = is_mid_line(ctx) and bracket_at_cursor(ctx) is None
+    stop = tuple(config.stop) + (("\n",) if one_line else ("\n\n\n",))
+    return stop + (_PROSE_STOPS if language != "markdown" else ())
+
+
+class _FinishWanted(Exception):
+    """The boundary rules want more of an answer that ran out inside what it opened."""
+
+
+async def complete_served(server, request: CompletionRequest, config: CompletionConfig,
+                          cancelled: Callable[[], bool], references: tuple[tuple[str, str], ...] = ()
+                          ) -> Completion | None:
+    """One inline completion from a completion server (`agent.completion_server`), cut by the
+    same boundary rules as the local model's; None: nothing worth offering, or cancelled.
+
+    `references`: (path, text) of the reference documents. Raises the server's `BackendError`s.
+    Without the server's tokenizer the window is measured in characters (`_SERVER_CHARS_PER_TOKEN`).
+    """
+    from .completion_server import HoleRequest
+
+    started = time.perf_counter()
+    ctx = cursor_context(request.text, request.offset, config.suffix_lines)
+    prefix = _server_window(ctx.prefix, config.prefix_tokens * _SERVER_CHARS_PER_TOKEN)
+    suffix = trim_suffix(text_after(request, config), config.suffix_tokens,
+                         lambda part: -(-len(part) // _SERVER_CHARS_PER_TOKEN))
+    hole = HoleRequest(prefix, suffix, request.path or "", references, config.max_tokens,
+                       _stops(ctx, config, request.language), config.temperature)
+    answer = await server.complete(hole, cancelled)
+    if answer is None:
+        return None
+
+    def wanted():
+        raise _FinishWanted
+
+    ran_out = answer.stop_reason == "length"
+    more = None
+    try:
+        text = suggestion(answer.text, ctx, config.max_lines, ran_out, request.language,
+                          wanted if config.finish_tokens else None)
+    except _FinishWanted:
+        more = await server.complete(replace(hole, continuation=answer.text, max_tokens=config.finish_tokens),
+                                     cancelled)
+        if more is None:
+            return None
+        text = suggestion(answer.text, ctx, config.max_lines, ran_out, request.language,
+                          lambda: (answer.text + more.text, more.stop_reason == "length"))
+    if not text.strip():
+        return None
+    prompt = ServedPrompt(ids=None, text=prefix, start=len(ctx.prefix) - len(prefix),
+                          line_suffix=ctx.line_suffix, following_lines=ctx.following_lines,
+                          prefix_tokens=config.prefix_tokens, max_lines=config.max_lines,
+                          finish_tokens=config.finish_tokens, max_tokens=config.max_tokens, stop=hole.stop,
+                          fim=config.fim, suffix=suffix)
+    return Completion(
+        text=text, latency_s=time.perf_counter() - started, prompt_tokens=answer.prompt_tokens,
+        new_tokens=answer.new_tokens + (more.new_tokens if more else 0),
+        stop_reason=(more or answer).stop_reason, prompt=prompt, served_by=server.name,
+        cached_tokens=answer.cached_tokens,
+    )
+
+
+# Code is ~3-4 characters per token; a server's window is cut by this estimate (it has the tokenizer).
+_SERVER_CHARS_PER_TOKEN = 4
+
+
+def _server_window(prefix: str, chars: int) -> str:
+    """The last `chars` characters before the cursor, from the start of a line when there is one."""
+    if len(prefix) <= chars:
+        return prefix
+    window = prefix[-chars:]
+    newline = window.find("\n")
+    return window[newline + 1:] if 0 <= newline < len(window) - 1 else window
+
+
+def _finish(runtime, prompt: ServedPrompt, generated: str, ctx, config, stop, should_stop, references):
+    """Up to `finish_tokens` more after `prompt` + `generated`, or None when cancelled."""
     past = _reference_cache(references, ctx.prefix).cache  # a fresh copy: generation may extend one
     try:
         more = runtime.generate(
-            prompt_ids + runtime.encode(generated),
+            list(prompt.ids) + runtime.encode(generated),
+            pinned=prompt.pinned_tokens,
             max_new_tokens=config.finish_tokens,
             stop=stop,
             temperature=config.temperature,

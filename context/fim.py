@@ -6,8 +6,11 @@ between. A family is recognised by those tokens in its tokenizer (`detect`); `re
 `completion.fim` setting ("auto", "off", a family's name, or a template with `{prefix}` and
 `{suffix}`). Models without such tokens (the embedded SmolLM2) keep the plain prefix prompt.
 
-Not yet wired into the completion path (issue 23): the served prompt record, Squid's reference
-placement and the trainer's prompt follow the prefix prompt today.
+The local runtime detects the family when it loads a model (`ModelRuntime.fim_format`, whose end
+markers then end generation) and the completion path builds the hole through the served-prompt
+record (`context.prompt_record.ServedPrompt.build`), Squid's reference caches in front of it. A
+completion server gets the text around the cursor instead (`agent.completion_server`): llama.cpp's
+`/infill` applies the model's own format, and an OpenAI-compatible server the one named here.
 
 `fim_prompt` puts it together: repository files first where the family has a format for them
 (Qwen2.5-Coder's and StarCoder2's `<file_sep>` repository layout), then the hole. The suffix is cut

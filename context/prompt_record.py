@@ -11,6 +11,11 @@ before the cursor, tokenize them, keep the last `prefix_tokens` ids; a last toke
 (token healing). A record without ids (a redacted window, an episode recorded before records
 existed) is tokenized again by the same rule (`model_ids`).
 
+A model with fill-in-the-middle tokens (`context.fim`) gets the window as the hole's prefix and the
+text after the cursor (`suffix`, cut to `suffix_tokens` at a line boundary) as its suffix; `fim`
+names the format, and `pinned_tokens` the ids in front of the window (a shorter window drops
+window tokens after them, never the format's markers).
+
 In JSON (`to_json`/`from_json`) a missing setting takes `CompletionConfig`'s default.
 """
 
@@ -22,6 +27,7 @@ from typing import Any, Protocol
 
 from .boundary import CursorContext
 from .config import CompletionConfig
+from .fim import FimFormat, resolve, trim_suffix
 
 __all__ = [
     "CHARS_PER_TOKEN_CEILING",
@@ -29,6 +35,7 @@ __all__ = [
     "ReferenceIdentity",
     "ServedPrompt",
     "TokenizerCodec",
+    "fim_ids",
     "heal_window",
     "window_ids",
 ]
@@ -63,6 +70,30 @@ class TokenizerCodec:
 def window_ids(encode: Callable[[str], list[int]], prefix: str, budget_tokens: int) -> list[int]:
     """Token ids of the text before the cursor, at most `budget_tokens`, nearest text kept."""
     return encode(prefix[-budget_tokens * CHARS_PER_TOKEN_CEILING :])[-budget_tokens:]
+
+
+def fim_ids(encode: Callable[[str], list[int]], fmt: FimFormat, window: list[int],
+            suffix: str) -> tuple[list[int], int]:
+    """(ids of the hole, ids in front of the window): `fmt`'s template with the window's ids as the
+    prefix and `suffix` tokenized. Markers are tokenized from the template's text (a tokenizer
+    with the family's special tokens reads each as one token)."""
+    ids: list[int] = []
+    pinned = 0
+    rest = fmt.template
+    while rest:
+        at = [i for i in (rest.find("{prefix}"), rest.find("{suffix}")) if i >= 0]
+        cut = min(at) if at else len(rest)
+        if cut:
+            ids += encode(rest[:cut])
+        rest = rest[cut:]
+        if rest.startswith("{prefix}"):
+            pinned = len(ids)
+            ids += window
+            rest = rest[len("{prefix}"):]
+        elif rest.startswith("{suffix}"):
+            ids += encode(suffix) if suffix else []
+            rest = rest[len("{suffix}"):]
+    return ids, pinned
 
 
 def heal_window(decode: Callable[[list[int]], str], ids: list[int]) -> tuple[list[int], str]:
@@ -133,22 +164,36 @@ class ServedPrompt:
     # recovery (`context.squid.compose.Recovery`'s fields, sorted by name). Empty: no references.
     reference_prefix: str = ""
     reference_recovery: tuple[tuple[str, Any], ...] = ()
+    # Fill-in-the-middle: the format (a family's name or a template; "" = the text before the
+    # cursor only), the text after the cursor it carried, and the ids in front of the window.
+    fim: str = ""
+    suffix: str = ""
+    pinned_tokens: int = 0
 
     @classmethod
-    def build(cls, codec: Codec, ctx: CursorContext, config: CompletionConfig) -> ServedPrompt:
-        """The prompt the completion path gives the model for the cursor `ctx` (the module's rule)."""
+    def build(cls, codec: Codec, ctx: CursorContext, config: CompletionConfig,
+              fim: FimFormat | None = None, after: str = "") -> ServedPrompt:
+        """The prompt the completion path gives the model for the cursor `ctx` (the module's rule);
+        with a FIM format, the hole between the window and `after` (the text after the cursor)."""
         prefix = ctx.prefix
         chars = prefix[-config.prefix_tokens * CHARS_PER_TOKEN_CEILING :]
         window = window_ids(codec.encode, prefix, config.prefix_tokens)
         ids, heal = heal_window(codec.decode, window)
         covered = codec.decode(window)
         text = covered if prefix.endswith(covered) else chars
-        return cls(
+        record = cls(
             ids=tuple(ids), text=text, heal=heal, start=len(prefix) - len(text),
             line_suffix=ctx.line_suffix, following_lines=ctx.following_lines,
             prefix_tokens=config.prefix_tokens, max_lines=config.max_lines,
             finish_tokens=config.finish_tokens, max_tokens=config.max_tokens,
         )
+        if fim is None:
+            return record
+        suffix = trim_suffix(after[: config.suffix_tokens * CHARS_PER_TOKEN_CEILING], config.suffix_tokens,
+                             lambda part: len(codec.encode(part)))
+        hole, pinned = fim_ids(codec.encode, fim, ids, suffix)
+        name = fim.name if fim.name != "template" else fim.template
+        return replace(record, ids=tuple(hole), fim=name, suffix=suffix, pinned_tokens=pinned)
 
     @classmethod
     def from_text(cls, text: str, **settings: Any) -> ServedPrompt:
@@ -159,14 +204,25 @@ class ServedPrompt:
     def model_ids(self, codec: Codec) -> tuple[list[int], str]:
         """(the prompt ids the model answered from, heal): the recorded ids, or `text` tokenized again
         by the rule where they were not kept or `codec` is not the tokenizer that made them."""
-        ids, heal = self._window_ids(codec)
-        # A shorter window answered: the model read the window's last tokens only.
-        return ids[min(self.dropped_tokens, max(len(ids) - 1, 0)):], heal
+        ids, heal = self._fim_ids(codec) if self.fim else self._window_ids(codec)
+        # A shorter window answered: the model read the window's last tokens only (after the
+        # format's markers in front of it, which are never dropped).
+        pin = self.pinned_tokens
+        dropped = min(self.dropped_tokens, max(len(ids) - pin - 1, 0))
+        return ids[:pin] + ids[pin + dropped:], heal
 
     def _window_ids(self, codec: Codec) -> tuple[list[int], str]:
         if self.ids is not None and codec.decode(list(self.ids)) + self.heal == self.text:
             return list(self.ids), self.heal
         return heal_window(codec.decode, window_ids(codec.encode, self.text, self.prefix_tokens))
+
+    def _fim_ids(self, codec: Codec) -> tuple[list[int], str]:
+        # Special tokens do not decode back to the text, so recorded ids are taken as they are;
+        # without them (a redacted window) the hole is built again by the same rule.
+        if self.ids is not None:
+            return list(self.ids), self.heal
+        window, heal = heal_window(codec.decode, window_ids(codec.encode, self.text, self.prefix_tokens))
+        return fim_ids(codec.encode, resolve(self.fim, ()), window, self.suffix)[0], heal
 
     def cursor_context(self) -> CursorContext:
         """The cursor as the boundary rules saw it (the text before it cut to the window)."""
@@ -191,15 +247,16 @@ class ServedPrompt:
         )
         if not keep_code:
             return replace(self, ids=None, text="", heal="", line_suffix="", following_lines=(),
-                           references=references)
-        text = redact(self.text)
+                           suffix="", references=references)
+        text, suffix = redact(self.text), redact(self.suffix)
         after = "\n".join((self.line_suffix, *self.following_lines))
         clean_after = redact(after)
         line_suffix, following = self.line_suffix, self.following_lines
         if clean_after != after:
             line_suffix, *rest = clean_after.split("\n")
             following = tuple(rest)
-        return replace(self, ids=self.ids if text == self.text else None, text=text,
+        exact = text == self.text and suffix == self.suffix
+        return replace(self, ids=self.ids if exact else None, text=text, suffix=suffix,
                        line_suffix=line_suffix, following_lines=following, references=references)
 
     def to_json(self, *, with_text: bool = True) -> dict[str, Any]:

@@ -33,6 +33,8 @@ from pathlib import Path
 
 from .config import ModelConfig, default_cache_dir
 from .errors import GenerationCancelled, ModelLoadError, ModelNotFoundError
+from .fim import FimFormat, special_tokens_of
+from .fim import detect as detect_fim
 from .foreground import foreground, foreground_busy
 from .loading import file_lock, model_loading
 from .progress import progress
@@ -253,6 +255,7 @@ class ModelRuntime:
         self.loaded_from_cache = False
         self._lock = threading.Lock()
         self._eos_ids: set[int] = set()
+        self.fim_format: FimFormat | None = None  # the tokenizer's fill-in-the-middle family, if any
         self._token_texts: list[str] | None = None
         self._healing_masks: dict[tuple[str, int], object] = {}
         self._engine = None
@@ -347,6 +350,12 @@ class ModelRuntime:
         self._eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if self.tokenizer.eos_token_id is not None:
             self._eos_ids.add(self.tokenizer.eos_token_id)
+        # A code model's fill-in-the-middle format: its end markers (a next file's separator, the
+        # padding token) end every answer too; decoded text never shows them to stop on.
+        self.fim_format = detect_fim(special_tokens_of(self.tokenizer))
+        if self.fim_format is not None:
+            vocab = self.tokenizer.get_vocab()
+            self._eos_ids |= {vocab[token] for token in self.fim_format.stops if token in vocab}
 
     # -- tokens --------------------------------------------------------------------------------
 
@@ -395,6 +404,7 @@ class ModelRuntime:
         heal: str = "",
         past=None,
         prefill_limit: int = 0,
+        pinned: int = 0,
     ) -> GenerationResult:
         """Continue `prompt`; `should_stop` is polled between forward passes and before each token.
 
@@ -410,7 +420,9 @@ class ModelRuntime:
         answer fast (a keystroke at a new place in a file). When more would be, the prompt keeps only
         its end: from where the cached prompt begins, if that lies inside it, else its last
         `prefill_limit` tokens. The result's `dropped_tokens` counts what was cut; `warm()` prefills
-        the whole prompt in the background, so that a later call gets it back.
+        the whole prompt in the background, so that a later call gets it back. `pinned`: the
+        prompt's first tokens are kept whatever the limit (a fill-in-the-middle format's markers in
+        front of the window); what is dropped is dropped after them.
 
         Raises GenerationCancelled when `should_stop` turns true before anything was generated
         (nothing useful to return); later it ends generation early with what was produced.
@@ -426,7 +438,7 @@ class ModelRuntime:
         with foreground(), self._lock, torch.inference_mode():
             engine = self._current_engine()
             if engine is None:  # no cache kept between calls: a limited prompt is simply its end
-                kept = prompt_ids[-prefill_limit:] if prefill_limit > 0 else prompt_ids
+                kept = _limited(prompt_ids, prefill_limit, pinned) if prefill_limit > 0 else prompt_ids
                 result = self._generate_transformers(
                     kept, max_new_tokens, stop, temperature, top_p, generator, should_stop, heal, past
                 )
@@ -434,7 +446,7 @@ class ModelRuntime:
             started = time.perf_counter()
             reused, head, dropped, logits = self._prefill_engine(
                 engine, prompt_ids, past, should_stop, max_new_tokens, greedy=temperature <= 0 and not heal,
-                limit=prefill_limit)
+                limit=prefill_limit, pinned=pinned)
             prefill_s = time.perf_counter() - started
             lookup = None
             if temperature <= 0 and self.config.draft_tokens > 0:
@@ -636,7 +648,7 @@ class ModelRuntime:
 
     def _prefill_engine(self, engine, prompt_ids: list[int], past, should_stop: ShouldStop,
                         max_new_tokens: int, greedy: bool = False, limit: int = 0,
-                        chunk: int = PREFILL_CHUNK, partial: bool = False):
+                        chunk: int = PREFILL_CHUNK, partial: bool = False, pinned: int = 0):
         """Bring the cache to `past` + `prompt_ids`, prefilling only what is not cached yet;
         `greedy`: the logits returned are only used for their argmax; `limit` as in `generate`;
         `partial`: the cache may hold just the start of an earlier window (see `_plan_prefill`).
@@ -660,7 +672,7 @@ class ModelRuntime:
             )
         head, kept, common = _plan_prefill(cache.ids, prompt_ids, reuse=self.config.reuse_prefix,
                                            slack=self.config.reuse_slack_tokens, limit=limit,
-                                           partial=partial)
+                                           partial=partial, pinned=pinned)
         full = head + kept
         if base + len(full) + max_new_tokens > engine.max_positions:
             head, full, common = [], kept, 0
@@ -807,24 +819,32 @@ def _reuse(cached: list[int], prompt: list[int], reuse: bool, slack: int,
     return [], common
 
 
+def _limited(prompt: list[int], limit: int, pinned: int = 0) -> list[int]:
+    """`prompt`'s first `pinned` tokens and as many of its last as make `limit` (at least one)."""
+    if pinned <= 0:
+        return prompt[-limit:]
+    return prompt[:pinned] + prompt[-max(limit - pinned, 1):]
+
+
 def _plan_prefill(cached: list[int], prompt: list[int], *, reuse: bool, slack: int, limit: int,
-                  partial: bool = False) -> tuple[list[int], list[int], int]:
+                  partial: bool = False, pinned: int = 0) -> tuple[list[int], list[int], int]:
     """(head, kept, common): prefill `head + kept` after the cache's first `common` tokens.
 
     `kept` is `prompt`, or with a `limit` (> 0) that the whole would exceed, its end: from where the
     cached tokens begin when that lies inside it and leaves at most `limit` to prefill (typing on
     after a shorter window), else its last `limit` tokens. `partial`: the cache may hold only the
     start of an earlier window (an interrupted `warm()`), so a slid window is kept on less overlap.
+    `pinned`: the prompt's first tokens stay in `kept` whatever the limit (`generate`).
     """
     head, common = _reuse(cached, prompt, reuse, slack, partial)
     if limit <= 0 or len(head) + len(prompt) - min(common, len(head) + len(prompt) - 1) <= limit:
         return head, prompt, common
-    if reuse and (start := _cached_start(cached, prompt)):
+    if reuse and not pinned and (start := _cached_start(cached, prompt)):
         kept = prompt[start:]
         common = _common_prefix(cached, kept)
         if len(kept) - min(common, len(kept) - 1) <= limit:
             return [], kept, common
-    kept = prompt[-limit:]
+    kept = _limited(prompt, limit, pinned)
     head, common = _reuse(cached, kept, reuse, slack, partial)
     return head, kept, common
 

@@ -36,6 +36,7 @@ from context.runtime import ModelRuntime, get_runtime
 from .connection import post_to_loop
 from .indexing import stop_index
 from .positions import offset_at
+from .served_completion import ServedCompletions, show_warning
 from .squid_context import completion_references, stop_squid
 
 __all__ = ["SquidServer", "SquidProtocol", "SupersedeRegistry", "SERVER_NAME", "CONFIG_SECTION"]
@@ -193,6 +194,8 @@ class SquidServer(LanguageServer):
         # Sections of `squidcode.status` contributed by features (name -> provider), e.g. "feedback".
         self.status_sections: dict[str, Callable[[], dict]] = {}
         self.squid_service = None  # context.squid.service.SquidService once a completion needs it
+        # The completion server (`completion.backend` other than "local") and whether it answers.
+        self.served_completions = ServedCompletions(show_warning(self), self.state_changed)
         # Agent edits returned to the client, until it reports them applied (`squidcode.agent.applied`),
         # and the tracked ones whose outcomes teach the agent's memory (lsp_server/agent_feedback.py).
         self.agent_returned_edits: dict = {}
@@ -322,6 +325,11 @@ class SquidServer(LanguageServer):
             await asyncio.sleep(self.config.completion.debounce_ms / 1000)
             if not self.supersede.is_current(uri, pending) or self.stopping.is_set():
                 return None
+            if self.config.completion.backend != "local":
+                answered, served = await self.served_completions.complete(
+                    self, uri, request, pending.cancelled.is_set)
+                if answered or not self.supersede.is_current(uri, pending):
+                    return served
             runtime = await self.model_ready()
             if runtime is None or not self.supersede.is_current(uri, pending) or self.stopping.is_set():
                 return None

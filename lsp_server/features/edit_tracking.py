@@ -20,7 +20,7 @@ from feedback.tracking import TextChange
 from feedback.upload import Uploader
 
 from ..server import SquidServer
-from .feedback_commands import model_id_of
+from .feedback_commands import completion_model_id
 
 __all__ = ["register", "to_text_changes"]
 
@@ -98,7 +98,7 @@ def on_config(ls: SquidServer, previous: SquidConfig, config: SquidConfig) -> No
     elif previous.feedback != config.feedback:
         ls.feedback.reconfigure(config.feedback)
         ls.feedback_uploader.wake()
-    ls.feedback.note_model(model_id_of(ls, config))
+    ls.feedback.note_model(completion_model_id(ls, config))
 
 
 def on_document(ls: SquidServer, method: str, params) -> None:

@@ -73,14 +73,19 @@ def _record_completion(
         # The prompt as the completion was served with it (its window, ids and settings), not
         # rebuilt from the document, which may have changed since.
         served=completion.prompt,
-        model_id=model_id_of(ls),
-        adapter_id=getattr(runtime, "adapter_id", None),
+        # A completion server's answer is its model's: switching between it and the local model
+        # (a fallback, or the user's choice) reads as a model switch.
+        model_id=model_id_of(ls) if completion.served_by == "local" else completion.served_by,
+        adapter_id=getattr(runtime, "adapter_id", None) if completion.served_by == "local" else None,
         language=language,
         latency_s=round(completion.latency_s, 4),
         extra={
-            "prompt_builder": "completion.prefix",
+            "prompt_builder": "completion.fim" if completion.prompt.fim else "completion.prefix",
             "prompt_tokens": completion.prompt_tokens,  # prefilled for this answer (not held in cache)
             "new_tokens": completion.new_tokens,
+            "backend": ls.config.completion.backend,
+            "served_by": completion.served_by,
+            "cached_tokens": completion.cached_tokens,
         },
     )
 
@@ -91,6 +96,17 @@ def model_id_of(ls: SquidServer, config=None) -> str:
 
     path = (config or ls.config).model.path
     return str(Path(path).expanduser()) if path else EMBEDDED_MODEL_NAME
+
+
+def completion_model_id(ls: SquidServer, config=None) -> str:
+    """The id of the model that answers completions: a completion server's
+    (`agent.completion_server.server_model_id`), or the local model's (`model_id_of`)."""
+    from agent.completion_server import server_model_id
+
+    config = config or ls.config
+    if config.completion.backend != "local":
+        return server_model_id(config.completion)
+    return model_id_of(ls, config)
 
 
 def _argument(args: tuple[Any, ...], command: str) -> dict[str, Any]:

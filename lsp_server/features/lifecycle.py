@@ -43,6 +43,7 @@ def register(server: SquidServer) -> None:
         log.info("shutdown requested: stopping background work")
         ls.shutdown_requested = True
         ls.stopping.set()
+        await ls.served_completions.aclose()
         try:
             await asyncio.get_running_loop().run_in_executor(None, ls.stop_background_work)
         except asyncio.CancelledError:

@@ -102,6 +102,8 @@ class StatusNotifier:
 
 def register(server: SquidServer) -> None:
     server.state_listeners.append(StatusNotifier(server))
+    server.status_sections.setdefault(
+        "completion", lambda: server.served_completions.status(server.config.completion))
 
     @server.command(STATUS_COMMAND)
     def status_command(ls: SquidServer, *args) -> dict:

@@ -46,6 +46,8 @@ const MAPPED: [string, string[]][] = [
   ['model.dtype', ['model', 'dtype']],
   ['completion.enabled', ['completion', 'enabled']],
   ['completion.debounceMs', ['completion', 'debounce_ms']],
+  ['completion.backend', ['completion', 'backend']],
+  ['completion.serverUrl', ['completion', 'server_url']],
   ['feedback.record', ['feedback', 'record']],
   ['feedback.share', ['feedback', 'share']],
 ];
@@ -60,8 +62,8 @@ export function toServerSettings(read: ReadSetting): Tree {
     if (!setting.explicit || setting.value === null || setting.value === undefined) {
       continue; // unset (null): the server's own value
     }
-    if (key === 'model.path' && !setting.value) {
-      continue; // empty = the embedded model, the server's default
+    if ((key === 'model.path' || key === 'completion.serverUrl') && !setting.value) {
+      continue; // empty = the server's own value (for model.path: the embedded model)
     }
     put(out, path, setting.value);
   }

@@ -61,3 +61,11 @@ test('server command: list, string, and bad values', () => {
   assert.throws(() => serverCommand(['squidcode', 3]), /non-empty list of strings/);
   assert.throws(() => serverCommand(undefined), /non-empty list of strings/);
 });
+
+test('a team completion server: backend and URL under the server names, an empty URL not sent', () => {
+  assert.deepEqual(
+    toServerSettings(reader({ 'completion.backend': 'llama-server', 'completion.serverUrl': 'http://gpu:8080' })),
+    { completion: { backend: 'llama-server', server_url: 'http://gpu:8080' } },
+  );
+  assert.deepEqual(toServerSettings(reader({ 'completion.serverUrl': '' })), {});
+});
