@@ -25,6 +25,7 @@ import httpx
 from context.config import SquidCacheConfig
 from context.errors import GenerationCancelled
 
+from .copy_search import CopySearch, copy_vocabulary
 from .errors import (
     AgentCancelled,
     BackendAuthError,
@@ -87,6 +88,9 @@ class Conversation:
     # For the local model: text its answer must start with, after the opening fence (the loop's
     # fallback after an answer that did not parse: an edit block of the file asked about, opened).
     prefill: str = ""
+    # With a prefill that opens an edit block's search text: the file's text, which that search
+    # text is decoded as a copy of (`agent.copy_search`).
+    copy_from: str | None = None
 
 
 @dataclass
@@ -193,6 +197,7 @@ class LocalBackend:
         self.squid = squid
         self.squid_disk = squid_disk
         self._services: dict[str, object] = {}  # prompt head -> SquidService
+        self._copy_vocabulary: dict[str, list[int]] | None = None  # built at the first copy constraint
 
     def prompt(self, conversation: Conversation) -> str:
         return build_local_prompt(
@@ -261,16 +266,17 @@ class LocalBackend:
         if should_stop():
             raise AgentCancelled("cancelled while sampling")
         past = composed.new_cache() if composed is not None else None
+        constrain = self._copy_constraint(conversation)
         try:
             if k == 1:
                 results = [self.runtime.generate(
                     prompt_ids, max_new_tokens=max_tokens, stop=_LOCAL_STOP, temperature=temperature,
-                    seed=seed, should_stop=should_stop, past=past,
+                    seed=seed, should_stop=should_stop, past=past, constrain=constrain,
                 )]
             else:
                 results = self.runtime.generate_batch(
                     prompt_ids, k, max_new_tokens=max_tokens, stop=_LOCAL_STOP, temperature=temperature,
-                    seed=seed, should_stop=should_stop, past=past,
+                    seed=seed, should_stop=should_stop, past=past, constrain=constrain,
                 )
         except GenerationCancelled as exc:
             raise AgentCancelled(str(exc)) from exc
@@ -283,6 +289,14 @@ class LocalBackend:
                 text += "\n```"
             samples.append(Sample(text, [], result.new_tokens, None, result.stop_reason))
         return samples
+
+    def _copy_constraint(self, conversation: Conversation) -> CopySearch | None:
+        """The search text of an edit block the prefill opened, decoded as a copy of the file."""
+        if conversation.copy_from is None or not conversation.prefill.endswith("<<<<<<< SEARCH\n"):
+            return None
+        if self._copy_vocabulary is None:
+            self._copy_vocabulary = copy_vocabulary(self.runtime.token_texts())
+        return CopySearch(conversation.copy_from, self._copy_vocabulary)
 
     def logprob(self, conversation: Conversation, sample: Sample) -> float | None:
         """Mean log-probability per token of the sample after the prompt, in one forward pass (over

@@ -28,7 +28,7 @@ from pathlib import Path
 from .backends import Backend, Conversation, LocalBackend, Sample
 from .best_of_k import choose, verify_candidate
 from .episode import AgentResult, Candidate, StepRecord, new_episode_id, record_episode
-from .errors import AgentCancelled, BackendError
+from .errors import AgentCancelled, BackendError, ToolError
 from .overlay import Overlay
 from .prompt import first_message, repo_map_for, select_documents, system_prompt, tool_call_message
 from .protocol import Action, Done, ParseFailure, ToolCall, parse_action, render_tool_call
@@ -178,7 +178,7 @@ class AgentLoop:
                 if reprompts > self.config.reprompts:
                     result.stop_reason = "unparsable"
                     return
-                if self._open_edit(conversation, default_path):
+                if self._open_edit(conversation, default_path, _text_of(ctx, target)):
                     continue  # the same turn again, its answer started as an edit of the file
                 self._reprompt(conversation, sample, action)
                 continue
@@ -226,15 +226,17 @@ class AgentLoop:
             return parsed if isinstance(parsed, ToolCall) else Done(sample.text)
         return parse_action(sample.text, default_path)
 
-    def _open_edit(self, conversation: Conversation, path: str | None) -> bool:
+    def _open_edit(self, conversation: Conversation, path: str | None, text: str | None) -> bool:
         """After an answer of the local model that did not parse, when the request names a file
         (`agent.edit_fallback`): the next answer to the same turn starts as an edit block of that
-        file, opened up to its search text, instead of a message about the format (which a small
-        model rarely follows). True when it did; once per turn."""
+        file, opened up to its search text, which is decoded as a copy of the file's `text`
+        (`agent.copy_search`), instead of a message about the format (which a small model rarely
+        follows). True when it did; once per turn."""
         if (not self.config.edit_fallback or path is None or conversation.prefill
                 or not isinstance(self.backend, LocalBackend)):
             return False
         conversation.prefill = f"edit {path}\n<<<<<<< SEARCH\n"
+        conversation.copy_from = text
         return True
 
     def _reprompt(self, conversation: Conversation, sample: Sample, failure: ParseFailure) -> None:
@@ -263,7 +265,7 @@ class AgentLoop:
     def _tool_step(
         self, ctx: ToolContext, conversation: Conversation, call: ToolCall, result: AgentResult
     ) -> None:
-        conversation.prefill = ""
+        conversation.prefill, conversation.copy_from = "", None
         began = time.monotonic()
         outcome = self.registry.call(ctx, call.name, call.args)
         self._record(
@@ -313,7 +315,7 @@ class AgentLoop:
         if chosen is not None:
             result.chosen, result.stop_reason = chosen, "verified"
             return True
-        conversation.prefill = ""  # the next turn answers freely again
+        conversation.prefill, conversation.copy_from = "", None  # the next turn answers freely again
         self._observe(conversation, action, first_candidate.detail or "the edit was not verified", False)
         return False
 
@@ -341,3 +343,13 @@ class AgentLoop:
 def run_agent(backend: Backend, workspace: Workspace, config, request: AgentRequest, **kwargs) -> AgentResult:
     """One episode (see `AgentLoop`)."""
     return AgentLoop(backend, workspace, config, **kwargs).run(request)
+
+
+def _text_of(ctx: ToolContext, target: Path | None) -> str | None:
+    """The overlay's text of the file asked about, or None (none asked about, or unreadable)."""
+    if target is None:
+        return None
+    try:
+        return ctx.overlay.read(target)
+    except ToolError:
+        return None

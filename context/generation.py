@@ -2,13 +2,14 @@
 
 The loops own what happens between forward passes: sampling on the last position only, the
 caller's cancellation poll before every emitted token, end-of-sequence, stop sequences, the token
-budget, token healing, and the log-probability of what was chosen. The model math is in
+budget, token healing, a caller's decoding constraint (`Constrain`: the tokens allowed next), and
+the log-probability of what was chosen. The model math is in
 `context.decode`; the runtime (`context.runtime`) prepares the cache and calls these.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -17,7 +18,9 @@ from .decode import DecodeEngine, KVCache
 from .lookup import DraftLengths, PromptLookup
 
 __all__ = [
+    "Constrain",
     "Emitted",
+    "constraint_mask",
     "SequenceLoop",
     "earliest_stop",
     "emit",
@@ -97,9 +100,11 @@ class SequenceLoop:
     """Generate one sequence after the prompt held in `cache` (prefilled up to its last token)."""
 
     def __init__(self, engine: DecodeEngine, cache: KVCache, *, decode: Callable[[list[int]], str],
-                 eos_ids: set[int], healing_mask: Callable[[str, int], torch.Tensor]):
+                 eos_ids: set[int], healing_mask: Callable[[str, int], torch.Tensor],
+                 constrain: Constrain | None = None):
         self.engine, self.cache = engine, cache
         self.decode, self.eos_ids, self.healing_mask = decode, eos_ids, healing_mask
+        self.constrain = constrain  # exact logits every step, no drafts: a mask picks among them
 
     def run(self, logits: torch.Tensor, *, max_new_tokens: int, stop: tuple[str, ...], temperature: float,
             top_p: float, generator, should_stop, heal: str, lookup: PromptLookup | None) -> Emitted:
@@ -116,6 +121,8 @@ class SequenceLoop:
                 step_logits = logits + self.healing_mask(heal[len(self.decode(out.ids)) :], logits.shape[-1])
             elif len(out.ids) >= max_new_tokens:
                 break
+            elif self.constrain is not None:
+                step_logits = logits + constraint_mask(self.constrain(out.text), logits)
             next_id = pick_token(step_logits, temperature, top_p, generator)
             if not emit(out, next_id, _logprob(logits[0], next_id), self.decode, self.eos_ids, heal, stop,
                         max_new_tokens):
@@ -129,8 +136,9 @@ class SequenceLoop:
                     source = lookup.source
                     draft = lookup.draft(self.lengths.length(source, max_new_tokens - len(out.ids)))
             step = torch.tensor([[next_id, *draft]], device=self.engine.device)
+            exact = healing_next or self.constrain is not None
             all_logits = self.engine.forward(step, self.cache, all_logits=bool(draft),
-                                             greedy=greedy and not healing_next)[0]  # [T, vocab]
+                                             greedy=greedy and not exact)[0]  # [T, vocab]
             if not draft:
                 logits = all_logits[-1:]
                 continue
@@ -164,6 +172,21 @@ class SequenceLoop:
         return all_logits[accepted : accepted + 1]
 
 
+# A decoding constraint: given the text generated so far, the token ids allowed next (None: any).
+Constrain = Callable[[str], Collection[int] | None]
+
+
+def constraint_mask(allowed: Collection[int] | None, logits: torch.Tensor) -> torch.Tensor:
+    """0 where a token is allowed, -inf elsewhere (all 0 for None, or for an empty set: a
+    constraint that allows nothing lets the model go on rather than emit garbage); `logits`'
+    shape [1, vocab]."""
+    mask = torch.zeros_like(logits)
+    if allowed:
+        mask.fill_(float("-inf"))
+        mask[..., list(allowed)] = 0.0
+    return mask
+
+
 def _logprob(logits: torch.Tensor, token: int) -> float:
     return float(torch.log_softmax(logits.float(), dim=-1)[token])
 
@@ -189,7 +212,7 @@ def emit(out: Emitted, token: int, logprob: float, decode, eos_ids, heal: str, s
 
 def run_batch(engine: DecodeEngine, cache: KVCache, logits: torch.Tensor, rows: int, *, max_new_tokens: int,
               stop: tuple[str, ...], temperature: float, top_p: float, generator, should_stop,
-              decode, eos_ids) -> list[Emitted]:
+              decode, eos_ids, constrain: Constrain | None = None) -> list[Emitted]:
     """Decode `rows` candidates after the prompt in `cache`'s shared row, all in one batch."""
     outs = [Emitted() for _ in range(rows)]
     cache.start_rows(rows, max_new_tokens)
@@ -201,7 +224,12 @@ def run_batch(engine: DecodeEngine, cache: KVCache, logits: torch.Tensor, rows: 
                     if not out.done:
                         out.reason, out.done = "stopped_by_caller", True
                 break
-            tokens = sample_rows(logits, temperature, top_p, generator)  # [rows]
+            picked = logits
+            if constrain is not None:
+                allowed = [None if out.done else constrain(out.text) for out in outs]
+                # [rows, vocab]
+                picked = logits + torch.cat([constraint_mask(a, logits[:1]) for a in allowed])
+            tokens = sample_rows(picked, temperature, top_p, generator)  # [rows]
             logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, None])[:, 0]
             for out, token, logprob in zip(outs, tokens.tolist(), logprobs.tolist(), strict=True):
                 if not out.done:

@@ -405,6 +405,7 @@ class ModelRuntime:
         past=None,
         prefill_limit: int = 0,
         pinned: int = 0,
+        constrain=None,
     ) -> GenerationResult:
         """Continue `prompt`; `should_stop` is polled between forward passes and before each token.
 
@@ -424,6 +425,9 @@ class ModelRuntime:
         prompt's first tokens are kept whatever the limit (a fill-in-the-middle format's markers in
         front of the window); what is dropped is dropped after them.
 
+        `constrain` (`context.generation.Constrain`): given the text generated so far, the token ids
+        allowed next, or None for any (a caller that needs the answer to copy text it holds).
+
         Raises GenerationCancelled when `should_stop` turns true before anything was generated
         (nothing useful to return); later it ends generation early with what was produced.
         """
@@ -440,8 +444,8 @@ class ModelRuntime:
             if engine is None:  # no cache kept between calls: a limited prompt is simply its end
                 kept = _limited(prompt_ids, prefill_limit, pinned) if prefill_limit > 0 else prompt_ids
                 result = self._generate_transformers(
-                    kept, max_new_tokens, stop, temperature, top_p, generator, should_stop, heal, past
-                )
+                    kept, max_new_tokens, stop, temperature, top_p, generator, should_stop, heal, past,
+                    constrain)
                 return dataclasses.replace(result, dropped_tokens=len(prompt_ids) - len(kept))
             started = time.perf_counter()
             reused, head, dropped, logits = self._prefill_engine(
@@ -449,10 +453,10 @@ class ModelRuntime:
                 limit=prefill_limit, pinned=pinned)
             prefill_s = time.perf_counter() - started
             lookup = None
-            if temperature <= 0 and self.config.draft_tokens > 0:
+            if temperature <= 0 and self.config.draft_tokens > 0 and constrain is None:
                 lookup = PromptLookup(self._cache.ids, max_draft=self.config.draft_tokens)
             loop = SequenceLoop(engine, self._cache, decode=self.decode, eos_ids=self._eos_ids,
-                                healing_mask=self._healing_mask)
+                                healing_mask=self._healing_mask, constrain=constrain)
             # The fused step splits every product over its threads (docs/benchmarks.md, the fused step):
             # it takes the prefill's count; torch's many small operations run on decode_threads.
             engine.fused_threads = self._prefill_threads() or torch.get_num_threads()
@@ -480,8 +484,10 @@ class ModelRuntime:
         stop: tuple[str, ...] = (),
         should_stop: ShouldStop | None = None,
         past=None,
+        constrain=None,
     ) -> list[GenerationResult]:
-        """`n` candidates continuing `prompt` (best-of-K), decoded together in one batch.
+        """`n` candidates continuing `prompt` (best-of-K), decoded together in one batch; `constrain`
+        as in `generate`, for each candidate.
 
         The prompt is prefilled once; every candidate attends to that one copy of its keys and
         values. Each result carries its `logprob`. Models the lean engine cannot run fall back to
@@ -501,7 +507,7 @@ class ModelRuntime:
             return [
                 self.generate(prompt_ids, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature,
                               top_p=top_p, seed=None if seed is None else seed + i, should_stop=should_stop,
-                              past=_copy_cache(past))
+                              past=_copy_cache(past), constrain=constrain)
                 for i in range(n)
             ]
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
@@ -514,7 +520,8 @@ class ModelRuntime:
             with _torch_threads(self.config.decode_threads):
                 outs = run_batch(engine, self._cache, logits, n, max_new_tokens=max_new_tokens, stop=stop,
                                  temperature=temperature, top_p=top_p, generator=generator,
-                                 should_stop=should_stop, decode=self.decode, eos_ids=self._eos_ids)
+                                 should_stop=should_stop, decode=self.decode, eos_ids=self._eos_ids,
+                                 constrain=constrain)
             decode_s = time.perf_counter() - started - prefill_s
         results = [
             GenerationResult(out.text, len(out.ids), len(prompt_ids), prefill_s, decode_s, out.reason,
@@ -706,13 +713,15 @@ class ModelRuntime:
     # -- transformers fallback -------------------------------------------------------------------
 
     def _generate_transformers(self, prompt_ids, max_new_tokens, stop, temperature, top_p, generator,
-                               should_stop, heal, past) -> GenerationResult:
+                               should_stop, heal, past, constrain=None) -> GenerationResult:
         """The plain token loop over transformers' own forward, for models the engine cannot run."""
         import torch
 
         started = time.perf_counter()
         cache, logits = self._prefill(prompt_ids, should_stop, past)
         prefill_s = time.perf_counter() - started
+        from .generation import constraint_mask
+
         new_ids: list[int] = []
         text, reason, logprob = "", "length", 0.0
         for _ in range(max_new_tokens + (len(heal) if heal else 0)):
@@ -725,6 +734,8 @@ class ModelRuntime:
                 logits = logits + self._healing_mask(heal[len(full) :], logits.shape[-1])
             elif len(new_ids) >= max_new_tokens:
                 break
+            elif constrain is not None:
+                logits = logits + constraint_mask(constrain(full[len(heal):]), logits)
             next_id = _pick_token(logits, temperature, top_p, generator)
             if next_id in self._eos_ids:
                 reason = "eos"

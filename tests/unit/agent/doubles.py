@@ -163,15 +163,20 @@ class ScriptedRuntime:
     def __init__(self, continuations: list[str]):
         self.continuations = list(continuations)
         self.prompts: list[str] = []
+        self.constraints: list = []  # the `constrain` of each generate call (None: free)
 
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
 
+    def token_texts(self) -> list[str]:
+        return [chr(i) for i in range(256)]
+
     def generate(self, prompt_ids, *, max_new_tokens, stop=(), temperature=0.0, seed=None, should_stop=None,
-                 past=None, **_):
+                 past=None, constrain=None, **_):
         from context.runtime import GenerationResult
 
         self.prompts.append("".join(map(chr, prompt_ids)))
+        self.constraints.append(constrain)
         text = self.continuations.pop(0) if self.continuations else "done\n"
         cut = min((text.find(s) for s in stop if s in text), default=-1)
         reason = "stop" if cut >= 0 else "eos"

@@ -243,6 +243,10 @@ def test_an_unparsable_local_answer_is_answered_again_as_an_edit_of_the_file(pro
     assert result.stop_reason == "verified" and result.chosen == 0
     # The same turn again (no message about the format), its answer opened as an edit of calc.py.
     assert runtime.prompts[1] == runtime.prompts[0] + "edit calc.py\n<<<<<<< SEARCH\n"
+    # ... its search text decoded as a copy of calc.py: only the file's own text may follow.
+    copy = runtime.constraints[1]
+    assert runtime.constraints[0] is None and copy.source == (project / "calc.py").read_text()
+    assert copy("    return a - ") == {ord("b")}
     assert result.candidates[0].text.startswith("```edit calc.py\n<<<<<<< SEARCH\n    return a - b\n")
 
 

@@ -1,0 +1,64 @@
+"""The edit fallback's search text decoded as a copy of the file (`agent.copy_search`): with the
+embedded model's real vocabulary, and through the real runtime's greedy and batched decoding."""
+
+from __future__ import annotations
+
+from agent.copy_search import CopySearch, copy_vocabulary
+
+SOURCE = '''def add(a, b):
+    """Sum."""
+    return a - b
+
+
+def sub(a, b):
+    return a - b
+'''
+LINE_STARTS = (0, *(i + 1 for i, char in enumerate(SOURCE) if char == "\n"))
+
+
+def _copies(text: str) -> bool:
+    """`text` is a piece of SOURCE that starts at a line start."""
+    return any(SOURCE.startswith(text, start) for start in LINE_STARTS)
+
+
+def _texts(runtime, ids) -> set[str]:
+    return {runtime.token_texts()[i] for i in ids}
+
+
+def test_only_the_files_text_from_a_line_start_may_follow(runtime):
+    copy = CopySearch(SOURCE, copy_vocabulary(runtime.token_texts()))
+    first = _texts(runtime, copy(""))
+    assert "def" in first and all(_copies(token) for token in first)
+    assert not any(token.startswith("lines") for token in first)  # the protocol's placeholder is not there
+    inside = _texts(runtime, copy("    return a "))
+    assert "-" in inside and all(_copies("    return a " + token) for token in inside)
+    # The section may close after whole lines found at one place only: not mid-line, and not after
+    # `return a - b`, which stands in both functions (the edit would not know where to apply).
+    closes = lambda text: any(token.startswith("=") for token in _texts(runtime, copy(text)))  # noqa: E731
+    assert closes('    """Sum."""\n') and closes('    """Sum."""\n    return a - b\n')
+    assert not closes("    return a - b\n") and not closes('    """Sum')
+    assert not any(t.strip() == "" for t in _texts(runtime, copy("")) if "\n" in t)  # no blank first line
+    # In the replacement a line may start with anything but a marker, unless it is the closing one.
+    after = '    """Sum."""\n=======\n'
+    line_start = _texts(runtime, copy(after))
+    assert "    " in line_start and "=" not in line_start and not any(t.startswith("<") for t in line_start)
+    closing = {t for t in line_start if t.startswith(">")}
+    assert closing and all(">>>>>>> REPLACE\n".startswith(t) for t in closing)
+    assert all(">>>>>>> REPLACE\n".startswith(">>" + t) for t in _texts(runtime, copy(after + ">>")))
+    assert copy(after + "    x") is None  # inside a line: free
+    assert copy(after + ">>>>>>> REPLACE\n") is None  # closed: free
+    # Text that is not in the file frees the model (nothing it could copy).
+    assert copy("lines copied exactly") is None
+
+
+def test_greedy_and_batched_decoding_copy_the_file(runtime):
+    from agent.backends import Conversation, LocalBackend
+
+    ask = [{"role": "user", "content": "add() subtracts; fix it"}]
+    conversation = Conversation("You fix bugs.", messages=ask, prefill="edit calc.py\n<<<<<<< SEARCH\n",
+                                copy_from=SOURCE)
+    backend = LocalBackend(runtime)
+    for k, temperature in ((1, 0.0), (3, 0.8)):
+        for sample in backend.sample(conversation, k, temperature=temperature, max_tokens=48, seed=3):
+            search = sample.text.split("<<<<<<< SEARCH\n", 1)[1].split("=======", 1)[0]
+            assert search and _copies(search), sample.text
