@@ -144,7 +144,9 @@ class FeedbackRecorder:
         self._submitted = 0
         self._written = 0
         self._written_cv = threading.Condition()
-        self._shown: dict[str, tuple[str, float]] = {}  # uri -> (episode, monotonic time shown)
+        # (uri, kind) -> (episode, monotonic time shown): one live suggestion of each kind per document
+        # (an inline completion and a next-edit suggestion are shown side by side).
+        self._shown: dict[tuple[str, str], tuple[str, float]] = {}
         self._episodes: dict[str, dict[str, Any]] = {}  # live completion episodes: uri, position, output
         self._last_output: tuple[str, float, str | None] | None = None  # episode, time, model
         self._model_id: str | None = None
@@ -201,8 +203,13 @@ class FeedbackRecorder:
         latency_s: float | None = None,
         extra: dict | None = None,
         served: ServedPrompt | None = None,
+        kind: str = "completion",
+        replaces: str = "",
     ) -> str | None:
         """A completion shown to the user; its id, or None when recording is off.
+
+        `kind` "next_edit": a next-edit suggestion, replacing `replaces` at `position` with `output`
+        (an episode of its own kind, followed to the same checkpoints once accepted).
 
         `served` is the prompt it was answered from: its window's text is stored as the episode's
         `prompt_text`, the rest in `extra[SERVED_PROMPT_KEY]` (redacted on the writer thread). Without
@@ -213,20 +220,23 @@ class FeedbackRecorder:
         if served is not None:
             prompt_text = served.text
             extra = {**(extra or {}), SERVED_PROMPT_KEY: served.to_json(with_text=False)}
+        if kind != "completion" and (same := self._still_shown(uri, kind, position, output, replaces)):
+            return same  # the same suggestion asked for again (the cursor moved): the same episode
         episode_id = new_id()
         now, mono = self.clock(), self.monotonic()
         self._note_output(episode_id, mono, model_id)
         with self._lock:
-            superseded = self._shown.pop(uri, None)
-            self._shown[uri] = (episode_id, mono)
-            self._episodes[episode_id] = {"uri": uri, "position": position, "output": output, "shown": mono}
+            superseded = self._shown.pop((uri, kind), None)
+            self._shown[(uri, kind)] = (episode_id, mono)
+            self._episodes[episode_id] = {"uri": uri, "position": position, "output": output, "shown": mono,
+                                          "replaces": replaces}
             if superseded:
                 self._episodes.pop(superseded[0], None)
         if superseded:
             self._event(superseded[0], "dismissed", {"reason": "superseded", "by": episode_id})
         self._episode(
             episode_id,
-            kind="completion",
+            kind=kind,
             ts=now,
             model_id=model_id,
             adapter_id=adapter_id,
@@ -235,7 +245,8 @@ class FeedbackRecorder:
             prompt_text=prompt_text,
             output=output,
             context_refs=list(context_refs),
-            extra={**(extra or {}), "position": list(position), "latency_s": latency_s},
+            extra={**(extra or {}), "position": list(position), "latency_s": latency_s,
+                   **({"replaces": replaces} if kind != "completion" else {})},
         )
         self._event(episode_id, "shown", {"uri": uri, "position": list(position)})
         if served is not None and self.config.storage == "full":
@@ -244,6 +255,14 @@ class FeedbackRecorder:
                 if ref.text is not None:
                     self._put(REFERENCE_TABLE, {"hash": ref.hash, "ts": now, "text": ref.text})
         return episode_id
+
+    def _still_shown(self, uri: str, kind: str, position: Pos, output: str, replaces: str) -> str | None:
+        with self._lock:
+            shown = self._shown.get((uri, kind))
+            live = self._episodes.get(shown[0]) if shown else None
+        if live and (live["position"], live["output"], live["replaces"]) == (position, output, replaces):
+            return shown[0]
+        return None
 
     def record_agent_episode(
         self,
@@ -296,9 +315,9 @@ class FeedbackRecorder:
             return False
         with self._lock:
             live = self._episodes.pop(episode_id, None)
-            for uri, (shown, _) in list(self._shown.items()):
+            for key, (shown, _) in list(self._shown.items()):
                 if shown == episode_id:
-                    del self._shown[uri]
+                    del self._shown[key]
         if live is None:
             self._event(episode_id, "accepted", {"late": True})
             return False
@@ -309,7 +328,7 @@ class FeedbackRecorder:
         if document_text is not None:
             with self._lock:
                 self.tracker.track_edit(
-                    episode_id, live["uri"], live["position"], accepted, "", document_text
+                    episode_id, live["uri"], live["position"], accepted, live["replaces"], document_text
                 )
         return True
 
@@ -364,8 +383,8 @@ class FeedbackRecorder:
     def on_close(self, uri: str) -> None:
         with self._lock:
             self.tracker.close(uri)
-            shown = self._shown.pop(uri, None)
-        if shown:
+            closed = [self._shown.pop(key) for key in list(self._shown) if key[0] == uri]
+        for shown in closed:
             self._event(shown[0], "dismissed", {"reason": "closed"})
 
     def on_open(self, uri: str, text: str) -> None:
@@ -410,12 +429,12 @@ class FeedbackRecorder:
         with self._lock:
             observations = self.tracker.due(mono)
             expired = [
-                (uri, ep)
-                for uri, (ep, shown) in self._shown.items()
+                (key, ep)
+                for key, (ep, shown) in self._shown.items()
                 if mono - shown >= self.config.dismiss_after_s
             ]
-            for uri, episode_id in expired:
-                del self._shown[uri]
+            for key, episode_id in expired:
+                del self._shown[key]
                 self._episodes.pop(episode_id, None)
         for _, episode_id in expired:
             self._event(episode_id, "dismissed", {"reason": "timeout"})

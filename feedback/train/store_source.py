@@ -38,6 +38,10 @@ def episode_as_example_fields(record: Any) -> dict[str, Any] | None:
     episode, finals = record.episode, record.final_outcomes()
     if not record.accepted or not finals:
         return None
+    if episode["kind"] == "next_edit":
+        # Offered by the deterministic path (a rename or repeat carried on): no model answered,
+        # so there is nothing for the model to learn from them yet (issue 24's model path).
+        return None
     last = finals[-1]
     extra = episode.get("extra") or {}
     if episode["kind"] == "completion":

@@ -3,7 +3,9 @@
 The server keeps each open document's recent edits in memory (`context.next_edit.EditHistory`, fed
 by didOpen / didChange / didClose through the document listeners; never stored) and answers with
 the deterministic path's prediction: the last edit's rename or repeat, carried to where it applies
-next (docs/protocol.md).
+next (docs/protocol.md). With feedback recording on, each offered edit is a `next_edit` episode
+whose accept command (`squidcode.completion.accept`) starts following the edited region to the
+same keep/revert checkpoints as a completion.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from context.next_edit import EditHistory, predict
 
 from ..positions import offset_at, position_at
 from ..server import SquidServer
+from .feedback_commands import accept_command
 
 __all__ = ["COPILOT_INLINE_EDIT", "NEXT_EDIT", "copilot_inline_edit", "next_edit", "register"]
 
@@ -74,19 +77,39 @@ def next_edit(ls: SquidServer, params: Any) -> dict:
     if found is None:
         return {"edits": []}
     start, end = position_at(text, found.start), position_at(text, found.end)
+    episode_id = _record(ls, uri, (start.line, start.character), found, text[found.start:found.end])
+    command = accept_command(episode_id, found.text)
     return {"edits": [{
         "range": {"start": {"line": start.line, "character": start.character},
                   "end": {"line": end.line, "character": end.character}},
         "newText": found.text, "kind": found.kind,
         "textDocument": {"uri": uri, "version": _field(document, "version")},
+        "command": {"title": command.title, "command": command.command, "arguments": command.arguments},
     }]}
 
 
+def _record(ls: SquidServer, uri: str, start: tuple[int, int], found, replaced: str) -> str | None:
+    """Record the offered edit as a `next_edit` episode; its id, or None (recording off, or failed:
+    the edit is offered all the same)."""
+    recorder = ls.feedback
+    if recorder is None:
+        return None
+    opened = ls.open_document_text(uri)
+    try:
+        return recorder.record_completion_episode(
+            uri=uri, position=start, output=found.text, model_id="squidcode.next_edit.deterministic",
+            language=opened[1] if opened else None, kind="next_edit", replaces=replaced,
+            extra={"next_edit_kind": found.kind})
+    except Exception:  # noqa: BLE001 - feedback must never cost the user a suggestion
+        log.exception("feedback: could not record a next-edit suggestion")
+        return None
+
+
 def copilot_inline_edit(ls: SquidServer, params: Any) -> dict:
-    """`next_edit` in the shape of `textDocument/copilotInlineEdit`."""
+    """`next_edit` in the shape of `textDocument/copilotInlineEdit` (its accept command included)."""
     edits = next_edit(ls, params)["edits"]
     return {"edits": [{"range": e["range"], "text": e["newText"], "textDocument": e["textDocument"],
-                       "command": None} for e in edits]}
+                       "command": e["command"]} for e in edits]}
 
 
 def register(server: SquidServer) -> None:

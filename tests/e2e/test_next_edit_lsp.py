@@ -1,10 +1,14 @@
 """`squidcode/nextEdit` over LSP to the server subprocess: a rename typed in the editor, as
 incremental didChange events, is offered at the next occurrence (also as
 `textDocument/copilotInlineEdit`); then the edit is accepted and the next one offered; a request
-about nothing, or a malformed one, gets no edit and the server keeps serving. One server start."""
+about nothing, or a malformed one, gets no edit and the server keeps serving. Each offered edit is a
+`next_edit` feedback episode; its accept command starts following the region to its checkpoints.
+One server start."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,7 @@ import pytest_lsp
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
+from feedback.store import FeedbackStore
 from lsp_server.features.next_edit import COPILOT_INLINE_EDIT, NEXT_EDIT
 from tests.conftest import SERVER_CMD
 from tests.e2e.test_index_lsp import plain
@@ -27,8 +32,10 @@ async def client(lsp_client: LanguageClient, tmp_path: Path, model_cache_dir):
     project = tmp_path / "ws"
     project.mkdir()
     (project / "report.py").write_text(CODE)
+    lsp_client.db_path = tmp_path / "feedback.db"
     await lsp_client.initialize_session(types.InitializeParams(
         capabilities=client_capabilities("visual-studio-code"), root_uri=project.as_uri(),
+        initialization_options={"feedback": {"db_path": str(lsp_client.db_path), "checkpoints_s": [0.4]}},
         workspace_folders=[types.WorkspaceFolder(uri=project.as_uri(), name="ws")]))
     lsp_client.uri = (project / "report.py").as_uri()
     yield
@@ -68,11 +75,39 @@ async def test_a_typed_rename_is_offered_at_the_next_occurrence_then_the_one_aft
     # The same answer in the shape copilot-lsp's Neovim client asks for.
     copilot = plain(await client.protocol.send_request_async(COPILOT_INLINE_EDIT, {
         "textDocument": {"uri": client.uri, "version": 9}, "position": {"line": 1, "character": 12}}))
-    assert copilot["edits"] == [{"range": edit["range"], "text": "subtotal", "command": None,
+    # (the same suggestion asked for again is the same episode: the same command)
+    assert copilot["edits"] == [{"range": edit["range"], "text": "subtotal", "command": edit["command"],
                                  "textDocument": {"uri": client.uri, "version": 9}}]
-    # The editor applies it (an edit of its own); the next occurrence comes next.
+    # Each offer is a `next_edit` episode; its command reports the acceptance.
+    command = edit["command"]
+    episode_id = command["arguments"][0]["episodeId"]
+    assert command["command"] == "squidcode.completion.accept" and episode_id
+    # The editor applies it (an edit of its own) and runs the command; the next occurrence comes next.
     change(client, 20, 3, 8, 13, "subtotal")
+    await client.workspace_execute_command_async(types.ExecuteCommandParams(
+        command=command["command"], arguments=command["arguments"]))
     (after,) = await ask(client, 3, 16)
     assert after["range"]["start"] == {"line": 4, "character": 11} and after["newText"] == "subtotal"
     symbols = await client.workspace_symbol_async(types.WorkspaceSymbolParams(query="report"))
     assert symbols is not None  # still serving
+    episode, events, statuses = await _recorded(client.db_path, episode_id)
+    assert episode["kind"] == "next_edit" and episode["output"] == "subtotal"
+    assert episode["extra"]["replaces"] == "total" and episode["extra"]["next_edit_kind"] == "rename"
+    assert {"shown", "accepted"} <= events and statuses == ["unchanged"]  # kept at its checkpoint
+
+
+async def _recorded(db_path: Path, episode_id: str) -> tuple[dict, set[str], list[str]]:
+    """The stored episode, its event kinds and its outcomes, once its checkpoint has been judged."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if db_path.exists():
+            store = FeedbackStore(db_path, readonly=True)
+            try:
+                items = store.episodes_with_outcomes()
+                item = next((i for i in items if i.episode["id"] == episode_id), None)
+            finally:
+                store.close()
+            if item is not None and item.outcomes:
+                return item.episode, {e["kind"] for e in item.events}, [o["status"] for o in item.outcomes]
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"episode {episode_id} has no outcome")

@@ -108,6 +108,36 @@ def test_dismissal_by_supersede_and_by_timeout(tmp_path, clock):
     recorder.close()
 
 
+def test_a_next_edit_is_its_own_episode_beside_a_completion_and_is_followed_as_a_replacement(tmp_path, clock):
+    from feedback.train.store_source import episode_as_example_fields
+
+    recorder = make(tmp_path, clock)
+    before = "def f(total):\n    return total\n"
+    completion = show(recorder)
+    offer = dict(uri=URI, position=(1, 11), output="subtotal", model_id="squidcode.next_edit.deterministic",
+                 kind="next_edit", replaces="total")
+    episode_id = recorder.record_completion_episode(**offer)
+    assert recorder.record_completion_episode(**offer) == episode_id  # asked again: the same episode
+    assert recorder.episode_uri(completion) == URI  # a next edit does not supersede a completion
+    after = before.replace("return total", "return subtotal")
+    recorder.on_did_change(URI, [TextChange((1, 11), (1, 16), "subtotal")], after)
+    assert recorder.accept_completion(episode_id, None, after)
+    clock.now += 31
+    recorder.tick()
+    assert recorder.flush()
+    items = {item.episode["id"]: item for item in episodes(recorder.db_path)}
+    edit = items[episode_id]
+    assert edit.episode["kind"] == "next_edit" and edit.episode["extra"]["replaces"] == "total"
+    assert [e["kind"] for e in edit.events] == ["shown", "accepted"]
+    assert [(o["status"], o["kept_text"]) for o in edit.outcomes] == [("unchanged", "subtotal")]
+    # The completion beside it was left to time out, never superseded by the next edit.
+    assert [(e["kind"], (e["data"] or {}).get("reason")) for e in items[completion].events] == [
+        ("shown", None), ("dismissed", "timeout")]
+    # The deterministic path's suggestions are not training examples (no model answered them).
+    assert episode_as_example_fields(edit) is None
+    recorder.close()
+
+
 def test_a_model_switch_right_after_an_output_is_recorded(tmp_path, clock):
     recorder = make(tmp_path, clock)
     recorder.note_model("m1")
