@@ -1,0 +1,215 @@
+"""A team's completion server under load (issue 23): 1, 4 and 8 simulated editors typing against
+one llama.cpp server over loopback, against the local runtime on the same model, in one run.
+
+    python bench/bench_served_completion.py [--keystrokes 30] [--editors 1,4,8] [--threads 2]
+
+The model is the embedded SmolLM2-135M-Instruct GGUF for both: the local runtime (this process,
+`agent.completion.complete`, the product's path) and llama.cpp's C++ server (built by
+`.ci/install-llama-server.sh`) asked through the product's served path
+(`agent.completion.complete_served`, `completion.backend = "openai"`: SmolLM2 has no FIM tokens,
+so no `/infill`). Each editor types real code a character at a time, in its own file (modules of
+the standard library, code nobody here wrote), and asks for a completion after every keystroke,
+waiting for the answer before the next one (a fast typist whose editor never cancels: the worst
+case for the server). Latency is the request's wall time. Prompt-cache reuse is the share of the
+prompt tokens the server took from its cache (its `timings.cache_n`).
+
+Then cancellation: a long request is cancelled 0.3 s in, and the server's `/slots` is polled until
+no slot is processing; the time from the cancel to that is how fast the server stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from agent.completion import CompletionRequest, complete, complete_served  # noqa: E402
+from agent.completion_server import CompletionServer, HoleRequest  # noqa: E402
+from bench.bench_foundation import cpu_info  # noqa: E402
+from context.config import CompletionConfig, ModelConfig  # noqa: E402
+from context.runtime import ModelRuntime, locate_embedded_gguf  # noqa: E402
+from tests.e2e.test_completion_server import LLAMA_SERVER, _free_port  # noqa: E402
+
+# Files the editors type in: one each, a stretch of a function body from the middle.
+SOURCES = ("json/decoder.py", "csv.py", "textwrap.py", "shlex.py", "fractions.py", "statistics.py",
+           "difflib.py", "argparse.py")
+
+
+def typing_positions(path: Path, keystrokes: int) -> list[tuple[str, int]]:
+    """(text, cursor) after each keystroke of typing `keystrokes` characters of the file's code,
+    starting at the first indented line past its middle."""
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    start_line = next(i for i in range(len(lines) // 2, len(lines))
+                      if lines[i].startswith("        ") and len(lines[i].strip()) > 20)
+    line = lines[start_line]
+    start = sum(len(before) for before in lines[:start_line]) + len(line) - len(line.lstrip())
+    # The document as the developer has it: what they have typed so far, then the rest of the file.
+    return [(text[: start + k] + text[start + len(text[start:start + keystrokes]):], start + k)
+            for k in range(1, keystrokes + 1)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def start_server(threads: int, slots: int, log_path: Path) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    log = log_path.open("w")
+    proc = subprocess.Popen(
+        [str(LLAMA_SERVER), "-m", str(locate_embedded_gguf()), "--host", "127.0.0.1", "--port", str(port),
+         "-t", str(threads), "-np", str(slots), "-c", str(2048 * slots)],
+        stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(f"{url}/health", timeout=2).is_success:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"llama-server did not start: {log_path.read_text()[-1500:]}")
+
+
+def run_local(runtime: ModelRuntime, config: CompletionConfig, positions) -> list[float]:
+    times = []
+    for text, offset in positions:
+        began = time.perf_counter()
+        complete(runtime, CompletionRequest(text, offset, "python"), config)
+        times.append(time.perf_counter() - began)
+    return times
+
+
+async def run_editors(config: CompletionConfig, editors: list[list[tuple[str, int]]]) -> dict:
+    server = CompletionServer(config)
+    times: list[float] = []
+    prompt = cached = 0
+
+    async def editor(positions) -> None:
+        nonlocal prompt, cached
+        for text, offset in positions:
+            began = time.perf_counter()
+            request = CompletionRequest(text, offset, "python")
+            answer = await complete_served(server, request, config, lambda: False)
+            times.append(time.perf_counter() - began)
+            if answer is not None:
+                prompt += answer.prompt_tokens
+                cached += answer.cached_tokens
+
+    try:
+        await asyncio.gather(*(editor(p) for p in editors))
+    finally:
+        await server.aclose()
+    return {"p50": percentile(times, 0.5), "p95": percentile(times, 0.95), "requests": len(times),
+            "cache_reuse": cached / prompt if prompt else 0.0}
+
+
+async def cancel_stop_times(url: str, config: CompletionConfig, tries: int) -> list[float]:
+    """Seconds from closing a long request's stream to the server having no slot processing."""
+    server = CompletionServer(config)
+    out = []
+    try:
+        for i in range(tries):
+            began = time.monotonic()
+            hole = HoleRequest(f"# try {i}\ndef main():\n", "", max_tokens=1500, stop=())
+            await server.complete(hole, lambda began=began: time.monotonic() - began > 0.3)
+            closed = time.monotonic()
+            async with httpx.AsyncClient() as client:
+                while any(s.get("is_processing") for s in (await client.get(f"{url}/slots")).json()):
+                    await asyncio.sleep(0.002)
+            out.append(time.monotonic() - closed)
+    finally:
+        await server.aclose()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keystrokes", type=int, default=30)
+    parser.add_argument("--editors", default="1,4,8")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cancel-tries", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    counts = [int(n) for n in args.editors.split(",")]
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = [typing_positions(stdlib / name, args.keystrokes) for name in SOURCES[: max(counts)]]
+    config = CompletionConfig(debounce_ms=0)
+    result = {"cpu": cpu_info(), "keystrokes": args.keystrokes, "threads": args.threads,
+              "date": time.strftime("%Y-%m-%d %H:%M")}
+
+    runtime = ModelRuntime(ModelConfig(threads=args.threads)).load().prepare()
+    run_local(runtime, config, files[0][:3])  # warm: the engine compiled, the first window read
+    local = run_local(runtime, config, files[0])
+    result["local"] = {"p50": percentile(local, 0.5), "p95": percentile(local, 0.95), "requests": len(local)}
+    del runtime
+
+    with tempfile.TemporaryDirectory(prefix="squid-bench-served-") as tmp:
+        proc, url = start_server(args.threads, max(counts), Path(tmp) / "server.log")
+        try:
+            served = CompletionConfig(debounce_ms=0, backend="openai", server_url=f"{url}/v1", fim="off",
+                                      server_timeout_s=120.0)
+            result["served"] = {}
+            for n in counts:
+                # As for the local runtime, each editor's file is read once before the clock runs
+                # (a file opened once costs a whole prefill, on either side).
+                asyncio.run(run_editors(served, [positions[:1] for positions in files[:n]]))
+                result["served"][n] = asyncio.run(run_editors(served, files[:n]))
+            result["cancel_stop_s"] = asyncio.run(cancel_stop_times(
+                url, replace_backend(served, url), args.cancel_tries))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+    print(json.dumps(result, indent=1))
+    print(markdown(result))
+    out = args.out or REPO / "bench" / "results" / f"served-completion-{time.strftime('%Y-%m-%d-%H%M')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"results: {out}")
+    return 0
+
+
+def replace_backend(config: CompletionConfig, url: str) -> CompletionConfig:
+    """The same server asked through `/v1/completions` with the cancel test's long budget."""
+    from dataclasses import replace
+
+    return replace(config, server_url=f"{url}/v1", max_tokens=1500)
+
+
+def markdown(result: dict) -> str:
+    local = result["local"]
+    rows = ["| editors | backend | requests | p50 | p95 | p50 / local p50 | prompt cache reuse |",
+            "|---|---|---|---|---|---|---|",
+            f"| 1 | local runtime | {local['requests']} | {local['p50']:.3f} s | {local['p95']:.3f} s "
+            "| 1.00 | - |"]
+    for n, row in result["served"].items():
+        rows.append(f"| {n} | llama-server | {row['requests']} | {row['p50']:.3f} s | {row['p95']:.3f} s | "
+                    f"{row['p50'] / local['p50']:.2f} | {row['cache_reuse']:.0%} |")
+    one = result["served"][min(result["served"])]
+    worst = result["served"][max(result["served"])]
+    stops = result["cancel_stop_s"]
+    rows.append("")
+    rows.append(f"p95 at {max(result['served'])} editors / p95 at {min(result['served'])}: "
+                f"{worst['p95'] / one['p95']:.2f}x; a cancelled request stopped on the server in "
+                f"{1000 * statistics.median(stops):.0f} ms (median of {len(stops)}, "
+                f"max {1000 * max(stops):.0f} ms)")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
