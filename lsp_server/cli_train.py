@@ -3,6 +3,8 @@
     squidcode train                 the scheduler, in the foreground: trains while the machine is idle
     squidcode train --once          one training round now (idle or not), then the promotion gate
     squidcode train --steps N       the round's length (default: train.steps)
+    squidcode train --source postgresql://... --team NAME
+                                    train on a team's pooled feedback (the collector's store)
     squidcode train status [--json] what the trainer is doing, and the adapter in use
     squidcode train rollback        go back to the adapter promoted before (or the base model)
 """
@@ -10,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -27,6 +30,10 @@ def add_train_parser(sub) -> None:
     train.add_argument("--once", action="store_true", help="one training round now, then exit")
     train.add_argument("--steps", type=_positive_int, metavar="N", help="steps in the round")
     train.add_argument("--json", action="store_true", help="print JSON")
+    train.add_argument("--source", metavar="STORE",
+                       help="train on a team's pooled feedback in a collector store (postgresql://... or "
+                            "sqlite:PATH) instead of this machine's; needs --team")
+    train.add_argument("--team", metavar="NAME", help="the team whose uploaded episodes --source reads")
 
 
 def _positive_int(value: str) -> int:
@@ -105,12 +112,14 @@ def _train(config, args) -> int:
     stop = threading.Event()
     install_stop_signals(stop)
     _init_distributed(config)
+    source = _source(args)
     if args.once:
         from feedback.train.service import run_round
 
         os.nice(max(0, config.train.nice - os.nice(0)))
         with StepProgress() as on_step:
-            result = run_round(config, steps=args.steps, should_stop=stop.is_set, on_step=on_step)
+            result = run_round(config, steps=args.steps, should_stop=stop.is_set, on_step=on_step,
+                               source=source)
         # The gate's decision is the command's result: stdout, as text or JSON.
         print(json.dumps(result.__dict__) if args.json else f"{result.state}: {result.message}")
         return 0
@@ -118,9 +127,29 @@ def _train(config, args) -> int:
         print("squidcode: train.enabled is false; set it in the config to train in the background "
               "(or run `squidcode train --once`)", file=sys.stderr)
         return 2
-    rounds = run_scheduler(config, stop=stop, steps=args.steps, round_fn=_reported_round)
+    if source is None:
+        rounds = run_scheduler(config, stop=stop, steps=args.steps, round_fn=_reported_round)
+    else:
+        from feedback.train.service import training_inputs
+
+        rounds = run_scheduler(config, stop=stop, steps=args.steps,
+                               round_fn=functools.partial(_reported_round, source=source),
+                               inputs_fn=lambda config: training_inputs(config, source))
     print(f"scheduler stopped after {rounds} round(s)")
     return 0
+
+
+def _source(args):
+    """The episodes' source: a team's collector store (`--source`, `--team`), or None (local)."""
+    from context.errors import SquidcodeError
+
+    if args.source is None:
+        if args.team:
+            raise SquidcodeError("--team names whose data --source reads; give --source too")
+        return None
+    from feedback.train.team_source import CollectorSource
+
+    return CollectorSource(args.source, args.team or "")
 
 
 def _init_distributed(config) -> None:

@@ -182,3 +182,13 @@ def test_a_round_mixes_in_tasks_made_from_the_workspaces_code(workspace, capsys)
     assert data["repository"]["train"] >= 1 and data["repository"]["held_out"] >= 1
     assert data["repository"]["train"] + data["repository"]["held_out"] == 3  # one call per file
     assert data["held_out"] > data["repository"]["held_out"]  # the regression tasks are still gated
+
+
+def test_training_from_a_collector_store_needs_the_team_and_says_what_is_missing(workspace, capsys):
+    assert main(["train", "--once", "--team", "acme"]) == 1
+    assert "give --source too" in capsys.readouterr().err
+    assert main(["train", "--once", "--source", "sqlite:/nowhere/collector.db"]) == 1
+    assert "--team" in capsys.readouterr().err
+    assert main(["train", "--once", "--steps", "1", "--source", f"sqlite:{workspace / 'none.db'}",
+                 "--team", "acme"]) == 1
+    assert "no collector database" in capsys.readouterr().err

@@ -82,3 +82,40 @@ def test_uploads_land_in_postgres_once(tmp_path, postgres_url):
         recorder.close()
     finally:
         collector.stop()
+
+
+def test_a_teams_uploaded_episodes_are_read_back_for_training(tmp_path, postgres_url):
+    """Through the real uploader and collector process into PostgreSQL, then the trainer's source
+    for that team (`squidcode train --source postgresql://... --team acme`)."""
+    import time
+
+    from context.config import FeedbackConfig
+    from feedback.recorder import FeedbackRecorder
+    from feedback.tracking import TextChange
+    from feedback.train.dataset import examples_from_source
+    from feedback.train.team_source import CollectorSource
+
+    collector = Collector(tmp_path, free_port(), db=postgres_url).start()
+    try:
+        config = FeedbackConfig(share=True, endpoint=collector.url, token=TOKEN, upload_interval_s=0.1,
+                                checkpoints_s=(0.05,))
+        recorder = FeedbackRecorder(config, db_path=tmp_path / "member.db")
+        uploader = Uploader(recorder)
+        uploader.start()
+        after = "def add(a, b):\n    return a + b\n"
+        episode = recorder.record_completion_episode(
+            uri="file:///w/a.py", position=(1, 4), output="return a + b", prompt_text="def add(a, b):\n    ",
+            model_id="m")
+        recorder.on_did_change("file:///w/a.py", [TextChange((1, 4), (1, 4), "return a + b")], after)
+        recorder.accept_completion(episode, None, after)
+        time.sleep(0.1)
+        recorder.tick()  # the checkpoint: kept unchanged
+        recorder.flush()
+        wait(lambda: outbox(recorder.db_path) == 0)
+        uploader.stop()
+        recorder.close()
+    finally:
+        collector.stop()
+    (example,) = examples_from_source(CollectorSource(postgres_url, "acme"))
+    assert example.id == episode and example.kept_text == "    return a + b" and not example.reverted
+    assert examples_from_source(CollectorSource(postgres_url, "other-team")) == []

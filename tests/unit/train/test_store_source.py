@@ -158,3 +158,36 @@ def test_a_completion_that_does_not_parse_earns_nothing_however_close_to_the_kep
                                prompt_text="def f(xs):\n", reverted=True,
                                reverted_text="    return [x * 2 for x in xs if x and")
     assert score_output("    return [x * 2 for x in xs if x and y", reward_context(reverted)).total < 0
+
+
+def test_a_teams_pooled_episodes_in_the_collector_train_as_the_local_ones_do(tmp_path):
+    """The rows a member uploaded (a real collector store) read back for that team only."""
+    from context.errors import FeedbackStoreError
+    from feedback.collector import CollectorStore
+    from feedback.store import FeedbackStore
+    from feedback.train.team_source import CollectorSource
+
+    db, kept, reverted, _ = _record(tmp_path)
+    local = FeedbackStore(db, readonly=True)
+    events = [{"id": row["id"], "table": table, "row": row}
+              for table in ("episodes", "events", "outcomes") for row in local.rows(table)]
+    local.close()
+    collector = CollectorStore(tmp_path / "collector.db")
+    assert collector.insert("team-a", events) == (len(events), 0)
+    collector.close()
+    source = CollectorSource(f"sqlite:{tmp_path / 'collector.db'}", "team-a")
+    pooled = {ex.id: ex for ex in examples_from_source(source)}
+    mine = {ex.id: ex for ex in examples_from_source(FeedbackStoreSource(db))}
+    assert set(pooled) == set(mine) == {kept, reverted}
+    for episode_id, example in mine.items():
+        assert pooled[episode_id].kept_text == example.kept_text
+        assert pooled[episode_id].reverted_text == example.reverted_text
+        assert pooled[episode_id].served.text == example.served.text
+    assert list(CollectorSource(f"sqlite:{tmp_path / 'collector.db'}", "team-b")
+                .episodes_with_outcomes(None, None)) == []  # another team's rows are not read
+    with pytest.raises(FeedbackStoreError, match="no collector database"):
+        list(CollectorSource(f"sqlite:{tmp_path / 'none.db'}", "team-a").episodes_with_outcomes(None, None))
+    with pytest.raises(FeedbackStoreError, match="--team"):
+        CollectorSource("sqlite:x.db", "")
+    with pytest.raises(FeedbackStoreError, match="postgresql://"):
+        CollectorSource("x.db", "team-a")

@@ -1,0 +1,104 @@
+"""A team's pooled feedback as a training source: `squidcode train --source TARGET --team NAME`.
+
+The collector (`feedback.collector`) keeps each row a member's server uploaded as it was sent (a
+row of the local store's `episodes`, `events` or `outcomes` table, redacted before it was stored
+and sent only with sharing on), with the team of the token that sent it, in SQLite or PostgreSQL.
+This reads one team's rows back, joins them per episode as the local store does
+(`feedback.store.EpisodeOutcomes`), and gives the trainer the same example fields as local
+training (`store_source.episode_as_example_fields`): the same dataset, rewards, GRPO and gate.
+
+Reference documents' texts are not uploaded, so a team's completion episodes train on their
+prompt windows without the references they were served with.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from context.errors import FeedbackStoreError
+from feedback.store import EpisodeOutcomes
+
+from .store_source import episode_as_example_fields
+
+__all__ = ["CollectorSource"]
+
+_TABLES = ("episodes", "events", "outcomes")
+
+
+class CollectorSource:
+    """One team's episodes in a collector store: `postgresql://...`, or `sqlite:PATH`."""
+
+    def __init__(self, target: str, team: str):
+        if not team:
+            raise FeedbackStoreError("training from a collector needs the team whose data it is (--team)")
+        if not target.startswith(("postgresql://", "postgres://", "sqlite:")):
+            raise FeedbackStoreError(f"a collector store is postgresql://... or sqlite:PATH, not {target!r}")
+        self.target = target
+        self.team = team
+
+    def __repr__(self) -> str:  # never the password of a PostgreSQL URL
+        return f"CollectorSource({self.target.split('@')[-1]!r}, team={self.team!r})"
+
+    def episodes_with_outcomes(self, since: float | None, until: float | None) -> Iterator[dict[str, Any]]:
+        episodes: dict[str, dict] = {}
+        children: dict[str, dict[str, list[dict]]] = {table: defaultdict(list) for table in _TABLES[1:]}
+        for table, row in self._rows():
+            if table == "episodes":
+                episodes[row["id"]] = row
+            elif row.get("episode_id"):
+                children[table][row["episode_id"]].append(row)
+        for episode in sorted(episodes.values(), key=lambda e: e.get("ts") or 0.0):
+            ts = episode.get("ts") or 0.0
+            if (since is not None and ts < since) or (until is not None and ts >= until):
+                continue
+            events = sorted(children["events"][episode["id"]], key=lambda e: e.get("ts") or 0.0)
+            outcomes = sorted(children["outcomes"][episode["id"]],
+                              key=lambda o: (o.get("checkpoint_s") or 0.0, o.get("ts") or 0.0))
+            fields = episode_as_example_fields(EpisodeOutcomes(episode, events, outcomes))
+            if fields is not None:
+                yield fields
+
+    def _rows(self) -> Iterator[tuple[str, dict]]:
+        query = "SELECT tbl, row FROM received WHERE team = {0} AND tbl IN ({0}, {0}, {0})"
+        if self.target.startswith(("postgresql://", "postgres://")):
+            raw = self._postgres(query.format("%s"))
+        else:
+            raw = self._sqlite(query.format("?"))
+        for table, text in raw:
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError:
+                continue  # the collector stores what it validated as JSON; a damaged row is skipped
+            if isinstance(row, dict) and "id" in row:
+                yield table, row
+
+    def _sqlite(self, query: str) -> list[tuple[str, str]]:
+        path = Path(self.target.removeprefix("sqlite:")).expanduser()
+        if not path.is_file():
+            raise FeedbackStoreError(f"no collector database at {path}")
+        try:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+            try:
+                return conn.execute(query, [self.team, *_TABLES]).fetchall()
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            raise FeedbackStoreError(f"cannot read the collector database {path}: {exc}") from exc
+
+    def _postgres(self, query: str) -> list[tuple[str, str]]:
+        try:
+            import psycopg
+        except ImportError as exc:
+            raise FeedbackStoreError("a PostgreSQL collector store needs `pip install psycopg[binary]`"
+                                     ) from exc
+        try:
+            with psycopg.connect(self.target) as conn:
+                return conn.execute(query, [self.team, *_TABLES]).fetchall()
+        except psycopg.Error as exc:
+            where = self.target.split("@")[-1]
+            raise FeedbackStoreError(f"cannot read the PostgreSQL collector store {where}: {exc}") from exc
