@@ -204,6 +204,10 @@ class FeedbackConfig:
     token: str | None = None
     upload_interval_s: float = field(default=30.0, metadata=_range(0.05, 86400))
     upload_batch: int = field(default=200, metadata=_range(1, 10_000))
+    # Pull the team's published adapter from the collector (`endpoint`, `token`) and use it
+    # (`feedback.team_adapters`); checked every `team_adapter_interval_s`.
+    team_adapter: bool = False
+    team_adapter_interval_s: float = field(default=600.0, metadata=_range(0.05, 86400))
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,11 @@
            422 a malformed event (the whole batch is refused; nothing is stored)
     GET  /v1/health   -> 200 {"ok": true}
     GET  /v1/stats    Authorization: Bearer TOKEN -> {"events": n, "by_table": {...}}  (that team's)
+    POST /v1/adapters Authorization: Bearer TOKEN   a promoted adapter (`feedback.team_adapters`)
+        -> 200 {"stored": version}; 409 that version is stored already; 413 too large; 422 malformed
+           or its files do not match its sha256
+    GET  /v1/adapters/latest    -> {"version", "sha256", "size", "meta"} of the team's newest; 404 none
+    GET  /v1/adapters/VERSION   -> the adapter as it was published (that team's only; 404 otherwise)
 
 Tokens map to team names; rows are stored with the team of the token that sent them, in SQLite, or
 in PostgreSQL when the store is given as a `postgresql://` URL (one transaction per batch; a row id
@@ -27,10 +32,11 @@ from typing import Any
 
 import sqlite_utils
 
-from context.errors import FeedbackStoreError
+from context.errors import AdapterError, FeedbackStoreError
 from context.sqlite_file import OpenedFile
 
 from .store import TABLES
+from .team_adapters import MAX_ADAPTER_BYTES, unpack_adapter, valid_version
 
 __all__ = [
     "CollectorStore",
@@ -47,6 +53,24 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_EVENTS = 10_000
 _ID = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+
+
+# Published team adapters: one row per team and version, the published JSON as it came.
+_ADAPTERS_TABLE = ("CREATE TABLE IF NOT EXISTS adapters (team TEXT NOT NULL, version TEXT NOT NULL, "
+                   "sha256 TEXT NOT NULL, size BIGINT NOT NULL, meta TEXT NOT NULL, payload TEXT NOT NULL, "
+                   "created_at {real} NOT NULL, PRIMARY KEY (team, version))")
+_PUT_ADAPTER = ("INSERT INTO adapters (team, version, sha256, size, meta, payload, created_at) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (team, version) DO NOTHING")
+_LATEST_ADAPTER = ("SELECT version, sha256, size, meta FROM adapters WHERE team = %s "
+                   "ORDER BY created_at DESC LIMIT 1")
+_GET_ADAPTER = "SELECT payload FROM adapters WHERE team = %s AND version = %s"
+
+
+def _adapter_info(row: tuple | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    version, sha256, size, meta = row
+    return {"version": version, "sha256": sha256, "size": size, "meta": json.loads(meta)}
 
 
 class CollectorStore:
@@ -71,6 +95,7 @@ class CollectorStore:
                 not_null={"team", "tbl", "row", "received_at"},
                 if_not_exists=True,
             )
+            self._conn.execute(_ADAPTERS_TABLE.format(real="REAL"))
         except OSError as exc:
             raise FeedbackStoreError(f"cannot create the collector database {self.path}: {exc}") from exc
         except sqlite3.Error as exc:
@@ -112,6 +137,32 @@ class CollectorStore:
             ) from exc
         return accepted, len(events) - accepted
 
+    def put_adapter(self, team: str, version: str, sha256: str, size: int, meta: dict, payload: str) -> bool:
+        """Store a published adapter; False when the team has that version already."""
+        try:
+            with self._lock, self._conn:
+                before = self._conn.total_changes
+                self._conn.execute(_PUT_ADAPTER.replace("%s", "?"),
+                                   [team, version, sha256, size, json.dumps(meta), payload, time.time()])
+                return self._conn.total_changes > before
+        except sqlite3.Error as exc:
+            raise FeedbackStoreError(f"the collector database {self.path} cannot store an adapter: "
+                                     f"{exc}") from exc
+
+    def latest_adapter(self, team: str) -> dict[str, Any] | None:
+        return _adapter_info(self._read(_LATEST_ADAPTER.replace("%s", "?"), [team]))
+
+    def adapter(self, team: str, version: str) -> str | None:
+        row = self._read(_GET_ADAPTER.replace("%s", "?"), [team, version])
+        return row[0] if row else None
+
+    def _read(self, query: str, params: list) -> tuple | None:
+        try:
+            with self._lock:
+                return self._conn.execute(query, params).fetchone()
+        except sqlite3.Error as exc:
+            raise FeedbackStoreError(f"the collector database {self.path} cannot be read: {exc}") from exc
+
     def stats(self, team: str) -> dict[str, Any]:
         try:
             with self._lock:
@@ -145,6 +196,7 @@ class PostgresCollectorStore:
                     "CREATE TABLE IF NOT EXISTS received (id TEXT PRIMARY KEY, team TEXT NOT NULL, "
                     "tbl TEXT NOT NULL, row TEXT NOT NULL, received_at DOUBLE PRECISION NOT NULL)"
                 )
+                self._conn.execute(_ADAPTERS_TABLE.format(real="DOUBLE PRECISION"))
         except psycopg.Error as exc:
             raise FeedbackStoreError(
                 f"cannot open the PostgreSQL collector store {self.path}: {exc}"
@@ -165,6 +217,32 @@ class PostgresCollectorStore:
             raise FeedbackStoreError(f"the PostgreSQL collector store {self.path} cannot store events: "
                                      f"{exc}") from exc
         return accepted, len(events) - accepted
+
+    def put_adapter(self, team: str, version: str, sha256: str, size: int, meta: dict, payload: str) -> bool:
+        """Store a published adapter; False when the team has that version already."""
+        try:
+            with self._lock, self._conn.transaction(), self._conn.cursor() as cursor:
+                cursor.execute(_PUT_ADAPTER,
+                               [team, version, sha256, size, json.dumps(meta), payload, time.time()])
+                return cursor.rowcount > 0
+        except self._psycopg_error as exc:
+            raise FeedbackStoreError(f"the PostgreSQL collector store {self.path} cannot store an adapter: "
+                                     f"{exc}") from exc
+
+    def latest_adapter(self, team: str) -> dict[str, Any] | None:
+        return _adapter_info(self._read(_LATEST_ADAPTER, [team]))
+
+    def adapter(self, team: str, version: str) -> str | None:
+        row = self._read(_GET_ADAPTER, [team, version])
+        return row[0] if row else None
+
+    def _read(self, query: str, params: list) -> tuple | None:
+        try:
+            with self._lock, self._conn.transaction():
+                return self._conn.execute(query, params).fetchone()
+        except self._psycopg_error as exc:
+            raise FeedbackStoreError(f"the PostgreSQL collector store {self.path} cannot be read: "
+                                     f"{exc}") from exc
 
     def stats(self, team: str) -> dict[str, Any]:
         try:
@@ -236,14 +314,17 @@ def create_app(store: CollectorStore | PostgresCollectorStore, tokens: dict[str,
         if path == "/v1/health" and method == "GET":
             await _respond(send, 200, {"ok": True})
             return
-        if path not in ("/v1/events", "/v1/stats"):
+        if path not in ("/v1/events", "/v1/stats", "/v1/adapters") and not path.startswith("/v1/adapters/"):
             await _respond(send, 404, {"error": f"no route {path}"})
             return
         team = _team(scope, tokens)
         if team is None:
             await _respond(send, 401, {"error": "missing or unknown bearer token"})
             return
-        if path == "/v1/stats" and method == "GET":
+        if path.startswith("/v1/adapters"):
+            status, body = await _adapters(method, path, receive, store, team)
+            await _respond(send, status, body)
+        elif path == "/v1/stats" and method == "GET":
             status, body = await _stats(store, team)
             await _respond(send, status, body)
         elif path == "/v1/events" and method == "POST":
@@ -291,6 +372,55 @@ async def _receive_events(receive, store, team: str) -> tuple[int, dict]:
         log.error("collector store failed: %s", exc)
         return 503, {"error": "the collector cannot store events right now"}
     return 200, {"accepted": accepted, "duplicates": duplicates}
+
+
+async def _read_body(receive, limit: int) -> bytes | None:
+    """The request body, or None past `limit` bytes."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if len(body) > limit:
+            return None
+        if not message.get("more_body"):
+            return bytes(body)
+
+
+async def _adapters(method: str, path: str, receive, store, team: str) -> tuple[int, dict]:
+    """Publishing and pulling the team's adapters (`feedback.team_adapters`)."""
+    try:
+        if path == "/v1/adapters" and method == "POST":
+            return await _publish(receive, store, team)
+        if method != "GET":
+            return 405, {"error": f"{method} not allowed on {path}"}
+        name = path.removeprefix("/v1/adapters/")
+        if name == "latest":
+            latest = await asyncio.to_thread(store.latest_adapter, team)
+            return (200, latest) if latest else (404, {"error": "no adapter published for this team"})
+        payload = await asyncio.to_thread(store.adapter, team, name) if valid_version(name) else None
+        # Another team's version is as absent as one never published.
+        return (200, json.loads(payload)) if payload else (404, {"error": f"no adapter {name} for this team"})
+    except FeedbackStoreError as exc:
+        log.error("collector store failed: %s", exc)
+        return 503, {"error": "the collector cannot reach its store right now"}
+
+
+async def _publish(receive, store, team: str) -> tuple[int, dict]:
+    body = await _read_body(receive, MAX_ADAPTER_BYTES * 4 // 3 + 1024 * 1024)
+    if body is None:
+        return 413, {"error": f"an adapter is at most {MAX_ADAPTER_BYTES} bytes"}
+    try:
+        payload = json.loads(body.decode("utf-8"))
+        version, digest, meta, files = unpack_adapter(payload)
+    except (UnicodeDecodeError, ValueError, AdapterError) as exc:
+        return 422, {"error": str(exc)}
+    size = sum(len(data) for data in files.values())
+    stored = await asyncio.to_thread(store.put_adapter, team, version, digest, size, meta,
+                                     json.dumps(payload))
+    if not stored:
+        return 409, {"error": f"adapter {version} is published already"}
+    log.info("team %s published adapter %s (%d bytes)", team, version, size)
+    return 200, {"stored": version}
 
 
 async def _stats(store, team: str) -> tuple[int, dict]:

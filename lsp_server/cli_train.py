@@ -7,6 +7,7 @@
                                     train on a team's pooled feedback (the collector's store)
     squidcode train status [--json] what the trainer is doing, and the adapter in use
     squidcode train rollback        go back to the adapter promoted before (or the base model)
+    squidcode train publish         send the promoted adapter to the team's collector (feedback.endpoint)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ __all__ = ["StepProgress", "add_train_parser", "config_for_cwd", "run_train", "s
 
 def add_train_parser(sub) -> None:
     train = sub.add_parser("train", help="train the model on the recorded feedback (GRPO, LoRA adapters)")
-    train.add_argument("action", nargs="?", choices=["status", "rollback"],
+    train.add_argument("action", nargs="?", choices=["status", "rollback", "publish"],
                        help="status: show progress; rollback: restore the previous adapter")
     train.add_argument("--once", action="store_true", help="one training round now, then exit")
     train.add_argument("--steps", type=_positive_int, metavar="N", help="steps in the round")
@@ -63,6 +64,8 @@ def run_train(args) -> int:
             return _status(config, args.json)
         if args.action == "rollback":
             return _rollback(config, args.json)
+        if args.action == "publish":
+            return _publish(config, args.json)
         return _train(config, args)
     except SquidcodeError as exc:
         print(f"squidcode: {exc}", file=sys.stderr)
@@ -103,6 +106,25 @@ def _rollback(config, as_json: bool) -> int:
     previous = AdapterRegistry(train_paths(config).adapters).rollback()
     print(json.dumps({"promoted": previous}) if as_json else
           f"rolled back; adapter in use: {previous or 'none (base model)'}")
+    return 0
+
+
+def _publish(config, as_json: bool) -> int:
+    """The promoted adapter to the team's collector, with the gate's metrics beside it."""
+    from context.errors import AdapterError
+    from feedback.team_adapters import publish_adapter
+    from feedback.train.adapters import AdapterRegistry
+    from feedback.train.status import train_paths
+
+    endpoint, token = config.feedback.endpoint, config.feedback.token
+    if not endpoint or not token:
+        raise AdapterError("publishing needs the team's collector: set feedback.endpoint and feedback.token")
+    ref = AdapterRegistry(train_paths(config).adapters).current()
+    if ref is None:
+        raise AdapterError("no promoted adapter to publish (the base model is in use)")
+    version = f"{ref.id}-{int(ref.meta.get('created_at') or 0)}"
+    answer = publish_adapter(endpoint, token, ref.path, version, {"local_id": ref.id, **ref.meta})
+    print(json.dumps(answer) if as_json else f"published adapter {ref.id} as {version}")
     return 0
 
 

@@ -4,17 +4,23 @@ A watcher polls the promoted-adapter pointer the trainer writes; when it names a
 swap runs on the model worker (so it queues behind a completion in progress, and applying takes
 the runtime's generation lock), and no restart is needed. The command reports the trainer's status
 file together with the adapter the running model uses.
+
+With `feedback.team_adapter` on, a second loop asks the team's collector for its newest published
+adapter every `feedback.team_adapter_interval_s` and installs and promotes one it does not have
+(`feedback.team_adapters.pull_team_adapter`); the watcher above then swaps it in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from lsprotocol import types
 
 from context.errors import AdapterError
-from feedback.train.adapters import read_pointer, sync_runtime_adapter
+from feedback.team_adapters import pull_team_adapter
+from feedback.train.adapters import AdapterRegistry, read_pointer, sync_runtime_adapter
 from feedback.train.scheduler import spawn_background
 from feedback.train.status import read_status, train_paths
 
@@ -68,11 +74,35 @@ async def _watch(ls: SquidServer) -> None:
             log.info("now generating with adapter %s", runtime.adapter_id or "none (base model)")
 
 
+async def _pull_team_adapters(ls: SquidServer) -> None:
+    """Poll the team's collector for a newer published adapter while `feedback.team_adapter` is on."""
+    warned, next_at = None, 0.0
+    while not ls.stopping.is_set():
+        await asyncio.sleep(POLL_S)
+        feedback = ls.config.feedback
+        if not (feedback.team_adapter and feedback.endpoint and feedback.token) or time.monotonic() < next_at:
+            continue
+        next_at = time.monotonic() + feedback.team_adapter_interval_s
+        registry = AdapterRegistry(train_paths(ls.config).adapters)
+        try:
+            installed = await asyncio.to_thread(pull_team_adapter, feedback.endpoint, feedback.token,
+                                                registry)
+        except AdapterError as exc:
+            if str(exc) != warned:  # said once, not at every poll
+                log.warning("team adapter: %s", exc)
+                warned = str(exc)
+            continue
+        warned = None
+        if installed:
+            log.info("team adapter installed as %s", installed)
+
+
 def start_adapter_watch(ls: SquidServer) -> None:
-    """Start the pointer watcher once per server (called when the server is initialized), and the
-    background trainer when the user turned it on (`train.enabled`)."""
+    """Start the pointer watcher once per server (called when the server is initialized), the team
+    adapter poller, and the background trainer when the user turned it on (`train.enabled`)."""
     if getattr(ls, "_adapter_watch", None) is None:
         ls._adapter_watch = asyncio.ensure_future(_watch(ls))
+        ls._team_adapter_pull = asyncio.ensure_future(_pull_team_adapters(ls))
     if ls.config.train.enabled:
         root = ls.workspace_roots[0] if ls.workspace_roots else None
         try:

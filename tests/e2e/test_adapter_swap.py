@@ -114,3 +114,41 @@ async def test_promoted_adapter_is_picked_up_without_restart(client, model_cache
     assert registry.rollback() == broken.id and registry.rollback() is None
     await wait_for_loaded(client, None)
     assert await complete(client) is not None
+
+
+@pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER_CMD))
+async def member(lsp_client: LanguageClient, tmp_path: Path, model_cache_dir):
+    """A team member's server, pulling the team's adapter from a real collector process."""
+    from tests.unit.feedback.test_upload import TOKEN, Collector, free_port
+
+    (tmp_path / "collector").mkdir()
+    collector = Collector(tmp_path / "collector", free_port()).start()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    lsp_client.train_dir, lsp_client.collector, lsp_client.token = tmp_path / "train", collector, TOKEN
+    await lsp_client.initialize_session(types.InitializeParams(
+        capabilities=client_capabilities("visual-studio-code"), root_uri=workspace.as_uri(),
+        workspace_folders=[types.WorkspaceFolder(uri=workspace.as_uri(), name="ws")],
+        initialization_options={
+            "index": {"enabled": False}, "train": {"dir": str(lsp_client.train_dir)},
+            "feedback": {"endpoint": collector.url, "token": TOKEN, "team_adapter": True,
+                         "team_adapter_interval_s": 0.5},
+        }))
+    yield
+    await lsp_client.shutdown_session()
+    collector.stop()
+
+
+async def test_a_published_team_adapter_is_pulled_and_used_without_restart(member, model_cache_dir, tmp_path):
+    from transformers import AutoConfig
+
+    from feedback.team_adapters import publish_adapter
+
+    assert (await train_status(member))["loadedAdapter"] is None
+    model_dir = ModelRuntime(ModelConfig(), model_cache_dir)._model_dir()
+    adapter = write_adapter_for(AutoConfig.from_pretrained(str(model_dir)), tmp_path / "published", 2)
+    publish_adapter(member.collector.url, member.token, adapter, "team-7", {"held_out": 0.71})
+    status = await wait_for_loaded(member, "v0001")  # installed as the member's first version
+    assert status["adapter"] == "v0001"
+    pulled = AdapterRegistry(member.train_dir / "adapters").current()
+    assert pulled.meta["team_version"] == "team-7" and pulled.meta["source"] == "team"
