@@ -13,6 +13,10 @@ the same substitution as the first, the kind the deterministic path is for):
              developer made elsewhere than at the next hunk: they may skip a docstring, go back up)
   none       no prediction
   reversal   the prediction would put back what the first edit removed
+  delta-chrF how close the predicted change is to the next hunk, 0-100, the measure Zed reports for
+             edit prediction: character n-gram (1-6, whitespace ignored) counts added and removed
+             by the prediction against those the hunk adds and removes, F-score with beta 2,
+             averaged over n; 100 when both change nothing, 0 for no prediction
   latency    p50 / p95 of `predict`
 
     python bench/bench_next_edit.py --git-dir /work/.mirror/pytoolz+toolz/repo [--commits 2000]
@@ -27,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,10 +131,55 @@ def run_case(before: str, first, second, changes=()) -> dict:
         old_line = after[line_start : len(after) if old_end < 0 else old_end]
         new_line = got[line_start : len(got) if line_end < 0 else line_end]
         in_commit = (old_line.strip(), new_line.strip()) in made
+    edits = [expected] + ([(found.start, found.end, found.text)] if found else [])
+    lo, hi = _window(after, edits)
+
+    def cut(edit):  # the window of the document after `edit`
+        start, end, text = edit
+        return after[lo:start] + text + after[end:hi]
+    chrf = delta_chrf(after[lo:hi], cut(expected), cut(edits[1]) if found else after[lo:hi])
     return {"exact": got == want, "in_commit": got == want or in_commit, "none": found is None,
-            "seconds": seconds,
+            "seconds": seconds, "delta_chrf": chrf,
             "repeat_case": same_kind or rename,
             "reversal": bool(found) and found.text == old1[s1:e1] and after[found.start:found.end] == r1}
+
+
+CHRF_ORDER, CHRF_BETA = 6, 2.0
+
+
+def _ngram_delta(original: str, changed: str, n: int) -> Counter:
+    """Character n-grams `changed` has more (positive) or fewer (negative) of than `original`."""
+    def grams(text: str) -> Counter:
+        text = "".join(text.split())
+        return Counter(text[i : i + n] for i in range(len(text) - n + 1))
+    delta = grams(changed)
+    delta.subtract(grams(original))
+    return Counter({gram: count for gram, count in delta.items() if count})
+
+
+def delta_chrf(original: str, expected: str, actual: str) -> float:
+    """delta-chrF of the change `original` -> `actual` against `original` -> `expected` (0-100)."""
+    scores = []
+    for n in range(1, CHRF_ORDER + 1):
+        want, got = _ngram_delta(original, expected, n), _ngram_delta(original, actual, n)
+        if not want and not got:
+            scores.append(1.0)
+            continue
+        # Added and removed n-grams match only in the same direction.
+        true = sum(min(abs(c), abs(got[g])) for g, c in want.items() if got[g] and (c > 0) == (got[g] > 0))
+        precision = true / sum(abs(c) for c in got.values()) if got else 0.0
+        recall = true / sum(abs(c) for c in want.values()) if want else 0.0
+        if precision + recall == 0:
+            scores.append(0.0)
+            continue
+        beta2 = CHRF_BETA ** 2
+        scores.append((1 + beta2) * precision * recall / (beta2 * precision + recall))
+    return 100.0 * sum(scores) / len(scores)
+
+
+def _window(after: str, edits: list[tuple[int, int, str]], context: int = CHRF_ORDER) -> tuple[int, int]:
+    """The part of `after` holding every edit (start, end, text) with `context` characters around."""
+    return (max(0, min(e[0] for e in edits) - context), min(len(after), max(e[1] for e in edits) + context))
 
 
 def _words(old: str, new: str):
@@ -147,6 +197,7 @@ def summary(rows: list[dict]) -> dict:
             "in_commit": round(sum(r["in_commit"] for r in rows) / n, 3),
             "none": round(sum(r["none"] for r in rows) / n, 3),
             "reversal": round(sum(r["reversal"] for r in rows) / n, 3),
+            "delta_chrf": round(sum(r["delta_chrf"] for r in rows) / n, 1),
             "p50_ms": round(1000 * statistics.median(times), 3),
             "p95_ms": round(1000 * times[int(0.95 * (len(times) - 1))], 3)}
 
