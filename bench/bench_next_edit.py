@@ -19,6 +19,9 @@ the same substitution as the first, the kind the deterministic path is for):
              averaged over n; 100 when both change nothing, 0 for no prediction
   latency    p50 / p95 of `predict`
 
+With `--model`, the model path (`context.next_edit_model`, the embedded model in this process)
+alone on every case, and both (the model only where the deterministic path has nothing).
+
     python bench/bench_next_edit.py --git-dir /work/.mirror/pytoolz+toolz/repo [--commits 2000]
 """
 
@@ -38,6 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from context.next_edit import EditHistory, predict  # noqa: E402
+from context.next_edit_model import predict_with_model  # noqa: E402
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -101,7 +105,9 @@ def cases(git_dir: Path, commits: int):
             yield sha, path, before, changes[0], changes[1], changes
 
 
-def run_case(before: str, first, second, changes=()) -> dict:
+def run_case(before: str, first, second, changes=(), mode: str = "deterministic", runtime=None) -> dict:
+    """One case scored; `mode`: the deterministic path, the model path (`runtime`), or both (the
+    model only where the deterministic path has nothing, as the server does)."""
     (line1, old1, new1), (line2, old2, new2) = first, second
     s1, e1, r1 = char_change(old1, new1)
     s2, e2, r2 = char_change(old2, new2)
@@ -114,7 +120,10 @@ def run_case(before: str, first, second, changes=()) -> dict:
     start2 = line_offset(before, line2) + s2 + (shift if line2 > line1 else 0)
     expected = (start2, start2 + (e2 - s2), r2)
     began = time.perf_counter()
-    found = predict(history, "f.py", start1 + len(r1))
+    cursor = start1 + len(r1)
+    found = predict(history, "f.py", cursor) if mode != "model" else None
+    if found is None and mode != "deterministic":
+        found = predict_with_model(runtime, history.edits("f.py"), after, cursor)
     seconds = time.perf_counter() - began
     same_kind = (old1[s1:e1], r1) == (old2[s2:e2], r2)
     rename = _words(old1, new1) is not None and _words(old1, new1) == _words(old2, new2)
@@ -207,12 +216,28 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--git-dir", type=Path, required=True)
     parser.add_argument("--commits", type=int, default=2000)
+    parser.add_argument("--model", action="store_true",
+                        help="also the model path alone and both (the embedded model, in-process)")
+    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    rows = [dict(run_case(before, first, second, changes), commit=sha[:10], path=path)
-            for sha, path, before, first, second, changes in cases(args.git_dir, args.commits)]
-    out = {"all": summary(rows), "rename_or_repeat": summary([r for r in rows if r["repeat_case"]]),
-           "other": summary([r for r in rows if not r["repeat_case"]])}
+    runtime, modes = None, ["deterministic"]
+    if args.model:
+        from context.config import ModelConfig
+        from context.runtime import ModelRuntime
+
+        runtime = ModelRuntime(ModelConfig(threads=args.threads)).load().prepare()
+        modes += ["model", "both"]
+    found = list(cases(args.git_dir, args.commits))
+    out, rows = {}, []
+    for mode in modes:
+        mode_rows = [dict(run_case(before, first, second, changes, mode, runtime), commit=sha[:10], path=path,
+                          mode=mode) for sha, path, before, first, second, changes in found]
+        rows += mode_rows
+        key = (lambda name: name) if mode == "deterministic" else (lambda name, m=mode: f"{m}:{name}")
+        out.update({key("all"): summary(mode_rows),
+                    key("rename_or_repeat"): summary([r for r in mode_rows if r["repeat_case"]]),
+                    key("other"): summary([r for r in mode_rows if not r["repeat_case"]])})
     print(json.dumps(out, indent=1))
     if args.json:
         args.json.write_text(json.dumps({"summary": out, "cases": rows}, indent=1))

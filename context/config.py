@@ -165,6 +165,10 @@ class CompletionConfig:
     server_api_key_env: str = ""  # the environment variable holding the server's key ("" = none)
     # No first token from the server within this: the local model answers this keystroke.
     server_timeout_s: float = field(default=2.0, metadata=_range(0.05, 600.0))
+    # Next-edit suggestions: when the deterministic path (a rename or repeat carried on) has
+    # nothing, ask the model to rewrite the region around the cursor (`context.next_edit_model`).
+    # Off by default: the embedded model copies the region back (docs/benchmarks.md).
+    next_edit_model: bool = False
 
 
 @dataclass(frozen=True)

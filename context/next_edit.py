@@ -16,8 +16,8 @@ one side only, then alone (an insertion always needs neighbours; one at the end 
 the end of another). The first place found gets the same change.
 
 A prediction that would undo a recent edit (the user just changed the new name back) is never
-offered. The model path (a rewrite of the region around the cursor from the recent edits) comes
-later (issue 24).
+offered. The model path (a rewrite of the region around the cursor from the recent edits) is
+`context.next_edit_model`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["CONTEXT", "Edit", "EditHistory", "Prediction", "predict"]
+__all__ = ["CONTEXT", "Edit", "EditHistory", "Prediction", "difference", "predict", "undone"]
 
 CONTEXT = 12  # characters of the edited line each side of the edit that a repeat must match first
 # The neighbours (left, right) a repeat tries in turn: both sides, then one, then none.
@@ -54,7 +54,7 @@ class Prediction:
     start: int
     end: int
     text: str
-    kind: str  # "rename" | "repeat"
+    kind: str  # "rename" | "repeat" (this module) | "model" (`context.next_edit_model`)
 
 
 @dataclass
@@ -94,7 +94,7 @@ class EditHistory:
             return
         text = doc.text
         if start is None or end is None:
-            start, end, new = _difference(text, new)
+            start, end, new = difference(text, new)
         start, end = max(0, min(start, len(text))), max(0, min(end, len(text)))
         edit = Edit(start, text[start:end], new, self.clock(), text)
         doc.text = text[:start] + new + text[end:]
@@ -111,7 +111,7 @@ class EditHistory:
             del doc.edits[: -self.max_edits]
 
 
-def _difference(old: str, new: str) -> tuple[int, int, str]:
+def difference(old: str, new: str) -> tuple[int, int, str]:
     """The one replacement that turns `old` into `new` (common prefix and suffix kept)."""
     prefix = 0
     limit = min(len(old), len(new))
@@ -134,7 +134,7 @@ def _merge(prev: Edit, edit: Edit, burst_s: float, after: str) -> Edit | None:
     prev_end = prev.start + len(prev.new)  # where prev's text ends, in the document after it
     if not prev.start - _NEAR <= edit.start <= prev_end + _NEAR:
         return None
-    start, end, new = _difference(prev.before, after)
+    start, end, new = difference(prev.before, after)
     old = prev.before[start:end]
     if "\n" in old or "\n" in new:
         return None
@@ -175,10 +175,10 @@ def _telling(context: str) -> bool:
     return len(context.strip()) >= 3 and any(ch.isalnum() for ch in context)
 
 
-def _undone(edits: Sequence[Edit], old: str, new: str) -> bool:
-    """Whether an earlier edit turned `new` into `old`: the prediction (`old` -> `new`) would undo
+def undone(edits: Sequence[Edit], old: str, new: str) -> bool:
+    """Whether one of `edits` turned `new` into `old`: the prediction (`old` -> `new`) would undo
     what the user chose."""
-    for edit in edits[:-1]:
+    for edit in edits:
         if (_rename(edit) or (edit.old, edit.new)) == (new, old):
             return True
     return False
@@ -201,7 +201,7 @@ def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
         kind = "rename"
     else:
         old, new, start, kind = last.old, last.new, last.start, "repeat"
-    if _undone(edits, old, new) or not (old or new).strip():
+    if undone(edits[:-1], old, new) or not (old or new).strip():
         return None
     before = last.before
     line_start = before.rfind("\n", 0, start) + 1

@@ -16,10 +16,11 @@ from typing import Any
 from lsprotocol import types
 
 from context.next_edit import EditHistory, predict
+from context.next_edit_model import predict_with_model
 
 from ..positions import offset_at, position_at
 from ..server import SquidServer
-from .feedback_commands import accept_command
+from .feedback_commands import accept_command, model_id_of
 
 __all__ = ["COPILOT_INLINE_EDIT", "NEXT_EDIT", "copilot_inline_edit", "next_edit", "register"]
 
@@ -63,8 +64,9 @@ def on_document(ls: SquidServer, method: str, params) -> None:
             history.open(uri, opened[0])
 
 
-def next_edit(ls: SquidServer, params: Any) -> dict:
-    """The answer to `squidcode/nextEdit` for `{textDocument: {uri, version?}, position}`."""
+async def next_edit(ls: SquidServer, params: Any) -> dict:
+    """The answer to `squidcode/nextEdit` for `{textDocument: {uri, version?}, position}`: the
+    deterministic path's edit, else with `completion.next_edit_model` the model path's."""
     document = _field(params, "textDocument") or _field(params, "text_document")
     position = _field(params, "position")
     uri = _field(document, "uri")
@@ -74,6 +76,13 @@ def next_edit(ls: SquidServer, params: Any) -> dict:
     cursor = offset_at(text, types.Position(int(_field(position, "line", 0)),
                                             int(_field(position, "character", 0))))
     found = predict(ls.edit_history, uri, cursor)
+    if found is None and ls.config.completion.next_edit_model and ls.runtime is not None:
+        # The edits and text as they are now; the history goes on changing while the model works.
+        work = ls.run_model_work(predict_with_model, ls.runtime, ls.edit_history.edits(uri), text, cursor,
+                                 ls.stopping.is_set)
+        found = await work if work is not None else None
+        if ls.edit_history.text(uri) != text:
+            return {"edits": []}  # typed on meanwhile: the suggestion is about a document gone
     if found is None:
         return {"edits": []}
     start, end = position_at(text, found.start), position_at(text, found.end)
@@ -97,7 +106,8 @@ def _record(ls: SquidServer, uri: str, start: tuple[int, int], found, replaced: 
     opened = ls.open_document_text(uri)
     try:
         return recorder.record_completion_episode(
-            uri=uri, position=start, output=found.text, model_id="squidcode.next_edit.deterministic",
+            uri=uri, position=start, output=found.text,
+            model_id=model_id_of(ls) if found.kind == "model" else "squidcode.next_edit.deterministic",
             language=opened[1] if opened else None, kind="next_edit", replaces=replaced,
             extra={"next_edit_kind": found.kind})
     except Exception:  # noqa: BLE001 - feedback must never cost the user a suggestion
@@ -105,9 +115,9 @@ def _record(ls: SquidServer, uri: str, start: tuple[int, int], found, replaced: 
         return None
 
 
-def copilot_inline_edit(ls: SquidServer, params: Any) -> dict:
+async def copilot_inline_edit(ls: SquidServer, params: Any) -> dict:
     """`next_edit` in the shape of `textDocument/copilotInlineEdit` (its accept command included)."""
-    edits = next_edit(ls, params)["edits"]
+    edits = (await next_edit(ls, params))["edits"]
     return {"edits": [{"range": e["range"], "text": e["newText"], "textDocument": e["textDocument"],
                        "command": e["command"]} for e in edits]}
 
@@ -117,9 +127,9 @@ def register(server: SquidServer) -> None:
     server.document_listeners.append(lambda method, params: on_document(server, method, params))
 
     @server.feature(NEXT_EDIT)
-    def next_edit_request(ls: SquidServer, params: Any) -> dict:
-        return next_edit(ls, params)
+    async def next_edit_request(ls: SquidServer, params: Any) -> dict:
+        return await next_edit(ls, params)
 
     @server.feature(COPILOT_INLINE_EDIT)
-    def copilot_inline_edit_request(ls: SquidServer, params: Any) -> dict:
-        return copilot_inline_edit(ls, params)
+    async def copilot_inline_edit_request(ls: SquidServer, params: Any) -> dict:
+        return await copilot_inline_edit(ls, params)

@@ -142,3 +142,53 @@ def test_an_editors_minimal_diff_of_a_typed_rename_is_still_one_rename():
     nxt = predict(history, "g.py", at + 5)
     assert nxt is not None and nxt.kind == "rename" and nxt.text == "stock"
     assert text[nxt.start:nxt.end] == "items" and nxt.start == text.index("in items") + 3
+
+
+# -- the model path (context/next_edit_model.py) ---------------------------------------------------
+
+def _renamed():
+    from context.next_edit import EditHistory
+
+    code = ("def report(items):\n    total = 0\n    for item in items:\n        total += item.price\n"
+            "    return total\n")
+    history = EditHistory()
+    history.open("f.py", code)
+    history.change("f.py", code.index("total"), code.index("total") + 5, "subtotal")
+    return history, history.text("f.py")
+
+
+def test_the_model_prompt_shows_the_edits_and_the_region_with_the_cursor():
+    from context.next_edit_model import CURSOR, model_prompt, region_bounds
+
+    history, text = _renamed()
+    cursor = text.index("subtotal") + 8
+    messages, start, end = model_prompt(history.edits("f.py"), text, cursor)
+    assert (start, end) == region_bounds(text, cursor) == (0, len(text))  # 4 lines each side: all of it
+    user = messages[-1]["content"]
+    assert "-    total = 0\n+    subtotal = 0" in user and f"    subtotal{CURSOR} = 0\n" in user
+    assert region_bounds("a\nb\nc\nd\ne\n", 4, lines=1) == (2, 8)  # the lines b, c, d
+
+
+def test_a_rewrite_becomes_one_replacement_unless_it_copies_wanders_or_undoes():
+    from context.next_edit_model import suggestion_from_rewrite
+
+    history, text = _renamed()
+    edits = history.edits("f.py")
+    rewrite = text.replace("        total +=", "        subtotal +=")
+    found = suggestion_from_rewrite(edits, text, 0, len(text), rewrite)
+    assert found is not None and found.kind == "model"
+    assert text[: found.start] + found.text + text[found.end:] == rewrite
+    assert suggestion_from_rewrite(edits, text, 0, len(text), text) is None  # copied back
+    assert suggestion_from_rewrite(edits, text, 0, len(text), "import os\nprint(os.getcwd())\n") is None
+    undo = text.replace("    subtotal = 0", "    total = 0")
+    assert suggestion_from_rewrite(edits, text, 0, len(text), undo) is None  # puts back what was changed
+
+
+def test_the_embedded_model_answers_inside_the_region_or_not_at_all(runtime):
+    from context.next_edit_model import predict_with_model, region_bounds
+
+    history, text = _renamed()
+    cursor = text.index("subtotal") + 8
+    found = predict_with_model(runtime, history.edits("f.py"), text, cursor)
+    start, end = region_bounds(text, cursor)
+    assert found is None or (start <= found.start <= found.end <= end and found.kind == "model")

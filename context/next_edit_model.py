@@ -1,0 +1,116 @@
+"""Next-edit suggestions, the model path (in the shape of Zed's Zeta): the model rewrites the region
+around the cursor after reading the edits just made.
+
+The prompt holds the document's recent edits (newest last: what was replaced by what, the newest
+with its line) and the editable region, `REGION_LINES` lines each side of the cursor's line, with a
+cursor marker; the model writes the region again as it will be after the developer's next edit.
+The suggestion is the one replacement that turns the region into that rewrite (common prefix and
+suffix kept). Nothing is offered when the rewrite equals the region, is not a near copy of it (a
+model that wandered off: more than `MAX_CHANGE` of it differs), or undoes one of the recent edits.
+
+The deterministic path (`context.next_edit.predict`) answers first; this one runs only when it has
+nothing (`completion.next_edit_model`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+
+from .next_edit import Edit, Prediction, difference, undone
+
+__all__ = ["CURSOR", "REGION_LINES", "model_prompt", "predict_with_model", "suggestion_from_rewrite"]
+
+CURSOR = "<|user_cursor_is_here|>"
+REGION_LINES = 4
+MAX_CHANGE = 0.4  # at most this share of the region's characters may change
+MAX_EDITS = 4  # recent edits shown to the model
+_SYSTEM = ("You predict the next edit a developer makes in a file, from the edits they just made. "
+           "Answer with the region rewritten as it will be after that edit, and nothing else.")
+
+
+def region_bounds(text: str, cursor: int, lines: int = REGION_LINES) -> tuple[int, int]:
+    """[start, end) of the cursor's line and `lines` lines each side of it (whole lines)."""
+    start = text.rfind("\n", 0, cursor) + 1
+    for _ in range(lines):
+        if start == 0:
+            break
+        start = text.rfind("\n", 0, start - 1) + 1
+    end = cursor
+    for _ in range(lines + 1):
+        if end >= len(text):
+            break
+        found = text.find("\n", end)
+        end = len(text) if found < 0 else found + 1
+    return start, end
+
+
+def _widened(region: str, rewrite: str, s: int, e: int) -> tuple[int, int, str]:
+    """The replacement grown to whole words on both sides (`sub` inserted before `total` is the
+    word `total` becoming `subtotal`), so that an undo of a rename reads as one."""
+    def word(char: str) -> bool:
+        return char.isalnum() or char == "_"
+    while s > 0 and word(region[s - 1]):
+        s -= 1
+    while e < len(region) and word(region[e]):
+        e += 1
+    return s, e, rewrite[s : len(rewrite) - (len(region) - e)]
+
+
+def _describe(edit: Edit) -> str:
+    if edit.before:  # the newest edit keeps its document: show its whole line
+        line_start = edit.before.rfind("\n", 0, edit.start) + 1
+        line_end = edit.before.find("\n", edit.start + len(edit.old))
+        line_end = len(edit.before) if line_end < 0 else line_end
+        old_line = edit.before[line_start:line_end]
+        at = edit.start - line_start
+        new_line = old_line[:at] + edit.new + old_line[at + len(edit.old):]
+        if "\n" not in edit.old + edit.new:
+            return f"-{old_line}\n+{new_line}"
+    return f"-{edit.old}\n+{edit.new}"
+
+
+def model_prompt(edits: Sequence[Edit], text: str, cursor: int) -> tuple[list[dict], int, int]:
+    """(chat messages, region start, region end) for a rewrite of the region around `cursor`."""
+    start, end = region_bounds(text, cursor)
+    region = text[start:cursor] + CURSOR + text[cursor:end]
+    shown = "\n\n".join(f"Edit {i + 1}:\n{_describe(e)}" for i, e in enumerate(edits[-MAX_EDITS:]))
+    user = (f"The developer just made these edits, in order:\n\n{shown}\n\n"
+            f"The region around the cursor:\n```\n{region}```\n"
+            "Rewrite the region as it will be after the developer's next edit.")
+    return [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": user}], start, end
+
+
+def suggestion_from_rewrite(edits: Sequence[Edit], text: str, start: int, end: int,
+                            rewrite: str) -> Prediction | None:
+    """The replacement turning text[start:end] into `rewrite`, or None (see the module docstring)."""
+    region = text[start:end]
+    rewrite = rewrite.replace(CURSOR, "")
+    if region.endswith("\n") and not rewrite.endswith("\n"):
+        rewrite += "\n"
+    if not rewrite.strip() or rewrite == region:
+        return None
+    if difflib.SequenceMatcher(None, region, rewrite, autojunk=False).ratio() < 1 - MAX_CHANGE:
+        return None
+    s, e, new = _widened(region, rewrite, *difference(region, rewrite)[:2])
+    old = region[s:e]
+    after = text[: start + s] + new + text[start + e:]
+    if undone(edits, old, new) or (edits and after == edits[-1].before) or not (old or new).strip():
+        return None
+    return Prediction(start + s, start + e, new, "model")
+
+
+def predict_with_model(runtime, edits: Sequence[Edit], text: str, cursor: int,
+                       should_stop=None) -> Prediction | None:
+    """The model path's suggestion at `cursor` of `text` after `edits` (a document's
+    `EditHistory.edits` and `text`, taken together), or None."""
+    if not edits:
+        return None
+    messages, start, end = model_prompt(edits, text, cursor)
+    prompt = runtime.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    region_tokens = len(runtime.encode(text[start:end]))
+    result = runtime.generate(prompt + "```\n", max_new_tokens=region_tokens + 24, stop=("```",),
+                              temperature=0.0, should_stop=should_stop)
+    if result.stop_reason not in ("stop", "eos"):
+        return None  # ran out before the region's end, or cancelled: not a whole rewrite
+    return suggestion_from_rewrite(edits, text, start, end, result.text)
