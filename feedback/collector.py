@@ -10,6 +10,9 @@
            or its files do not match its sha256
     GET  /v1/adapters/latest    -> {"version", "sha256", "size", "meta"} of the team's newest; 404 none
     GET  /v1/adapters/VERSION   -> the adapter as it was published (that team's only; 404 otherwise)
+    GET  /v1/report   Authorization: Bearer TOKEN -> what the team uploaded: counts, acceptance,
+           persistence, by model, language and day (`feedback stats --json`'s object);
+           `/v1/report?format=html` the same as the HTML page `squidcode feedback report` writes
 
 Tokens map to team names; rows are stored with the team of the token that sent them, in SQLite, or
 in PostgreSQL when the store is given as a `postgresql://` URL (one transaction per batch; a row id
@@ -64,6 +67,7 @@ _PUT_ADAPTER = ("INSERT INTO adapters (team, version, sha256, size, meta, payloa
 _LATEST_ADAPTER = ("SELECT version, sha256, size, meta FROM adapters WHERE team = %s "
                    "ORDER BY created_at DESC LIMIT 1")
 _GET_ADAPTER = "SELECT payload FROM adapters WHERE team = %s AND version = %s"
+_TEAM_ROWS = "SELECT tbl, row FROM received WHERE team = %s"
 
 
 def _adapter_info(row: tuple | None) -> dict[str, Any] | None:
@@ -152,6 +156,14 @@ class CollectorStore:
     def latest_adapter(self, team: str) -> dict[str, Any] | None:
         return _adapter_info(self._read(_LATEST_ADAPTER.replace("%s", "?"), [team]))
 
+    def team_rows(self, team: str) -> list[tuple[str, str]]:
+        """(table, row JSON) of everything the team uploaded."""
+        try:
+            with self._lock:
+                return self._conn.execute(_TEAM_ROWS.replace("%s", "?"), [team]).fetchall()
+        except sqlite3.Error as exc:
+            raise FeedbackStoreError(f"the collector database {self.path} cannot be read: {exc}") from exc
+
     def adapter(self, team: str, version: str) -> str | None:
         row = self._read(_GET_ADAPTER.replace("%s", "?"), [team, version])
         return row[0] if row else None
@@ -231,6 +243,15 @@ class PostgresCollectorStore:
 
     def latest_adapter(self, team: str) -> dict[str, Any] | None:
         return _adapter_info(self._read(_LATEST_ADAPTER, [team]))
+
+    def team_rows(self, team: str) -> list[tuple[str, str]]:
+        """(table, row JSON) of everything the team uploaded."""
+        try:
+            with self._lock, self._conn.transaction():
+                return self._conn.execute(_TEAM_ROWS, [team]).fetchall()
+        except self._psycopg_error as exc:
+            raise FeedbackStoreError(f"the PostgreSQL collector store {self.path} cannot be read: "
+                                     f"{exc}") from exc
 
     def adapter(self, team: str, version: str) -> str | None:
         row = self._read(_GET_ADAPTER, [team, version])
@@ -314,7 +335,8 @@ def create_app(store: CollectorStore | PostgresCollectorStore, tokens: dict[str,
         if path == "/v1/health" and method == "GET":
             await _respond(send, 200, {"ok": True})
             return
-        if path not in ("/v1/events", "/v1/stats", "/v1/adapters") and not path.startswith("/v1/adapters/"):
+        if path not in ("/v1/events", "/v1/stats", "/v1/adapters", "/v1/report") and not path.startswith(
+                "/v1/adapters/"):
             await _respond(send, 404, {"error": f"no route {path}"})
             return
         team = _team(scope, tokens)
@@ -324,6 +346,8 @@ def create_app(store: CollectorStore | PostgresCollectorStore, tokens: dict[str,
         if path.startswith("/v1/adapters"):
             status, body = await _adapters(method, path, receive, store, team)
             await _respond(send, status, body)
+        elif path == "/v1/report" and method == "GET":
+            await _report(send, store, team, scope.get("query_string", b"").decode("latin-1"))
         elif path == "/v1/stats" and method == "GET":
             status, body = await _stats(store, team)
             await _respond(send, status, body)
@@ -421,6 +445,28 @@ async def _publish(receive, store, team: str) -> tuple[int, dict]:
         return 409, {"error": f"adapter {version} is published already"}
     log.info("team %s published adapter %s (%d bytes)", team, version, size)
     return 200, {"stored": version}
+
+
+async def _report(send, store, team: str, query: str) -> None:
+    """The team's uploads summarised as the local report summarises a store (`feedback.report`)."""
+    from .report import compute_stats, render_html
+    from .team_records import TeamRecords
+
+    try:
+        rows = await asyncio.to_thread(store.team_rows, team)
+    except FeedbackStoreError as exc:
+        log.error("collector store failed: %s", exc)
+        await _respond(send, 503, {"error": "the collector cannot read its store right now"})
+        return
+    stats = await asyncio.to_thread(compute_stats, TeamRecords(team, rows))
+    if "format=html" not in query:
+        await _respond(send, 200, stats)
+        return
+    page = render_html(stats).encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/html; charset=utf-8"),
+                            (b"content-length", str(len(page)).encode())]})
+    await send({"type": "http.response.body", "body": page})
 
 
 async def _stats(store, team: str) -> tuple[int, dict]:

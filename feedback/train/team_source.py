@@ -13,15 +13,13 @@ prompt windows without the references they were served with.
 
 from __future__ import annotations
 
-import json
 import sqlite3
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from context.errors import FeedbackStoreError
-from feedback.store import EpisodeOutcomes
+from feedback.team_records import TeamRecords
 
 from .store_source import episode_as_example_fields
 
@@ -45,37 +43,16 @@ class CollectorSource:
         return f"CollectorSource({self.target.split('@')[-1]!r}, team={self.team!r})"
 
     def episodes_with_outcomes(self, since: float | None, until: float | None) -> Iterator[dict[str, Any]]:
-        episodes: dict[str, dict] = {}
-        children: dict[str, dict[str, list[dict]]] = {table: defaultdict(list) for table in _TABLES[1:]}
-        for table, row in self._rows():
-            if table == "episodes":
-                episodes[row["id"]] = row
-            elif row.get("episode_id"):
-                children[table][row["episode_id"]].append(row)
-        for episode in sorted(episodes.values(), key=lambda e: e.get("ts") or 0.0):
-            ts = episode.get("ts") or 0.0
-            if (since is not None and ts < since) or (until is not None and ts >= until):
-                continue
-            events = sorted(children["events"][episode["id"]], key=lambda e: e.get("ts") or 0.0)
-            outcomes = sorted(children["outcomes"][episode["id"]],
-                              key=lambda o: (o.get("checkpoint_s") or 0.0, o.get("ts") or 0.0))
-            fields = episode_as_example_fields(EpisodeOutcomes(episode, events, outcomes))
+        for record in TeamRecords(self.team, self._rows()).episodes_with_outcomes(since, until):
+            fields = episode_as_example_fields(record)
             if fields is not None:
                 yield fields
 
-    def _rows(self) -> Iterator[tuple[str, dict]]:
+    def _rows(self) -> list[tuple[str, str]]:
         query = "SELECT tbl, row FROM received WHERE team = {0} AND tbl IN ({0}, {0}, {0})"
         if self.target.startswith(("postgresql://", "postgres://")):
-            raw = self._postgres(query.format("%s"))
-        else:
-            raw = self._sqlite(query.format("?"))
-        for table, text in raw:
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError:
-                continue  # the collector stores what it validated as JSON; a damaged row is skipped
-            if isinstance(row, dict) and "id" in row:
-                yield table, row
+            return self._postgres(query.format("%s"))
+        return self._sqlite(query.format("?"))
 
     def _sqlite(self, query: str) -> list[tuple[str, str]]:
         path = Path(self.target.removeprefix("sqlite:")).expanduser()

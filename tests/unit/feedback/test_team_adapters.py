@@ -113,3 +113,23 @@ def test_squidcode_train_publish_sends_the_promoted_adapter(tmp_path, collector,
     stored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stored"]
     latest = httpx.get(f"{collector.url}/v1/adapters/latest", headers=auth(OTHER)).json()
     assert latest["version"] == stored and latest["meta"]["local_id"] == "v0001"
+
+
+def test_the_collector_reports_what_a_team_uploaded_to_that_team_only(tmp_path, collector):
+    from feedback.store import FeedbackStore
+    from tests.unit.train.test_store_source import _record
+
+    db, kept, reverted, shown_only = _record(tmp_path)
+    local = FeedbackStore(db, readonly=True)
+    events = [{"id": row["id"], "table": table, "row": row}
+              for table in ("episodes", "events", "outcomes") for row in local.rows(table)]
+    local.close()
+    sent = httpx.post(f"{collector.url}/v1/events", json={"events": events}, headers=auth(TOKEN))
+    assert sent.json()["accepted"] == len(events)
+    report = httpx.get(f"{collector.url}/v1/report", headers=auth(TOKEN)).json()
+    assert report["db"] == "team acme" and report["episodes"] == 3 and report["shown"] == 3
+    assert report["accepted"] == 2 and report["revert_rate"] == 0.5  # one kept, one undone
+    assert httpx.get(f"{collector.url}/v1/report", headers=auth(OTHER)).json()["episodes"] == 0
+    page = httpx.get(f"{collector.url}/v1/report?format=html", headers=auth(TOKEN))
+    assert page.headers["content-type"].startswith("text/html") and "team acme" in page.text
+    assert httpx.get(f"{collector.url}/v1/report").status_code == 401
