@@ -2,7 +2,8 @@
 
     POST /v1/events   Authorization: Bearer TOKEN   {"events": [{"id", "table", "row"}, ...]}
         -> 200 {"accepted": n, "duplicates": m}; 400 bad JSON, 401 bad token, 413 too large,
-           422 a malformed event (the whole batch is refused; nothing is stored)
+           422 a malformed event (the whole batch is refused; nothing is stored); 429 (with
+           Retry-After) for a team over its requests a minute, on any route
     GET  /v1/health   -> 200 {"ok": true}
     GET  /v1/stats    Authorization: Bearer TOKEN -> {"events": n, "by_table": {...}}  (that team's)
     POST /v1/adapters Authorization: Bearer TOKEN   a promoted adapter (`feedback.team_adapters`)
@@ -23,6 +24,7 @@ errors into FeedbackStoreError; the app answers 503 to those.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
 import json
 import logging
@@ -45,6 +47,7 @@ __all__ = [
     "CollectorStore",
     "PostgresCollectorStore",
     "open_collector_store",
+    "RateLimit",
     "create_app",
     "parse_tokens",
     "MAX_BODY_BYTES",
@@ -322,8 +325,31 @@ def validate_batch(payload: Any) -> list[dict[str, Any]]:
     return events
 
 
-def create_app(store: CollectorStore | PostgresCollectorStore, tokens: dict[str, str]):
-    """The ASGI application."""
+class RateLimit:
+    """At most `per_minute` requests per team in any 60 s (0: no limit)."""
+
+    def __init__(self, per_minute: int, clock=time.monotonic):
+        self.per_minute = per_minute
+        self.clock = clock
+        self._seen: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+
+    def wait_s(self, team: str) -> float:
+        """0 when the request may go ahead (it is counted), else seconds until one may."""
+        if self.per_minute <= 0:
+            return 0.0
+        now, seen = self.clock(), self._seen[team]
+        while seen and now - seen[0] >= 60.0:
+            seen.popleft()
+        if len(seen) >= self.per_minute:
+            return 60.0 - (now - seen[0])
+        seen.append(now)
+        return 0.0
+
+
+def create_app(store: CollectorStore | PostgresCollectorStore, tokens: dict[str, str],
+               rate_per_minute: int = 600, clock=time.monotonic):
+    """The ASGI application; a team over `rate_per_minute` requests gets 429 and Retry-After."""
+    limit = RateLimit(rate_per_minute, clock)
 
     async def app(scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -342,6 +368,10 @@ def create_app(store: CollectorStore | PostgresCollectorStore, tokens: dict[str,
         team = _team(scope, tokens)
         if team is None:
             await _respond(send, 401, {"error": "missing or unknown bearer token"})
+            return
+        if wait := limit.wait_s(team):
+            await _respond(send, 429, {"error": f"more than {rate_per_minute} requests a minute"},
+                           [(b"retry-after", str(max(1, round(wait))).encode())])
             return
         if path.startswith("/v1/adapters"):
             status, body = await _adapters(method, path, receive, store, team)
@@ -477,13 +507,14 @@ async def _stats(store, team: str) -> tuple[int, dict]:
         return 503, {"error": "the collector cannot read its store right now"}
 
 
-async def _respond(send, status: int, body: dict) -> None:
+async def _respond(send, status: int, body: dict, headers: list | None = None) -> None:
     data = json.dumps(body).encode()
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                        *(headers or [])],
         }
     )
     await send({"type": "http.response.body", "body": data})

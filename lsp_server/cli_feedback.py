@@ -57,6 +57,10 @@ def add_parsers(sub) -> None:
     serve.add_argument(
         "--tokens", metavar="FILE", help="file of team=token lines (else $SQUIDCODE_COLLECTOR_TOKENS)"
     )
+    serve.add_argument("--rate-limit", type=int, default=600, metavar="N",
+                       help="requests per minute per team before 429 (0: no limit)")
+    serve.add_argument("--ssl-certfile", metavar="FILE", help="serve HTTPS with this certificate (uvicorn)")
+    serve.add_argument("--ssl-keyfile", metavar="FILE", help="... and this private key")
 
 
 def run(args) -> int:
@@ -169,8 +173,9 @@ def _serve_collector(args) -> int:
     except FeedbackStoreError as exc:
         print(f"squidcode: {exc}", file=sys.stderr)
         return 1
-    print(
-        f"squidcode collector on http://{args.host}:{args.port}, storing into {store.path}", file=sys.stderr
-    )
-    uvicorn.run(create_app(store, tokens), host=args.host, port=args.port, log_level="warning")
+    scheme = "https" if args.ssl_certfile else "http"
+    print(f"squidcode collector on {scheme}://{args.host}:{args.port}, storing into {store.path}",
+          file=sys.stderr)
+    uvicorn.run(create_app(store, tokens, rate_per_minute=args.rate_limit), host=args.host, port=args.port,
+                log_level="warning", ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
     return 0

@@ -115,3 +115,36 @@ async def test_store_errors_are_answered_with_503(tmp_path):
     assert status == 503 and "cannot store events" in body["error"]
     status, body = await call(app, "GET", "/v1/stats")
     assert status == 503 and "cannot read" in body["error"]
+
+
+async def test_a_team_over_its_rate_is_answered_429_with_retry_after_and_others_are_not(tmp_path):
+    class Clock:
+        now = 1000.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock = Clock()
+    store = CollectorStore(tmp_path / "collector.db")
+    other = "other-team-token-1234"
+    app = create_app(store, {TOKEN: "team", other: "other"}, rate_per_minute=3, clock=clock)
+    for _ in range(3):
+        assert (await call(app, "GET", "/v1/stats"))[0] == 200
+    sent = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    await app({"type": "http", "method": "GET", "path": "/v1/stats",
+               "headers": [(b"authorization", f"Bearer {TOKEN}".encode())]}, receive, send)
+    assert sent[0]["status"] == 429 and (b"retry-after", b"60") in sent[0]["headers"]
+    sent.clear()
+    await app({"type": "http", "method": "GET", "path": "/v1/stats",
+               "headers": [(b"authorization", f"Bearer {other}".encode())]}, receive, send)
+    assert sent[0]["status"] == 200  # another team's budget is its own
+    clock.now += 60.0  # a minute later the team may go on
+    assert (await call(app, "GET", "/v1/stats"))[0] == 200
+    store.close()
