@@ -174,6 +174,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("converting %s once into %s (later starts skip this)", gguf.name, target)
+    drop_orphaned_conversions(target)
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -191,6 +192,31 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
             shown.update(1, stage=None)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def drop_orphaned_conversions(target: Path) -> list[Path]:
+    """Remove the half-written conversions next to `target` whose process is gone (a conversion
+    killed mid-way leaves its `.tmp-PID-THREAD` folder: ~0.5 GB each). Returns what was removed."""
+    removed = []
+    for tmp in target.parent.glob(f"{target.name}.tmp-*"):
+        pid = tmp.name.removeprefix(f"{target.name}.tmp-").split("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        shutil.rmtree(tmp, ignore_errors=True)
+        removed.append(tmp)
+    if removed:
+        log.info("removed %d half-written model conversions of killed processes", len(removed))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 def _save_converted(model, tokenizer, gguf: Path, tmp: Path) -> None:

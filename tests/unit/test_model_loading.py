@@ -160,3 +160,27 @@ def test_a_load_waiting_on_another_processes_conversion_uses_its_copy(tmp_path, 
 
     assert conversions == [], "the waiting load converted the model a second time"
     assert result["runtime"].loaded_from_cache
+
+
+def test_half_written_conversions_of_killed_processes_are_removed(tmp_path):
+    import subprocess
+    import sys
+
+    from context.runtime import drop_orphaned_conversions
+
+    target = tmp_path / "SmolLM2-abc"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    living = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        for pid in (gone.pid, living.pid, os.getpid()):
+            (tmp_path / f"SmolLM2-abc.tmp-{pid}-1").mkdir()
+            (tmp_path / f"SmolLM2-abc.tmp-{pid}-1" / "model.safetensors").write_bytes(b"half")
+        (tmp_path / "SmolLM2-other.tmp-1-1").mkdir()  # another model's: not ours to touch
+        removed = drop_orphaned_conversions(target)
+        assert [p.name for p in removed] == [f"SmolLM2-abc.tmp-{gone.pid}-1"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [f"SmolLM2-abc.tmp-{living.pid}-1", f"SmolLM2-abc.tmp-{os.getpid()}-1", "SmolLM2-other.tmp-1-1"])
+    finally:
+        living.kill()
+        living.wait()
