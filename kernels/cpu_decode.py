@@ -20,6 +20,7 @@ weight tensor (and its version), so engines built again on the same model do not
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -29,6 +30,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -163,6 +165,9 @@ def library_path(compiler: str) -> Path:
     return _cache_root() / f"cpu_decode-{hashlib.sha256(key).hexdigest()[:16]}.so"
 
 
+STALE_S = 30 * 86400  # a built library nobody loaded for this long is removed at the next build
+
+
 def _build(compiler: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
@@ -172,6 +177,22 @@ def _build(compiler: str, target: Path) -> None:
         if proc.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {proc.stderr.strip()[-2000:]}")
         os.replace(staged, target)  # atomic: a concurrent process sees the whole library or none
+    prune_stale(target)
+
+
+def prune_stale(keep: Path, now: float | None = None) -> list[Path]:
+    """Remove the libraries beside `keep` that no process loaded for `STALE_S` (builds of older
+    sources or compilers; another CPU sharing this cache keeps its own fresh by loading it)."""
+    now = time.time() if now is None else now
+    removed = []
+    for old in keep.parent.glob("cpu_decode-*.so"):
+        try:
+            if old != keep and now - old.stat().st_mtime > STALE_S:
+                old.unlink()
+                removed.append(old)
+        except OSError:
+            continue  # gone already, or not ours to remove
+    return removed
 
 
 def reset() -> None:
@@ -207,6 +228,8 @@ def load_library() -> ctypes.CDLL | None:
                     _build(cc, target)
                 try:
                     lib = ctypes.CDLL(str(target))
+                    with contextlib.suppress(OSError):
+                        os.utime(target)  # loaded now: not stale (`prune_stale`)
                 except OSError as exc:  # a truncated or foreign file under our name: build it again
                     log.warning("rebuilding the fused decode step (%s did not load: %s)", target, exc)
                     _build(cc, target)

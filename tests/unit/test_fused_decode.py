@@ -257,3 +257,22 @@ def test_a_damaged_cached_library_is_built_again(runtime, kernel_cache):
     engine = DecodeEngine(runtime.model, quantize_head=False)
     assert engine.fused_step is not None
     assert target.read_bytes()[:4] == b"\x7fELF" and target.stat().st_size > 1000
+
+
+def test_libraries_nobody_loaded_for_a_month_are_removed_at_the_next_build(tmp_path):
+    import os
+    import time
+
+    from kernels.cpu_decode import STALE_S, prune_stale
+
+    now = time.time()
+    keep, fresh, stale = (tmp_path / f"cpu_decode-{name}.so" for name in ("keep", "fresh", "stale"))
+    for path in (keep, fresh, stale):
+        path.write_bytes(b"\x7fELF")
+    os.utime(stale, (now - STALE_S - 60, now - STALE_S - 60))
+    os.utime(keep, (now - STALE_S - 60, now - STALE_S - 60))  # the one just built is never removed
+    (tmp_path / "other.so").write_bytes(b"")
+    os.utime(tmp_path / "other.so", (0, 0))
+    assert prune_stale(keep, now) == [stale]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["cpu_decode-fresh.so", "cpu_decode-keep.so", "other.so"]
