@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hmac
 import json
 import logging
+import queue
 import re
 import sqlite3
 import threading
@@ -193,9 +195,12 @@ class CollectorStore:
 
 
 class PostgresCollectorStore:
-    """The collector's store in PostgreSQL (needs the `psycopg` package: `pip install psycopg[binary]`)."""
+    """The collector's store in PostgreSQL (needs the `psycopg` package: `pip install psycopg[binary]`).
 
-    def __init__(self, url: str):
+    A small pool of connections (`connections`), so that uploads from many members are stored side
+    by side, each batch in its own transaction, rather than one after another on one connection."""
+
+    def __init__(self, url: str, connections: int = 4):
         try:
             import psycopg
         except ImportError as exc:
@@ -204,24 +209,35 @@ class PostgresCollectorStore:
             ) from exc
         self.path = url.split("@")[-1]  # for messages: never the password
         self._psycopg_error = psycopg.Error
+        self._pool: queue.Queue = queue.Queue()
         try:
-            self._conn = psycopg.connect(url, autocommit=False)
-            with self._conn.transaction():
-                self._conn.execute(
+            for _ in range(max(1, connections)):
+                self._pool.put(psycopg.connect(url, autocommit=False))
+            with self._connection() as conn, conn.transaction():
+                conn.execute(
                     "CREATE TABLE IF NOT EXISTS received (id TEXT PRIMARY KEY, team TEXT NOT NULL, "
                     "tbl TEXT NOT NULL, row TEXT NOT NULL, received_at DOUBLE PRECISION NOT NULL)"
                 )
-                self._conn.execute(_ADAPTERS_TABLE.format(real="DOUBLE PRECISION"))
+                conn.execute(_ADAPTERS_TABLE.format(real="DOUBLE PRECISION"))
         except psycopg.Error as exc:
+            self.close()
             raise FeedbackStoreError(
                 f"cannot open the PostgreSQL collector store {self.path}: {exc}"
             ) from exc
-        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _connection(self):
+        """A connection of the pool, to itself until the block ends."""
+        conn = self._pool.get()
+        try:
+            yield conn
+        finally:
+            self._pool.put(conn)
 
     def insert(self, team: str, events: list[dict[str, Any]]) -> tuple[int, int]:
         now = time.time()
         try:
-            with self._lock, self._conn.transaction(), self._conn.cursor() as cursor:
+            with self._connection() as conn, conn.transaction(), conn.cursor() as cursor:
                 cursor.executemany(
                     "INSERT INTO received (id, team, tbl, row, received_at) VALUES (%s, %s, %s, %s, %s) "
                     "ON CONFLICT (id) DO NOTHING",
@@ -236,7 +252,7 @@ class PostgresCollectorStore:
     def put_adapter(self, team: str, version: str, sha256: str, size: int, meta: dict, payload: str) -> bool:
         """Store a published adapter; False when the team has that version already."""
         try:
-            with self._lock, self._conn.transaction(), self._conn.cursor() as cursor:
+            with self._connection() as conn, conn.transaction(), conn.cursor() as cursor:
                 cursor.execute(_PUT_ADAPTER,
                                [team, version, sha256, size, json.dumps(meta), payload, time.time()])
                 return cursor.rowcount > 0
@@ -250,8 +266,8 @@ class PostgresCollectorStore:
     def team_rows(self, team: str) -> list[tuple[str, str]]:
         """(table, row JSON) of everything the team uploaded."""
         try:
-            with self._lock, self._conn.transaction():
-                return self._conn.execute(_TEAM_ROWS, [team]).fetchall()
+            with self._connection() as conn, conn.transaction():
+                return conn.execute(_TEAM_ROWS, [team]).fetchall()
         except self._psycopg_error as exc:
             raise FeedbackStoreError(f"the PostgreSQL collector store {self.path} cannot be read: "
                                      f"{exc}") from exc
@@ -262,16 +278,16 @@ class PostgresCollectorStore:
 
     def _read(self, query: str, params: list) -> tuple | None:
         try:
-            with self._lock, self._conn.transaction():
-                return self._conn.execute(query, params).fetchone()
+            with self._connection() as conn, conn.transaction():
+                return conn.execute(query, params).fetchone()
         except self._psycopg_error as exc:
             raise FeedbackStoreError(f"the PostgreSQL collector store {self.path} cannot be read: "
                                      f"{exc}") from exc
 
     def stats(self, team: str) -> dict[str, Any]:
         try:
-            with self._lock, self._conn.transaction():
-                rows = self._conn.execute(
+            with self._connection() as conn, conn.transaction():
+                rows = conn.execute(
                     "SELECT tbl, COUNT(*) FROM received WHERE team = %s GROUP BY tbl", [team]
                 ).fetchall()
         except self._psycopg_error as exc:
@@ -280,7 +296,8 @@ class PostgresCollectorStore:
         return {"events": sum(n for _, n in rows), "by_table": dict(rows)}
 
     def close(self) -> None:
-        self._conn.close()
+        while not self._pool.empty():
+            self._pool.get_nowait().close()
 
 
 def open_collector_store(target: str) -> CollectorStore | PostgresCollectorStore:
