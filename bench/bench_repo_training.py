@@ -15,7 +15,10 @@ run, on the held-out files' tasks (greedy, the trainer's sampling path, cut as t
   hidden code, 1 when exact), with and without its references;
 - sft: a fresh LoRA adapter trained by cross-entropy on the hidden code of the same tasks, through
   the same composed references, for the same number of example passes as GRPO's prompts;
-  with and without references.
+  with and without references;
+- sft+grpo: supervised first, then GRPO on the same adapter (the order the issue suggests).
+
+`--configs` picks the trained arms (default all three); the base is always evaluated.
 
 Metrics of the first line of each answer against the hidden statement's first line (stripped): exact
 match, edit similarity (`bench_completion.edit_similarity`), identifier exact match; and the mean
@@ -43,7 +46,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import torch  # noqa: E402
 from bench_completion import copy_package, edit_similarity, first_line, identifiers  # noqa: E402
 
-CONFIGS = ("base", "grpo", "sft")
+CONFIGS = ("grpo", "sft", "sft+grpo")  # the trained arms; "base" is always evaluated
 
 
 def _scores(answer: str, example) -> dict:
@@ -164,16 +167,20 @@ def run_package(package: str, args, seeds: list[int], work: Path) -> dict:
     initial = {k: v.detach().clone() for k, v in model.state_dict().items() if "lora_" in k}
     for seed in seeds:
         runs = {}
-        for kind in ("grpo", "sft"):
+        for kind in args.configs:
             model.load_state_dict(initial, strict=False)
             torch.manual_seed(seed)
             from feedback.train.references import weights_changed
 
             weights_changed(model)
-            if kind == "grpo":
-                seconds, log = train_grpo(model, tokenizer, train, args, seed, work / f"run-{package}-{seed}")
-            else:
-                seconds, log = train_sft(model, tokenizer, train, args, seed)
+            seconds, log = 0.0, {}
+            if kind.startswith("sft"):
+                took, log["sft"] = train_sft(model, tokenizer, train, args, seed)
+                seconds += took
+            if kind.endswith("grpo"):
+                took, log["grpo"] = train_grpo(model, tokenizer, train, args, seed,
+                                               work / f"run-{package}-{seed}-{kind}")
+                seconds += took
             result = both(model, tokenizer, held, args.max_new_tokens, adapter=True)
             result.update(seconds=seconds, log=log)
             runs[kind] = result
@@ -195,8 +202,10 @@ def markdown(results: list[dict]) -> str:
              "ID-EM (refs) | train min |", "|---|---|---|---|---|---|---|---|---|"]
     for pkg in results:
         lines.append(_row(pkg["package"], "base", [pkg["base"]]))
-        for kind in ("grpo", "sft"):
-            lines.append(_row(pkg["package"], kind, [runs[kind] for runs in pkg["seeds"].values()]))
+        for kind in CONFIGS:
+            runs = [runs[kind] for runs in pkg["seeds"].values() if kind in runs]
+            if runs:
+                lines.append(_row(pkg["package"], kind, runs))
     return "\n".join(lines)
 
 
@@ -230,8 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tasks", type=int, default=160)
     parser.add_argument("--holdout", type=float, default=0.3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="trained arms, comma-separated: "
+                        + ", ".join(CONFIGS))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    args.configs = [c for c in args.configs.split(",") if c]
+    unknown = set(args.configs) - set(CONFIGS)
+    if unknown:
+        parser.error(f"unknown --configs {sorted(unknown)}; choose from {', '.join(CONFIGS)}")
     torch.set_num_threads(args.threads)
     seeds = [int(s) for s in args.seeds.split(",")]
     results = []
