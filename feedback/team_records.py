@@ -14,9 +14,9 @@ from collections.abc import Iterable, Iterator
 
 from .store import EpisodeOutcomes
 
-__all__ = ["TeamRecords"]
+__all__ = ["EPISODE_TABLES", "TeamRecords"]
 
-_TABLES = ("episodes", "events", "outcomes")
+EPISODE_TABLES = ("episodes", "events", "outcomes")  # what an episode's record is joined from
 
 
 class TeamRecords:
@@ -41,8 +41,8 @@ class TeamRecords:
 
     def episodes_with_outcomes(self, since: float | None = None,
                                until: float | None = None) -> Iterator[EpisodeOutcomes]:
-        children: dict[str, dict[str, list[dict]]] = {table: defaultdict(list) for table in _TABLES[1:]}
-        for table in _TABLES[1:]:
+        children: dict[str, dict[str, list[dict]]] = {t: defaultdict(list) for t in EPISODE_TABLES[1:]}
+        for table in EPISODE_TABLES[1:]:
             for row in self._tables.get(table, ()):
                 if row.get("episode_id"):
                     children[table][row["episode_id"]].append(row)

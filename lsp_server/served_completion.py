@@ -24,6 +24,8 @@ from agent.errors import BackendError
 from context.config import CompletionConfig
 from context.squid.references import no_symbols, select_definitions
 
+from .squid_context import open_documents_of
+
 __all__ = ["RETRY_S", "ServedCompletions", "reference_chunks", "show_warning"]
 
 log = logging.getLogger(__name__)
@@ -39,11 +41,7 @@ def reference_chunks(ls, uri: str, prefix_text: str) -> tuple[tuple[str, str], .
     if not config.enabled or config.max_documents == 0:
         return ()
     current = to_fs_path(uri)
-    open_documents = {}
-    for document in reversed(list(ls.workspace.text_documents.values())):
-        path = to_fs_path(document.uri)
-        if path:
-            open_documents[path] = document.source
+    open_documents = open_documents_of(ls)
     index = ls.index_service
     symbols = index.store.symbols_named if index is not None and index.state == "ready" else no_symbols
     documents = select_definitions(current_path=current, prefix_text=prefix_text,

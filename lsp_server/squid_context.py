@@ -24,7 +24,7 @@ from context.squid.references import (
 )
 from context.squid.service import SquidService
 
-__all__ = ["completion_references", "stop_squid"]
+__all__ = ["completion_references", "open_documents_of", "stop_squid"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,16 @@ def _current(ls, service: SquidService) -> bool:
     return getattr(ls, "squid_service", None) is service
 
 
+def open_documents_of(ls) -> dict[str, str]:
+    """The editor's open documents, path -> text, most recently opened first."""
+    documents = {}
+    for document in reversed(list(ls.workspace.text_documents.values())):
+        path = to_fs_path(document.uri)
+        if path:
+            documents[path] = document.source
+    return documents
+
+
 def completion_references(ls, uri: str, runtime) -> CompletionReferences | None:
     """The references for a completion in `uri`, or None when Squid is off (`squid.enabled`)."""
     config = ls.config.squid
@@ -90,11 +100,7 @@ def completion_references(ls, uri: str, runtime) -> CompletionReferences | None:
     service = _service(ls, runtime)
     _watch_index(ls, service)
     current = to_fs_path(uri)
-    open_documents = {}
-    for document in reversed(list(ls.workspace.text_documents.values())):  # most recently opened first
-        path = to_fs_path(document.uri)
-        if path:
-            open_documents[path] = document.source
+    open_documents = open_documents_of(ls)
     index = ls.index_service
     ready = index is not None and index.state == "ready"
     symbols = index.store.symbols_named if ready else no_symbols

@@ -19,14 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from context.errors import FeedbackStoreError
-from feedback.team_records import TeamRecords
+from feedback.team_records import EPISODE_TABLES, TeamRecords
 
 from .store_source import episode_as_example_fields
 
 __all__ = ["CollectorSource"]
-
-_TABLES = ("episodes", "events", "outcomes")
-
 
 class CollectorSource:
     """One team's episodes in a collector store: `postgresql://...`, or `sqlite:PATH`."""
@@ -61,7 +58,7 @@ class CollectorSource:
         try:
             conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
             try:
-                return conn.execute(query, [self.team, *_TABLES]).fetchall()
+                return conn.execute(query, [self.team, *EPISODE_TABLES]).fetchall()
             finally:
                 conn.close()
         except sqlite3.Error as exc:
@@ -75,7 +72,7 @@ class CollectorSource:
                                      ) from exc
         try:
             with psycopg.connect(self.target) as conn:
-                return conn.execute(query, [self.team, *_TABLES]).fetchall()
+                return conn.execute(query, [self.team, *EPISODE_TABLES]).fetchall()
         except psycopg.Error as exc:
             where = self.target.split("@")[-1]
             raise FeedbackStoreError(f"cannot read the PostgreSQL collector store {where}: {exc}") from exc

@@ -31,6 +31,7 @@ __all__ = ["POLL_S", "TRAIN_STATUS_COMMAND", "register", "start_adapter_watch", 
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0
+PULL_TIMEOUT_S = 10.0
 TRAIN_STATUS_COMMAND = "squidcode.train.status"
 
 
@@ -85,8 +86,9 @@ async def _pull_team_adapters(ls: SquidServer) -> None:
         next_at = time.monotonic() + feedback.team_adapter_interval_s
         registry = AdapterRegistry(train_paths(ls.config).adapters)
         try:
+            # A short timeout: a pull still in flight when the editor quits holds the exit that long.
             installed = await asyncio.to_thread(pull_team_adapter, feedback.endpoint, feedback.token,
-                                                registry)
+                                                registry, PULL_TIMEOUT_S)
         except AdapterError as exc:
             if str(exc) != warned:  # said once, not at every poll
                 log.warning("team adapter: %s", exc)
