@@ -96,6 +96,10 @@ class EditHistory:
         if start is None or end is None:
             start, end, new = difference(text, new)
         start, end = max(0, min(start, len(text))), max(0, min(end, len(text)))
+        # An editor may replace more than changes (an inline completion item's range runs from
+        # the changed name to the cursor): the edit is what changed.
+        kept, changed_end, new = difference(text[start:end], new)
+        start, end = start + kept, start + changed_end
         edit = Edit(start, text[start:end], new, self.clock(), text)
         doc.text = text[:start] + new + text[end:]
         if edit.old == edit.new:

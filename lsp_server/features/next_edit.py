@@ -5,7 +5,8 @@ by didOpen / didChange / didClose through the document listeners; never stored) 
 the deterministic path's prediction: the last edit's rename or repeat, carried to where it applies
 next (docs/protocol.md). With feedback recording on, each offered edit is a `next_edit` episode
 whose accept command (`squidcode.completion.accept`) starts following the edited region to the
-same keep/revert checkpoints as a completion.
+same keep/revert checkpoints as a completion. `line_edit` is the same prediction for
+`textDocument/inlineCompletion` when it lies on the cursor's line (`features.inline_completion`).
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ from typing import Any
 
 from lsprotocol import types
 
-from context.next_edit import EditHistory, predict
+from context.next_edit import EditHistory, Prediction, predict
 from context.next_edit_model import predict_with_model
 
 from ..positions import offset_at, position_at
 from ..server import SquidServer
 from .feedback_commands import accept_command, model_id_of
 
-__all__ = ["COPILOT_INLINE_EDIT", "NEXT_EDIT", "copilot_inline_edit", "next_edit", "register"]
+__all__ = ["COPILOT_INLINE_EDIT", "NEXT_EDIT", "copilot_inline_edit", "line_edit", "next_edit",
+           "record_offer", "register"]
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +88,7 @@ async def next_edit(ls: SquidServer, params: Any) -> dict:
     if found is None:
         return {"edits": []}
     start, end = position_at(text, found.start), position_at(text, found.end)
-    episode_id = _record(ls, uri, (start.line, start.character), found, text[found.start:found.end])
-    command = accept_command(episode_id, found.text)
+    command = accept_command(record_offer(ls, uri, text, found), found.text)
     return {"edits": [{
         "range": {"start": {"line": start.line, "character": start.character},
                   "end": {"line": end.line, "character": end.character}},
@@ -97,18 +98,32 @@ async def next_edit(ls: SquidServer, params: Any) -> dict:
     }]}
 
 
-def _record(ls: SquidServer, uri: str, start: tuple[int, int], found, replaced: str) -> str | None:
-    """Record the offered edit as a `next_edit` episode; its id, or None (recording off, or failed:
-    the edit is offered all the same)."""
+def line_edit(ls: SquidServer, uri: str, position: types.Position) -> tuple[str, Prediction] | None:
+    """The document's text and the deterministic path's next edit on the cursor's line (an inline
+    completion item can replace text there), the first from the line's start; else None."""
+    text = ls.edit_history.text(uri)
+    if text is None:
+        return None
+    # From the line's start: an occurrence left of the cursor is this line's edit too.
+    found = predict(ls.edit_history, uri, offset_at(text, types.Position(position.line, 0)))
+    if found is None or "\n" in found.text or position_at(text, found.start).line != position.line:
+        return None
+    return (text, found) if position_at(text, found.end).line == position.line else None
+
+
+def record_offer(ls: SquidServer, uri: str, text: str, found: Prediction) -> str | None:
+    """Record the edit offered on `text` as a `next_edit` episode; its id, or None (recording off,
+    or failed: the edit is offered all the same)."""
     recorder = ls.feedback
     if recorder is None:
         return None
     opened = ls.open_document_text(uri)
+    start = position_at(text, found.start)
     try:
         return recorder.record_completion_episode(
-            uri=uri, position=start, output=found.text,
+            uri=uri, position=(start.line, start.character), output=found.text,
             model_id=model_id_of(ls) if found.kind == "model" else "squidcode.next_edit.deterministic",
-            language=opened[1] if opened else None, kind="next_edit", replaces=replaced,
+            language=opened[1] if opened else None, kind="next_edit", replaces=text[found.start:found.end],
             extra={"next_edit_kind": found.kind})
     except Exception:  # noqa: BLE001 - feedback must never cost the user a suggestion
         log.exception("feedback: could not record a next-edit suggestion")

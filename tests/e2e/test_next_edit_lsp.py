@@ -3,7 +3,8 @@ incremental didChange events, is offered at the next occurrence (also as
 `textDocument/copilotInlineEdit`); then the edit is accepted and the next one offered; a request
 about nothing, or a malformed one, gets no edit and the server keeps serving. Each offered edit is a
 `next_edit` feedback episode; its accept command starts following the region to its checkpoints.
-One server start."""
+Through `textDocument/inlineCompletion`, the next edit on the cursor's line is an item with a range;
+elsewhere the model completes at the cursor."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ async def client(lsp_client: LanguageClient, tmp_path: Path, model_cache_dir):
     project.mkdir()
     (project / "report.py").write_text(CODE)
     lsp_client.db_path = tmp_path / "feedback.db"
-    await lsp_client.initialize_session(types.InitializeParams(
+    lsp_client.initialize_result = await lsp_client.initialize_session(types.InitializeParams(
         capabilities=client_capabilities("visual-studio-code"), root_uri=project.as_uri(),
         initialization_options={"feedback": {"db_path": str(lsp_client.db_path), "checkpoints_s": [0.4]}},
         workspace_folders=[types.WorkspaceFolder(uri=project.as_uri(), name="ws")]))
@@ -111,3 +112,51 @@ async def _recorded(db_path: Path, episode_id: str) -> tuple[dict, set[str], lis
                 return item.episode, {e["kind"] for e in item.events}, [o["status"] for o in item.outcomes]
         await asyncio.sleep(0.2)
     raise AssertionError(f"episode {episode_id} has no outcome")
+
+
+def inline(client: LanguageClient, line: int, character: int):
+    return client.text_document_inline_completion_async(types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=client.uri), position=types.Position(line, character),
+        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked)))
+
+
+def applied(text: str, item: types.InlineCompletionItem) -> str:
+    """`text` after the client replaces the item's range (one line) with its insert text."""
+    lines = text.split("\n")
+    rng = item.range
+    assert rng.start.line == rng.end.line
+    line = lines[rng.start.line]
+    lines[rng.start.line] = line[: rng.start.character] + item.insert_text + line[rng.end.character :]
+    return "\n".join(lines)
+
+
+async def test_inline_completion_offers_the_next_edit_on_the_cursors_line_as_a_range(client: LanguageClient):
+    assert client.initialize_result.capabilities.inline_completion_provider is not None
+    client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
+        uri=client.uri, language_id="python", version=1, text=CODE)))
+    change(client, 2, 1, 4, 9, "s")  # `total` -> `subtotal` on line 1, typed
+    for i, char in enumerate("ubtotal", start=5):
+        change(client, i - 2, 1, i, i, char)
+    text = CODE.replace("    total = 0", "    subtotal = 0")
+    # The cursor at the end of line 3, right of the old name: the item replaces from the name to
+    # the cursor, so that it holds the cursor, and applying it renames the name.
+    result = await inline(client, 3, 27)
+    (item,) = result.items
+    assert item.range == types.Range(types.Position(3, 8), types.Position(3, 27))
+    assert item.insert_text == "subtotal += item.price"
+    assert applied(text, item) == text.replace("        total +=", "        subtotal +=")
+    assert item.command.command == "squidcode.completion.accept"
+    episode_id = item.command.arguments[0]["episodeId"]
+    # The editor applies it and runs the command; on the last line, the cursor left of the name.
+    change(client, 20, 3, 8, 27, item.insert_text)
+    await client.workspace_execute_command_async(types.ExecuteCommandParams(
+        command=item.command.command, arguments=item.command.arguments))
+    text = applied(text, item)
+    (item,) = (await inline(client, 4, 4)).items
+    assert item.range == types.Range(types.Position(4, 4), types.Position(4, 16))
+    assert applied(text, item) == text.replace("return total", "return subtotal")
+    # A line without the old name: no next edit there, the model's completion at the cursor if any.
+    other = await inline(client, 2, 22)
+    assert other is None or all(i.range.start == i.range.end == types.Position(2, 22) for i in other.items)
+    episode, events, _ = await _recorded(client.db_path, episode_id)
+    assert episode["kind"] == "next_edit" and episode["output"] == "subtotal" and "accepted" in events

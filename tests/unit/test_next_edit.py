@@ -144,6 +144,21 @@ def test_an_editors_minimal_diff_of_a_typed_rename_is_still_one_rename():
     assert text[nxt.start:nxt.end] == "items" and nxt.start == text.index("in items") + 3
 
 
+def test_a_replacement_wider_than_the_change_is_recorded_as_the_change():
+    """An inline completion item replaces from the changed name to the cursor: `total += item.price`
+    by `subtotal += item.price` is the rename `total` -> `subtotal`, carried on."""
+    history = EditHistory()
+    history.open("h.py", CODE)
+    at = CODE.index("total +=")
+    history.change("h.py", at, at + len("total += item.price"), "subtotal += item.price")
+    (edit,) = history.edits("h.py")
+    assert (edit.start, edit.old, edit.new) == (at, "", "sub")
+    text = history.text("h.py")
+    nxt = predict(history, "h.py", at)
+    assert nxt is not None and nxt.kind == "rename" and nxt.text == "subtotal"
+    assert nxt.start == text.index("total)")
+
+
 # -- the model path (context/next_edit_model.py) ---------------------------------------------------
 
 def _renamed():
