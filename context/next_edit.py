@@ -5,15 +5,19 @@ it applies next.
 closes), each typing burst merged into one edit: typing a new name over an old one is one edit
 from the old name to the new. `predict` reads the last edit:
 
-- a **rename**: the edit turned one identifier into another (`total` -> `subtotal`);
+- a **rename**: the edit turned one identifier into another (`total` -> `subtotal`), at one use or
+  at several of one line (an accepted line-wide rename); a name turned into a keyword (`e` ->
+  `None`) is a repeat;
 - a **repeat**: any other edit within a line (an argument added to a call, an operator changed,
   `(object)` dropped from a class line).
 
 The old text is looked for after the cursor (then from the top). A renamed name, at its next use (as
-a whole name or a part of one between underscores: `blacklist` in `add_blacklist`). A repeat,
-between the same neighbours it had on its line, `CONTEXT` characters each side, then fewer, then on
-one side only, then alone (an insertion always needs neighbours; one at the end of its line goes at
-the end of another). The first place found gets the same change.
+a whole name or a part of one between underscores: `blacklist` in `add_blacklist`), in code before
+prose (comments and strings, but for doctest lines and calls written out: developers rename the code
+first), every use on that line at once. A repeat, between the same neighbours it had on its line,
+`CONTEXT` characters each side, then fewer, then on one side only, then alone (an insertion always
+needs neighbours; one at the end of its line goes at the end of another). The first place found gets
+the same change; never where the new text stands already (`_no_default` holds `no_default`).
 
 A prediction that would undo a recent edit (the user just changed the new name back) is never
 offered. The model path (a rewrite of the region around the cursor from the recent edits) is
@@ -22,6 +26,8 @@ offered. The model path (a rewrite of the region around the cursor from the rece
 
 from __future__ import annotations
 
+import bisect
+import keyword
 import re
 import time
 from collections.abc import Sequence
@@ -148,30 +154,37 @@ def _merge(prev: Edit, edit: Edit, burst_s: float, after: str) -> Edit | None:
 _NEAR = 2  # characters between two edits of one burst (an editor's diff may leave one standing)
 
 
-def _word_at(text: str, start: int, end: int) -> tuple[int, int] | None:
-    """The identifier of `text` that holds [start, end) (its bounds), or None."""
-    left = start
-    while left > 0 and (text[left - 1].isalnum() or text[left - 1] == "_"):
-        left -= 1
-    right = end
-    while right < len(text) and (text[right].isalnum() or text[right] == "_"):
-        right += 1
-    word = text[left:right]
-    return (left, right) if _IDENT.fullmatch(word) else None
-
-
 def _rename(edit: Edit) -> tuple[str, str] | None:
-    """(old name, new name) when `edit` turned one identifier into another."""
+    """(old name, new name) when `edit` turned one identifier into another, at one use or at
+    several on its line (`seq) == len(set(seq` -> `items) == len(set(items`, an accepted rename)."""
     before = edit.before
     if not before:
         return None
-    old_bounds = _word_at(before, edit.start, edit.start + len(edit.old))
-    after = before[: edit.start] + edit.new + before[edit.start + len(edit.old) :]
-    new_bounds = _word_at(after, edit.start, edit.start + len(edit.new))
-    if old_bounds is None or new_bounds is None or old_bounds[0] != new_bounds[0]:
+    left, right = edit.start, edit.start + len(edit.old)
+    while left > 0 and (before[left - 1].isalnum() or before[left - 1] == "_"):
+        left -= 1
+    while right < len(before) and (before[right].isalnum() or before[right] == "_"):
+        right += 1
+    old_parts = _NAMES.split(before[left:right])
+    after = before[left : edit.start] + edit.new + before[edit.start + len(edit.old) : right]
+    new_parts = _NAMES.split(after)
+    if len(old_parts) != len(new_parts):
         return None
-    old, new = before[old_bounds[0] : old_bounds[1]], after[new_bounds[0] : new_bounds[1]]
-    return (old, new) if old != new else None
+    renamed = set()
+    for index, (was, now) in enumerate(zip(old_parts, new_parts, strict=True)):
+        if was != now and index % 2 == 0:
+            return None  # the text between names changed: not a rename
+        if was != now:
+            renamed.add((was, now))
+    if len(renamed) != 1:
+        return None
+    old, new = renamed.pop()
+    if keyword.iskeyword(old) or keyword.iskeyword(new):
+        return None  # `e` -> `None` puts a value in a name's place: a repeat, not a rename
+    return old, new
+
+
+_NAMES = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)")  # split: text between names at even indexes
 
 
 def _telling(context: str) -> bool:
@@ -201,50 +214,123 @@ def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
     renamed = _rename(last)
     if renamed is not None:
         old, new = renamed
-        start = _word_at(last.before, last.start, last.start + len(last.old))[0]
-        kind = "rename"
-    else:
-        old, new, start, kind = last.old, last.new, last.start, "repeat"
+        if undone(edits[:-1], old, new):
+            return None
+        return _next_rename(text, old, new, cursor, done)
+    old, new = last.old, last.new
     if undone(edits[:-1], old, new) or not (old or new).strip():
         return None
-    before = last.before
+    return _next_repeat(last, text, cursor, done)
+
+
+def _next_rename(text: str, old: str, new: str, cursor: int, done: tuple[int, int]) -> Prediction | None:
+    """The renamed name's next use (as a whole name or a part of one between underscores:
+    `blacklist` in `add_blacklist`) in code first, then in prose (comments, and strings other than
+    doctest lines and calls: a developer renames the code before the words about it). Every use of
+    the name on that line is renamed at once (`self.start = start`)."""
+    part = re.compile(r"(?<![A-Za-z0-9])(" + re.escape(old) + r")(?![A-Za-z0-9])")
+    prose = _prose_spans(text)
+
+    def in_code(span: tuple[int, int]) -> bool:
+        # A call written out in prose (`such as fn([v1, v2])`) is an example of the code.
+        return text.startswith("(", span[1]) or not _in_prose(text, prose, span[0])
+
+    for pattern, where in ((part, in_code), (part, None)):
+        found = _next_group(text, pattern, cursor, done, old, new, where)
+        if found is not None:
+            return _whole_line_rename(text, pattern, found, done, old, new, where)
+    return None
+
+
+def _whole_line_rename(text: str, pattern: re.Pattern, found: tuple[int, int], done: tuple[int, int],
+                       old: str, new: str, where=None) -> Prediction:
+    """The rename at `found` and at every later use of the name on its line (for which `where`
+    holds, given one), as one replacement."""
+    line_end = text.find("\n", found[1])
+    line_end = len(text) if line_end < 0 else line_end
+    end, pieces = found[1], [new]
+    for match in pattern.finditer(text, found[1], line_end):
+        span = match.span(1)
+        if _skipped(text, span, done, old, new) or (where is not None and not where(span)):
+            continue
+        pieces += [text[end : span[0]], new]
+        end = span[1]
+    return Prediction(found[0], end, "".join(pieces), "rename")
+
+
+def _next_repeat(last: Edit, text: str, cursor: int, done: tuple[int, int]) -> Prediction | None:
+    """The same change where the same text stands between the same neighbours, the widest that
+    match first."""
+    old, new, start, before = last.old, last.new, last.start, last.before
     line_start = before.rfind("\n", 0, start) + 1
     line_end = before.find("\n", start + len(old))
     line_end = len(before) if line_end < 0 else line_end
     word = bool(_IDENT.fullmatch(old))
-    # A renamed name is renamed at its next use, wherever it stands; a repeated change where the
-    # same text stands between the same neighbours, the widest that match first.
-    for left_size, right_size in (((0, 0),) if kind == "rename" else _NEIGHBOURS):
+    for left_size, right_size in _NEIGHBOURS:
         if not old and not left_size and not right_size:
             break  # an insertion needs neighbours to say where it goes
         left = before[max(line_start, start - left_size) : start] if left_size else ""
         right = before[start + len(old) : min(line_end, start + len(old) + right_size)] if right_size else ""
         if bool(left_size) != bool(right_size) and not _telling(left or right):
             continue  # one side only, and it says too little (a lone `)`) to put the change anywhere
-        # Without neighbours a name matches as a whole name or a part of one between underscores.
         head = re.escape(left) if left_size else (r"(?<![A-Za-z0-9])" if word else "")
         tail = re.escape(right) if right_size else (r"(?![A-Za-z0-9])" if word else "")
         if right_size and not right:
             tail = r"(?=\r?\n|\Z)"  # the edit was at the end of its line: so at the end of another
-        found = _next_group(text, re.compile(head + "(" + re.escape(old) + ")" + tail), cursor, done, new)
+        pattern = re.compile(head + "(" + re.escape(old) + ")" + tail)
+        found = _next_group(text, pattern, cursor, done, old, new)
         if found is not None:
-            return Prediction(found[0], found[1], new, kind)
+            return Prediction(found[0], found[1], new, "repeat")
     return None
 
 
-def _next_group(text: str, pattern: re.Pattern, cursor: int, done: tuple[int, int],
-                new: str) -> tuple[int, int] | None:
-    """The span of group 1 of the first match at or after `cursor` (else the first from the top),
-    never overlapping `done` (the edit just made), nor at its very place, nor where `new` stands
-    already (an insertion made there before)."""
+def _skipped(text: str, span: tuple[int, int], done: tuple[int, int], old: str, new: str) -> bool:
+    """Whether the match at `span` is no place for the change: it overlaps the edit just made (or
+    stands at its very place), or `new` stands there already (an insertion made there before, or
+    a new name that holds the old one: `no_default` in `_no_default`)."""
+    if (span[0] < done[1] and span[1] > done[0]) or span[0] == done[0] or span[1] == done[1]:
+        return True
+    if not old:
+        return text.startswith(new, span[0])
+    at = new.find(old)
+    while at >= 0:
+        if span[0] >= at and text.startswith(new, span[0] - at):
+            return True
+        at = new.find(old, at + 1)
+    return False
+
+
+def _next_group(text: str, pattern: re.Pattern, cursor: int, done: tuple[int, int], old: str, new: str,
+                where=None) -> tuple[int, int] | None:
+    """The span of group 1 of the first match at or after `cursor` (else the first from the top)
+    that is not `_skipped` (and, given `where`, for which `where(span)` holds)."""
     first = None
     for match in pattern.finditer(text):
         span = match.span(1)
-        if (span[0] < done[1] and span[1] > done[0]) or span[0] == done[0] or span[1] == done[1]:
-            continue
-        if span[0] == span[1] and text.startswith(new, span[0]):
+        if _skipped(text, span, done, old, new) or (where is not None and not where(span)):
             continue
         if span[0] >= cursor:
             return span
         first = first or span
     return first
+
+
+# Comments and string literals (triple-quoted first, so that one is not read as three strings).
+_PROSE = re.compile("|".join((r'"""[\s\S]*?(?:"""|\Z)', r"'''[\s\S]*?(?:'''|\Z)", r"#[^\n]*",
+                               r'"(?:\\.|[^"\\\n])*"', r"'(?:\\.|[^'\\\n])*'")))
+_DOCTEST = (">>>", "...")
+
+
+def _prose_spans(text: str) -> list[tuple[int, int]]:
+    """The spans of `text`'s comments and string literals, in order (Python's syntax; elsewhere a
+    rough guess, which only orders the uses of a name)."""
+    return [match.span() for match in _PROSE.finditer(text)]
+
+
+def _in_prose(text: str, spans: list[tuple[int, int]], offset: int) -> bool:
+    """Whether `offset` lies in a comment or a string, other than on a doctest line."""
+    index = bisect.bisect_right(spans, (offset, len(text) + 1)) - 1
+    if index < 0 or not spans[index][0] < offset < spans[index][1]:
+        return False
+    line = text[text.rfind("\n", 0, offset) + 1 : offset].lstrip()
+    return not line.startswith(_DOCTEST)

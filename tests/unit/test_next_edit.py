@@ -159,6 +159,62 @@ def test_a_replacement_wider_than_the_change_is_recorded_as_the_change():
     assert nxt.start == text.index("total)")
 
 
+def _rename_at(code: str, at: int, old: str, new: str) -> EditHistory:
+    history = EditHistory()
+    history.open("r.py", code)
+    history.change("r.py", at, at + len(old), new)
+    return history
+
+
+def test_a_name_is_renamed_in_code_before_the_words_about_it():
+    code = ('def is_distinct(seq):\n    """ All values in seq are distinct\n\n    >>> is_distinct([seq])\n'
+            '    """\n    return len(seq) == len(set(seq))  # seq hashable\n')
+    history = _rename_at(code, code.index("seq"), "seq", "items")
+    text = history.text("r.py")
+    nxt = predict(history, "r.py", text.index("items") + 5)
+    # The docstring's words are skipped; its doctest line is code.
+    assert nxt is not None and nxt.start == text.index("[seq]") + 1 and nxt.text == "items"
+    history.change("r.py", nxt.start, nxt.end, nxt.text)
+    text = history.text("r.py")
+    nxt = predict(history, "r.py", nxt.end)
+    # Every use on the line at once.
+    assert text[nxt.start:nxt.end] == "seq) == len(set(seq" and nxt.text == "items) == len(set(items"
+    history.change("r.py", nxt.start, nxt.end, nxt.text)
+    # The code done (the accepted line-wide rename is a rename too), the words come: the comment
+    # after the cursor, then the docstring's, from the top.
+    text = history.text("r.py")
+    nxt = predict(history, "r.py", nxt.start + len(nxt.text))
+    assert nxt is not None and nxt.start == text.index("seq hashable") and nxt.text == "items"
+    history.change("r.py", nxt.start, nxt.end, nxt.text)
+    nxt = predict(history, "r.py", nxt.end)
+    assert nxt is not None and nxt.start == text.index("seq are")
+
+
+def test_a_call_written_in_prose_is_renamed_with_the_code():
+    code = ('def merge_with(fn, *dicts):\n    """Each list goes to fn, such as fn([v1, v2])."""\n'
+            '    return {k: fn(v) for k, v in dicts}\n')
+    history = _rename_at(code, code.index("fn"), "fn", "func")
+    text = history.text("r.py")
+    nxt = predict(history, "r.py", text.index("func") + 4)
+    assert nxt is not None and nxt.start == text.index("fn([") and nxt.text == "func"
+
+
+def test_a_new_name_that_holds_the_old_one_is_not_offered_where_it_stands():
+    code = "def get(seq, default=no_default):\n    if default is no_default:\n        return seq\n"
+    history = _rename_at(code, code.index("no_default"), "", "_")
+    text = history.text("r.py")
+    nxt = predict(history, "r.py", text.index("_no_default") + 1)
+    assert nxt is not None and nxt.start == text.index("is no_default") + 3 and nxt.text == "_no_default"
+
+
+def test_a_name_replaced_by_a_keyword_is_a_repeat_not_a_rename():
+    code = "try:\n    f()\nexcept TypeError as e:\n    return e\nexcept ValueError as e:\n    return e\n"
+    history = _rename_at(code, code.index("return e") + 7, "e", "None")
+    text = history.text("r.py")
+    nxt = predict(history, "r.py", text.index("None") + 4)
+    assert nxt is not None and nxt.kind == "repeat" and nxt.start == text.rindex("return e") + 7
+
+
 # -- the model path (context/next_edit_model.py) ---------------------------------------------------
 
 def _renamed():
