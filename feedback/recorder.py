@@ -81,6 +81,8 @@ def sanitize_row(table: str, row: dict[str, Any], mode: str) -> dict[str, Any]:
         ]
         if row.get("candidates") is not None:
             row["candidates"] = [_sanitize_candidate(c, mode) for c in row["candidates"]]
+        if isinstance((row.get("extra") or {}).get("steps"), list):
+            row["extra"] = {**row["extra"], "steps": [_sanitize_step(s, mode) for s in row["extra"]["steps"]]}
     elif table == "events" and isinstance(row.get("data"), dict):
         data = dict(row["data"])
         for key in ("new_text", "old_text"):
@@ -103,6 +105,26 @@ def _stored_prompt(served: dict, window: str | None, mode: str) -> dict:
     record = ServedPrompt.from_json(served, text=window or "")
     stored = record.for_storage(lambda text: redact(text).text, keep_code=mode == "full")
     return stored.to_json(with_text=False)
+
+
+def _sanitize_step(step: Any, mode: str) -> Any:
+    """An agent step as stored: its tool name and outcome as they are; every text it carries (the
+    arguments: paths, queries, edit blocks; the model's raw answer; the error) redacted, and kept
+    as text only where `mode` keeps code (else its hash)."""
+    if not isinstance(step, dict):
+        return None
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            text, digest = for_storage(value, mode)
+            return text if mode == "full" else digest
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    return {k: (v if k in ("tool", "ok") else clean(v)) for k, v in step.items()}
 
 
 def _sanitize_candidate(candidate: dict, mode: str) -> dict:

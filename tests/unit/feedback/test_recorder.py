@@ -196,6 +196,30 @@ def test_agent_episode_with_candidates_and_an_applied_edit(tmp_path, clock):
     recorder.close()
 
 
+@pytest.mark.parametrize("mode", ["full", "hashed", "none"])
+def test_an_agent_steps_texts_are_redacted_and_follow_the_storage_mode(tmp_path, clock, mode):
+    recorder = make(tmp_path, clock, storage=mode)
+    steps = [
+        {"tool": "search", "args": {"query": f"token {SECRET}", "limit": 5}, "ok": True},
+        {"tool": "edit", "args": {"path": "a.py", "blocks": [f'key = "{SECRET}"', "x = 1"]}, "ok": False,
+         "error": f"could not parse {SECRET}", "answer": f"```edit a.py\nkey = '{SECRET}'"},
+    ]
+    recorder.record_agent_episode("fix it", "m1", None, [], [], None, "SYSTEM", uri=URI, steps=steps)
+    recorder.close()
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("f.db*"))
+    assert SECRET.encode() not in raw and b"ghp_" not in raw
+    (item,) = episodes(recorder.db_path)
+    search, edit = item.episode["extra"]["steps"]
+    assert (search["tool"], search["ok"], search["args"]["limit"]) == ("search", True, 5)
+    assert (edit["tool"], edit["ok"]) == ("edit", False)
+    if mode == "full":  # the code is kept, the secret is not
+        assert search["args"]["query"].startswith("token ") and edit["args"]["blocks"][1] == "x = 1"
+        assert edit["args"]["path"] == "a.py" and "could not parse" in edit["error"]
+    else:  # no code on disk: a hash (hashed) or nothing (none) in its place
+        assert "x = 1" not in str(edit) and "could not parse" not in str(edit)
+        assert (edit["args"]["path"] is None) == (mode == "none")
+
+
 @pytest.mark.parametrize("mode", ["hashed", "none"])
 def test_storage_modes_keep_no_code_on_disk(tmp_path, clock, mode):
     recorder = make(tmp_path, clock, storage=mode)
