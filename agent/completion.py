@@ -179,7 +179,7 @@ def warm_window(runtime: ModelRuntime, request: CompletionRequest, config: Compl
     this brings the full `prefix_tokens` back for the keystrokes that follow. It stops as soon as
     foreground work (the next completion) waits, keeping its progress. True when the window is held.
     """
-    if config.keystroke_prefill_tokens <= 0:
+    if config.keystroke_prefill_tokens == 0:
         return True  # completions prefill the whole window themselves
     ctx = cursor_context(request.text, request.offset, config.suffix_lines)
     prompt = served_prompt(runtime, request, ctx, config)
@@ -207,7 +207,7 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
             should_stop=should_stop,
             heal=heal,
             past=composed.cache,
-            prefill_limit=config.keystroke_prefill_tokens,
+            prefill_limit=config.keystroke_prefill_tokens,  # None: as tuned for this machine
             pinned=prompt.pinned_tokens,
         )
     except GenerationCancelled:

@@ -75,8 +75,15 @@ class ModelConfig:
     dtype: str = field(
         default="auto", metadata=_choice("auto", "float32", "bfloat16", "float16")
     )
-    # 0 keeps torch's default thread count.
-    threads: int = field(default=0, metadata=_range(0, 1024))
+    # Settings marked "tuned" below, where they are not set, take the values measured for this CPU
+    # (`context.tuning`): "auto" times a decoding step, verify passes and prefill once, at the first
+    # start on a machine (a few seconds, while the model loads; cached per CPU model and flags and
+    # per model beside the compiled step), and `squidcode doctor` prints what it chose and why.
+    # "off" = the fixed default given with each. A value you set always wins.
+    tune: str = field(default="auto", metadata=_choice("auto", "off"))
+    # CPU threads for prefill and the fused step (tuned; untuned: 0 = torch's default, one while the
+    # machine is busy).
+    threads: int | None = field(default=None, metadata=_range(0, 1024))
     # None means $XDG_CACHE_HOME/squidcode (or ~/.cache/squidcode).
     cache_dir: str | None = None
     # Block-sparse decode attention (context/sparse_attention.py): once the cache holds
@@ -95,7 +102,8 @@ class ModelConfig:
     # Torch threads for decoding (one token per forward pass); 0 uses `threads`. Torch's small
     # decoding operations do not scale past one thread on a small CPU, and extra threads collapse
     # under load. The fused step (`fused_step`) splits its products and uses `threads` instead.
-    decode_threads: int = field(default=1, metadata=_range(0, 1024))
+    # Tuned where torch steps decode (no fused step); untuned: 1.
+    decode_threads: int | None = field(default=None, metadata=_range(0, 1024))
     # Weight-only copies of the projections for the lean engine on the CPU: "int8" (per channel) or
     # "int4" (groups of 32: lossless for the embedded GGUF Q4_1 model); "none" runs the loaded
     # weights as they are. The output projection always keeps the loaded weights.
@@ -107,9 +115,10 @@ class ModelConfig:
     # again: the model then reads slightly more context than asked. 0 keeps prompts exact.
     reuse_slack_tokens: int = field(default=1024, metadata=_range(0, 32768))
     # Greedy decoding drafts up to this many tokens from n-gram matches in the prompt and checks
-    # them in one forward pass (the output is unchanged); 0 turns prompt lookup off.
-    # 15 fills the fused CPU step's 16-token pass (kernels/cpu_decode.c).
-    draft_tokens: int = field(default=15, metadata=_range(0, 64))
+    # them in one forward pass (the output is unchanged); 0 turns prompt lookup off. Tuned: the
+    # verify pass whose width pays best on this CPU, 0 where no width costs clearly less than as
+    # many decoding steps; untuned: 15, which fills the fused CPU step's 16-token pass.
+    draft_tokens: int | None = field(default=None, metadata=_range(0, 64))
     # Greedy steps outside the fused step's exact 8-bit head (`fused_q4`) read the float32 output
     # projection mostly in bfloat16, recomputing the best 32 logits exactly (context/shortlist.py):
     # the same tokens, a cheaper step. false = always exact.
@@ -137,7 +146,9 @@ class CompletionConfig:
     # Most prompt tokens one completion prefills (0 = no limit). Where the cached window cannot be
     # reused (the first keystroke at a new place in a file) the window starts this many tokens
     # before the cursor, and the server fills in the whole `prefix_tokens` while the editor is idle.
-    keystroke_prefill_tokens: int = field(default=512, metadata=_range(0, 32768))
+    # Tuned (`model.tune`): the most whose prefill, after two reference documents, plus a short
+    # continuation fits the keystroke's latency target on this CPU; untuned: 512.
+    keystroke_prefill_tokens: int | None = field(default=None, metadata=_range(0, 32768))
     # Lines of text after the cursor consulted to stop a completion that would repeat them.
     suffix_lines: int = field(default=8, metadata=_range(0, 200))
     max_lines: int = field(default=8, metadata=_range(1, 200))
@@ -492,9 +503,15 @@ def _validate_section(
             clean[key] = converted
         else:
             problems.append(
-                f"{source}: '{name}' {why}; this value is ignored (default: {_default_of(spec)!r})"
+                f"{source}: '{name}' {why}; this value is ignored (default: {_default_text(spec)})"
             )
     return clean, problems
+
+
+def _default_text(spec: Any) -> str:
+    if spec.default is None and spec.type == "int | None":
+        return "tuned for this CPU (model.tune)"
+    return repr(_default_of(spec))
 
 
 def _default_of(spec: Any) -> Any:
@@ -508,10 +525,12 @@ def _check_value(spec: Any, value: Any) -> tuple[bool, Any, str]:
         if isinstance(value, bool):
             return True, value, ""
         return False, None, f"must be true or false, got {value!r}"
-    if kind in ("int", "float"):
+    if kind == "int | None" and value is None:  # JSON null: the tuned value (`model.tune`)
+        return True, None, ""
+    if kind in ("int", "float", "int | None"):
         is_int = isinstance(value, int) and not isinstance(value, bool)
         if not (is_int or (kind == "float" and isinstance(value, float))):
-            return False, None, f"must be a{'n integer' if kind == 'int' else ' number'}, got {value!r}"
+            return False, None, f"must be a{' number' if kind == 'float' else 'n integer'}, got {value!r}"
         low, high = meta.get("range", (float("-inf"), float("inf")))
         if not low <= value <= high:
             return False, None, f"must be between {low} and {high}, got {value!r}"

@@ -199,6 +199,15 @@ class KVCache:
             values[:, :, : self.length] = self.values[:, :, : self.length]
         self.keys, self.values, self.capacity = keys, values, capacity
 
+    def hold_placeholders(self, length: int) -> None:
+        """Hold `length` positions of placeholder tokens (zero keys and values), nothing else: what a
+        pass costs depends on how many positions it attends to, not on what they hold, so
+        `context.tuning` times passes after a long context without prefilling one first."""
+        self.crop(0)
+        self.reserve(length)
+        self.ids = [0] * length
+        self.length = length
+
     def crop(self, length: int) -> None:
         """Forget everything from position `length` on (the keys stay allocated)."""
         length = max(0, min(length, self.length))

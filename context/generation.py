@@ -101,8 +101,11 @@ class SequenceLoop:
 
     def __init__(self, engine: DecodeEngine, cache: KVCache, *, decode: Callable[[list[int]], str],
                  eos_ids: set[int], healing_mask: Callable[[str, int], torch.Tensor],
-                 constrain: Constrain | None = None):
+                 constrain: Constrain | None = None, draft_token_cost: float = 0.2):
+        """`draft_token_cost`: what a drafted token adds to a verify pass, in decoding steps
+        (`DraftLengths.token_cost`; measured per machine by `context.tuning`)."""
         self.engine, self.cache = engine, cache
+        self.draft_token_cost = draft_token_cost
         self.decode, self.eos_ids, self.healing_mask = decode, eos_ids, healing_mask
         self.constrain = constrain  # exact logits every step, no drafts: a mask picks among them
 
@@ -110,7 +113,7 @@ class SequenceLoop:
             top_p: float, generator, should_stop, heal: str, lookup: PromptLookup | None) -> Emitted:
         out = Emitted()
         greedy = temperature <= 0
-        self.lengths = DraftLengths(lookup.max_draft) if lookup is not None else None
+        self.lengths = DraftLengths(lookup.max_draft, self.draft_token_cost) if lookup is not None else None
         while not out.done:
             if should_stop():
                 out.reason, out.done = "stopped_by_caller", True

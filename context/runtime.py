@@ -17,6 +17,7 @@ models run through transformers.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import importlib.util
@@ -38,6 +39,7 @@ from .fim import detect as detect_fim
 from .foreground import foreground, foreground_busy
 from .loading import file_lock, model_loading
 from .progress import progress
+from .tuning import MachineCosts, RuntimeSettings
 
 __all__ = [
     "EMBEDDED_MODEL_NAME",
@@ -288,6 +290,13 @@ class ModelRuntime:
         self._engine_key: tuple | None = None
         self._cache = None
         self._spare = None  # `warm()`'s cache, swapped in once it holds a whole prompt
+        # What this machine's passes cost with the current engine (`context.tuning`): read from the
+        # cache at the first generation, measured by `prepare()` where none is cached; None with
+        # `model.tune = "off"`, off the CPU, or without the lean engine.
+        self.costs: MachineCosts | None = None
+        self.tuning_path: Path | None = None
+        self._costs_engine = None  # the engine `costs` was looked up for
+        self._settings: tuple = (None, None, None)  # (config, costs, `settings` for them)
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -429,7 +438,7 @@ class ModelRuntime:
         should_stop: ShouldStop | None = None,
         heal: str = "",
         past=None,
-        prefill_limit: int = 0,
+        prefill_limit: int | None = 0,
         pinned: int = 0,
         constrain=None,
     ) -> GenerationResult:
@@ -444,7 +453,9 @@ class ModelRuntime:
         mid-token (say, in a run of indentation spaces) otherwise pushes a small model off course.
 
         `prefill_limit` (0 = none) bounds the prompt tokens prefilled here, for a caller that must
-        answer fast (a keystroke at a new place in a file). When more would be, the prompt keeps only
+        answer fast (a keystroke at a new place in a file); None: the keystroke budget tuned for
+        this machine (`settings.keystroke_prefill_tokens`, as `completion.keystroke_prefill_tokens`
+        left unset). When more would be, the prompt keeps only
         its end: from where the cached prompt begins, if that lies inside it, else its last
         `prefill_limit` tokens. The result's `dropped_tokens` counts what was cut; `warm()` prefills
         the whole prompt in the background, so that a later call gets it back. `pinned`: the
@@ -467,6 +478,9 @@ class ModelRuntime:
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         with foreground(), self._lock, torch.inference_mode():
             engine = self._current_engine()
+            settings = self.settings
+            if prefill_limit is None:
+                prefill_limit = settings.keystroke_prefill_tokens
             if engine is None:  # no cache kept between calls: a limited prompt is simply its end
                 kept = _limited(prompt_ids, prefill_limit, pinned) if prefill_limit > 0 else prompt_ids
                 result = self._generate_transformers(
@@ -479,14 +493,15 @@ class ModelRuntime:
                 limit=prefill_limit, pinned=pinned)
             prefill_s = time.perf_counter() - started
             lookup = None
-            if temperature <= 0 and self.config.draft_tokens > 0 and constrain is None:
-                lookup = PromptLookup(self._cache.ids, max_draft=self.config.draft_tokens)
+            if temperature <= 0 and settings.draft_tokens > 0 and constrain is None:
+                lookup = PromptLookup(self._cache.ids, max_draft=settings.draft_tokens)
             loop = SequenceLoop(engine, self._cache, decode=self.decode, eos_ids=self._eos_ids,
-                                healing_mask=self._healing_mask, constrain=constrain)
+                                healing_mask=self._healing_mask, constrain=constrain,
+                                draft_token_cost=settings.draft_token_cost)
             # The fused step splits every product over its threads (docs/benchmarks.md, the fused step):
             # it takes the prefill's count; torch's many small operations run on decode_threads.
             engine.fused_threads = self._prefill_threads() or torch.get_num_threads()
-            with _torch_threads(self.config.decode_threads):
+            with _torch_threads(settings.decode_threads):
                 out = loop.run(logits, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature,
                                top_p=top_p, generator=generator, should_stop=should_stop, heal=heal,
                                lookup=lookup)
@@ -543,7 +558,7 @@ class ModelRuntime:
             reused, head, _, logits = self._prefill_engine(engine, prompt_ids, past, should_stop,
                                                            max_new_tokens)
             prefill_s = time.perf_counter() - started
-            with _torch_threads(self.config.decode_threads):
+            with _torch_threads(self.settings.decode_threads):
                 outs = run_batch(engine, self._cache, logits, n, max_new_tokens=max_new_tokens, stop=stop,
                                  temperature=temperature, top_p=top_p, generator=generator,
                                  should_stop=should_stop, decode=self.decode, eos_ids=self._eos_ids,
@@ -612,19 +627,98 @@ class ModelRuntime:
             self._cache = self._engine.new_cache()
             self._spare = None
         self._engine_key = key
+        self._look_up_costs(self._engine, measure=False)
         return self._engine
 
-    def prepare(self) -> ModelRuntime:
+    def sharing_weights(self, config: ModelConfig) -> ModelRuntime:
+        """Another runtime over this one's loaded model and tokenizer, with `config` and its own
+        lock, engine, KV caches and tuning lookup: benchmarks and tests compare settings without
+        loading the model again."""
+        other = copy.copy(self)
+        other.config = config
+        other._lock = threading.Lock()
+        other._engine = other._engine_key = other._cache = other._spare = None
+        other.costs = other.tuning_path = other._costs_engine = None
+        other._settings = (None, None, None)
+        other._healing_masks = {}
+        return other
+
+    def prepare(self, retune: bool = False) -> ModelRuntime:
         """Build the decode engine now rather than at the first generation (packing the embedded
-        model's weights into 4- and 8-bit codes takes about a second); returns self."""
+        model's weights into 4- and 8-bit codes takes about a second), and measure this machine's
+        costs where none are cached (`context.tuning`: a few seconds, once per machine; `retune`:
+        measure again anyway); returns self."""
         import torch
 
         try:
             with self._lock, torch.inference_mode():
-                self._current_engine()
+                engine = self._current_engine()
+                self._look_up_costs(engine, measure=True, again=retune)
         except Exception:  # noqa: BLE001 - the first generation builds it again and reports the error
             log.exception("could not build the decode engine ahead of the first generation")
         return self
+
+    # -- per-machine tuning (context.tuning) -----------------------------------------------------
+
+    @property
+    def settings(self) -> RuntimeSettings:
+        """The tuned settings this runtime runs with: the configured ones where set, else the ones
+        chosen for this machine's `costs`, else the untuned defaults."""
+        from .tuning import resolve
+
+        config, costs, settings = self._settings
+        if config is not self.config or costs is not self.costs:
+            settings = resolve(self.config, self.costs)
+            self._settings = (self.config, self.costs, settings)
+        return settings
+
+    def tuning_key(self, engine=None) -> str | None:
+        """What this machine's costs depend on (`context.tuning.tuning_key`) with `engine` (default:
+        the current one); None where nothing is tuned."""
+        engine = engine if engine is not None else self._engine
+        if self.config.tune == "off" or engine is None or self.device != "cpu":
+            return None
+        from kernels.cpu_decode import cpu_identity, loaded_library
+
+        from .tuning import available_cores, tuning_key
+
+        if engine.fused_step is not None:
+            library = loaded_library()
+            steps = (f"fused step {library.name if library else 'unknown'}, "
+                     f"layout {engine.fused_step.layout}, "
+                     f"{'8-bit' if engine.fused_head is not None else 'float32'} head")
+        else:
+            steps = f"torch steps, quantize={self.config.quantize}, shortlist={self.config.shortlist_head}"
+        digest = hashlib.sha256(self.model.config.to_json_string().encode()).hexdigest()[:12]
+        model = f"{self.source} {digest}{' with LoRA' if self.adapter_id else ''}"
+        return tuning_key(cpu_identity(), steps, model, available_cores())
+
+    def _look_up_costs(self, engine, measure: bool, again: bool = False) -> None:
+        """`costs` for `engine`, from the cache; with `measure`, timed now where none are cached, or
+        only ones measured while the machine was busy and it is not now (or `again`)."""
+        from .tuning import worth_measuring_again
+
+        known = engine is self._costs_engine
+        if known and not (measure and (again or worth_measuring_again(self.costs))):
+            return
+        key = self.tuning_key(engine)
+        if key is None:
+            self.costs, self.tuning_path, self._costs_engine = None, None, engine
+            return
+        from kernels.cpu_decode import cache_root, cpu_identity
+
+        from .tuning import cpu_model_name, load_costs, measure_costs, store_costs, tuning_file
+
+        path = tuning_file(cache_root(), key)
+        costs = load_costs(path, key)
+        if measure and (again or worth_measuring_again(costs)):
+            log.info("measuring this CPU's costs (once per machine, a few seconds; cached in %s)", path)
+            costs = measure_costs(engine, cpu=cpu_model_name(cpu_identity()))
+            store_costs(path, key, costs)
+        self.costs, self.tuning_path, self._costs_engine = costs, path, engine
+        if costs is not None and measure:
+            log.info("tuned for this CPU (measured in %.1fs%s): %s", costs.seconds,
+                     ", busy" if costs.busy else "", self.settings)
 
     def warm(self, prompt: str | list[int], *, past=None, should_stop: ShouldStop | None = None) -> bool:
         """Prefill `prompt` (after `past`, as `generate` takes them) while nothing waits on the model.
@@ -727,8 +821,9 @@ class ModelRuntime:
         Two threads collapse when another process holds a core (28 s instead of 4.6 s for a
         1,000-token prefill at load 3.4 on two cores), so a busy machine gets one.
         """
-        if self.config.threads:
-            return self.config.threads
+        threads = self.settings.threads
+        if threads:
+            return threads
         cores = os.cpu_count() or 1
         try:
             busy = os.getloadavg()[0] >= cores
@@ -905,8 +1000,6 @@ def _store_projections_transposed(model) -> None:
 
 
 def _copy_cache(past):
-    import copy
-
     return None if past is None else copy.deepcopy(past)
 
 

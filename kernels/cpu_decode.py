@@ -36,8 +36,9 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["FusedDecodeStep", "FusedHead", "compiler", "cpu_identity", "library_path", "load_library",
-           "pack_q4", "pack_q8", "reset", "unavailable_reason"]
+__all__ = ["FusedDecodeStep", "FusedHead", "cache_root", "compiler", "cpu_identity", "library_path",
+           "load_library", "loaded_library", "pack_q4", "pack_q8", "prune_stale", "reset",
+           "unavailable_reason"]
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +116,13 @@ def _pack_q4(weight: torch.Tensor):
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
+_library_file: Path | None = None
 _failure: str | None = None
 
 
-def _cache_root() -> Path:
+def cache_root() -> Path:
+    """Where built libraries (and the runtime's per-machine tuning, `context.tuning`) are cached:
+    `$SQUIDCODE_KERNEL_CACHE`, else squidcode's cache folder."""
     root = os.environ.get("SQUIDCODE_KERNEL_CACHE")
     if root:
         return Path(root)
@@ -162,7 +166,7 @@ def library_path(compiler: str) -> Path:
         version = ""
     parts = [SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), cpu_identity().encode()]
     key = b"\0".join(parts)
-    return _cache_root() / f"cpu_decode-{hashlib.sha256(key).hexdigest()[:16]}.so"
+    return cache_root() / f"cpu_decode-{hashlib.sha256(key).hexdigest()[:16]}.so"
 
 
 STALE_S = 30 * 86400  # a built library nobody loaded for this long is removed at the next build
@@ -180,12 +184,17 @@ def _build(compiler: str, target: Path) -> None:
     prune_stale(target)
 
 
+# What is cached here: built libraries, and the costs `context.tuning` measured with one of them.
+_CACHED = ("cpu_decode-*.so", "tuning-*.json")
+
+
 def prune_stale(keep: Path, now: float | None = None) -> list[Path]:
-    """Remove the libraries beside `keep` that no process loaded for `STALE_S` (builds of older
-    sources or compilers; another CPU sharing this cache keeps its own fresh by loading it)."""
+    """Remove the libraries and tuning files beside `keep` that no process loaded for `STALE_S`
+    (builds of older sources or compilers; another CPU sharing this cache keeps its own fresh by
+    loading it)."""
     now = time.time() if now is None else now
     removed = []
-    for old in keep.parent.glob("cpu_decode-*.so"):
+    for old in (path for pattern in _CACHED for path in keep.parent.glob(pattern)):
         try:
             if old != keep and now - old.stat().st_mtime > STALE_S:
                 old.unlink()
@@ -197,9 +206,15 @@ def prune_stale(keep: Path, now: float | None = None) -> list[Path]:
 
 def reset() -> None:
     """Forget the loaded library and any failure, so the next `load_library` tries again."""
-    global _library, _failure
+    global _library, _library_file, _failure
     with _lock:
-        _library = _failure = None
+        _library = _library_file = _failure = None
+
+
+def loaded_library() -> Path | None:
+    """The file `load_library` loaded (its name says which source, flags, compiler and CPU it was
+    built for), or None."""
+    return _library_file
 
 
 def unavailable_reason() -> str | None:
@@ -212,7 +227,7 @@ def load_library() -> ctypes.CDLL | None:
 
     Never raises: every reason not to use the step is logged once, as a warning, and the callers
     decode with torch."""
-    global _library, _failure
+    global _library, _library_file, _failure
     with _lock:
         if _library is not None or _failure is not None:
             return _library
@@ -248,7 +263,7 @@ def load_library() -> ctypes.CDLL | None:
                 lib.squid_decode_scratch.argtypes = [c_int] * 8
                 lib.squid_head_q8.restype = c_int
                 lib.squid_head_q8.argtypes = [f32p, f32p, f32p, f32p, c_int, c_int, c_int, c_int]
-                _library = lib
+                _library, _library_file = lib, target
         if _failure is not None:
             log.warning("decoding with torch instead of the fused CPU step (slower): %s", _failure)
         return _library

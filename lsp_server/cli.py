@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="check the model, device, compiler, grammars, tools and folders")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     doctor.add_argument("--no-load", action="store_true", help="find the model but do not load it")
+    doctor.add_argument("--retune", action="store_true",
+                        help="measure this CPU's costs again and choose the speed settings anew")
 
     index = sub.add_parser("index", help="index the code under PATH (incremental after the first run)")
     index.add_argument("path", type=Path, metavar="PATH")
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "doctor":
         from .doctor import run_doctor
 
-        return run_doctor(as_json=args.json, load_model=not args.no_load)
+        return run_doctor(as_json=args.json, load_model=not args.no_load, retune=args.retune)
     if args.command in ("index", "search", "map"):
         from . import cli_index
 

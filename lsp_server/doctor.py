@@ -19,7 +19,8 @@ from context.errors import SquidcodeError
 
 from . import __version__
 
-__all__ = ["Check", "collect_checks", "run_doctor", "GRAMMARS", "data_dir", "check_language_servers"]
+__all__ = ["Check", "collect_checks", "run_doctor", "GRAMMARS", "data_dir", "check_language_servers",
+           "check_tuning"]
 
 GRAMMARS = ("python", "javascript", "typescript", "go", "rust", "lua")
 COMPILER_INSTALL = ("install a C compiler (Debian/Ubuntu: apt install gcc; Fedora: dnf install gcc; "
@@ -66,9 +67,9 @@ def check_torch() -> Check:
 
 def check_model(config: SquidConfig, load: bool) -> Check:
     from context.runtime import (
-        ModelRuntime,
         cache_is_complete,
         converted_dir_for,
+        get_runtime,
         locate_embedded_gguf,
     )
 
@@ -81,13 +82,38 @@ def check_model(config: SquidConfig, load: bool) -> Check:
             where = config.model.path
         if not load:
             return Check("model", True, f"found: {where}")
-        runtime = ModelRuntime(config.model, config.resolved_cache_dir()).load()
+        # The process's runtime: `check_tuning` uses it next without loading the model again.
+        runtime = get_runtime(config.model, config.resolved_cache_dir())
         result = runtime.generate("def hello():\n", max_new_tokens=4)
     except SquidcodeError as exc:
         fix = "squidcode setup" if config.model.path is None else "set model.path to a model directory"
         return Check("model", False, str(exc), fix)
     return Check("model", True, f"{where}; loaded on {runtime.device} in {runtime.load_seconds:.1f}s; "
                  f"generates ({result.tokens_per_s:.0f} tok/s)")
+
+
+def check_tuning(config: SquidConfig, runtime, retune: bool = False) -> Check:
+    """What the runtime measured on this CPU and chose from it (`context.tuning`): measured now
+    where nothing is cached (a few seconds), or again with `retune`."""
+    from context.tuning import describe
+
+    runtime.prepare(retune=retune)
+    lines = describe(runtime.costs, runtime.config, config.completion, runtime.tuning_path)
+    return Check("speed settings", True, "\n     ".join(lines), required=False)
+
+
+def _tuning_check(config: SquidConfig, load: bool, retune: bool) -> Check:
+    if not load:
+        return Check("speed settings", True, "not checked (--no-load): they are measured with the model",
+                     required=False)
+    from context.runtime import get_runtime
+
+    try:
+        runtime = get_runtime(config.model, config.resolved_cache_dir())
+    except SquidcodeError as exc:
+        return Check("speed settings", False, f"not measured: the model does not load ({exc})",
+                     "see the model check", required=False)
+    return check_tuning(config, runtime, retune)
 
 
 def check_compiler() -> Check:
@@ -191,7 +217,8 @@ def check_language_servers(config: SquidConfig) -> Check:
     return Check("language servers", not python_missing, detail, fix, required=False)
 
 
-def collect_checks(load_model: bool = True, workspace: Path | None = None) -> list[Check]:
+def collect_checks(load_model: bool = True, workspace: Path | None = None,
+                   retune: bool = False) -> list[Check]:
     workspace = workspace or Path.cwd()
     config, _ = load_file_config([workspace])
     steps: list[Callable[[], Check]] = [
@@ -200,6 +227,7 @@ def collect_checks(load_model: bool = True, workspace: Path | None = None) -> li
         check_torch,
         lambda: check_model(config, load_model),
         check_compiler,
+        lambda: _tuning_check(config, load_model, retune),
         check_grammars,
         lambda: _tool_version("git", "install git (Debian/Ubuntu: apt-get install git)"),
         lambda: _tool_version("ruff", "pip install ruff"),
@@ -211,8 +239,8 @@ def collect_checks(load_model: bool = True, workspace: Path | None = None) -> li
     return [step() for step in steps]
 
 
-def run_doctor(as_json: bool = False, load_model: bool = True) -> int:
-    checks = collect_checks(load_model)
+def run_doctor(as_json: bool = False, load_model: bool = True, retune: bool = False) -> int:
+    checks = collect_checks(load_model, retune=retune)
     if as_json:
         print(json.dumps([asdict(c) for c in checks], indent=2))
     else:
