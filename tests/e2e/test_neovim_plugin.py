@@ -183,6 +183,6 @@ def test_a_next_edit_is_previewed_and_accepted(plugin_run: PluginRun):
     assert edit["range"]["start"]["line"] == edit["range"]["end"]["line"], ctx
     assert r["next_edit_marks"] == 1, ctx
     assert r["next_edit_accepted"] is True, ctx
-    # The next `items` is in in_stock's docstring (renames go there too: in real histories the next
-    # change after a rename often is the docstring's); `item` is another name and stays.
-    assert r["after_next_edit"] == '    """The stock with at least one unit left."""', ctx
+    # The next `items` in code is in in_stock's body (its docstring's words come after the code);
+    # `item` is another name and stays.
+    assert r["after_next_edit"] == "    return [item for item in stock if item.quantity > 0]", ctx
