@@ -275,8 +275,10 @@ def _next_repeat(last: Edit, text: str, cursor: int, done: tuple[int, int]) -> P
             continue  # one side only, and it says too little (a lone `)`) to put the change anywhere
         head = re.escape(left) if left_size else (r"(?<![A-Za-z0-9])" if word else "")
         tail = re.escape(right) if right_size else (r"(?![A-Za-z0-9])" if word else "")
-        if right_size and not right:
-            tail = r"(?=\r?\n|\Z)"  # the edit was at the end of its line: so at the end of another
+        if (right_size or not old) and start + len(old) == line_end:
+            # The edit was at the end of its line: so at the end of another (an insertion always:
+            # text added after a line's code does not go inside another's).
+            tail = r"(?=\r?\n|\Z)"
         pattern = re.compile(head + "(" + re.escape(old) + ")" + tail)
         found = _next_group(text, pattern, cursor, done, old, new)
         if found is not None:

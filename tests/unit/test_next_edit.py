@@ -215,6 +215,20 @@ def test_a_name_replaced_by_a_keyword_is_a_repeat_not_a_rename():
     assert nxt is not None and nxt.kind == "repeat" and nxt.start == text.rindex("return e") + 7
 
 
+def test_text_added_at_the_end_of_a_line_goes_only_at_the_end_of_another():
+    code = "a = run()\nb = run() + 1\nc = run()\n"
+    history = EditHistory()
+    history.open("s.py", code)
+    at = code.index("\n")
+    history.change("s.py", at, at, "  # noqa")
+    text = history.text("s.py")
+    nxt = predict(history, "s.py", at + 8)
+    # Not after `b = run()` (inside its line): after `c = run()`, the line that ends the same way.
+    assert nxt is not None and nxt.start == nxt.end == text.index("c = run()") + len("c = run()")
+    history.change("s.py", nxt.start, nxt.end, nxt.text)
+    assert predict(history, "s.py", nxt.end) is None
+
+
 # -- the model path (context/next_edit_model.py) ---------------------------------------------------
 
 def _renamed():
