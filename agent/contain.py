@@ -30,8 +30,11 @@ from pathlib import Path
 
 __all__ = ["Isolation", "Limits", "contained_command", "isolation", "scrubbed_env"]
 
-# Variables a test run keeps from the caller's environment: the locale and the search path.
-_KEPT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+# Variables a test run keeps from the caller's environment: the locale, the search path, and how
+# the user runs pytest (its options and plugin loading: settings, not secrets; a test run the agent
+# starts should behave as the user's own).
+_KEPT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ",
+         "PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD")
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ class Plan:
     max_new_tokens: int = 32  # train.max_new_tokens: each sampled answer, and each gate answer
     user: str = "docstring"  # the simulated user's hidden preference (`simulated_user.USERS`)
     seed: int = 0  # train.seed: the trainer's sampling and shuffling
+    task_set: str | None = None  # train.task_set: the gate's regression tasks (None: the bundled set)
 
 
 SHORT = Plan(rounds=1, train_spots=12, eval_spots=12, steps=4, agent=True)
@@ -112,6 +113,7 @@ threads = {threads or os.cpu_count() or 1}
 max_new_tokens = {plan.max_new_tokens}
 learning_rate = {plan.learning_rate}
 seed = {plan.seed}
+{f'task_set = "{plan.task_set}"' if plan.task_set else ""}
 """
 
 
@@ -538,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int,
                         help="run the loop once per train.seed 0..N-1 (per user): each run and the mean "
                              "gain with its min and max, in a table and a plot")
+    parser.add_argument("--task-set", type=Path,
+                        help="train.task_set: verifiable tasks whose newest part is the gate's regression "
+                             "set (default: the bundled set)")
     parser.add_argument("--out", type=Path, help="where the JSON report goes")
     parser.add_argument("--keep-data", action="store_true", help="keep the workspace, store and adapters")
     args = parser.parse_args(argv)
@@ -545,7 +550,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan(args.rounds or plan.rounds, args.train_spots or plan.train_spots,
                 args.eval_spots or plan.eval_spots, args.steps or plan.steps,
                 plan.agent and not args.no_agent, args.learning_rate or plan.learning_rate,
-                args.max_new_tokens or plan.max_new_tokens, args.user[0])
+                args.max_new_tokens or plan.max_new_tokens, args.user[0],
+                task_set=str(args.task_set.resolve()) if args.task_set else None)
     if args.seeds is None and len(args.user) == 1:
         return run_one(plan, args)
     # The matrix: every user with every seed, each run a fresh workspace, store and trainer.

@@ -33,6 +33,17 @@ DEMO_WORKSPACE = REPO / "lsp_server" / "demo_workspace"
 os.environ.setdefault("SQUIDCODE_DATA_DIR", tempfile.mkdtemp(prefix="squidcode-test-data-"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def plain_pytest_in_subprocesses():
+    """The agent's test runs, repair tasks and reward checks start pytest on small projects that
+    need no plugin; this venv's entry-point plugins (pytest-lsp, xdist, ...) would add 3-4 s to each
+    start. Set in each worker once it runs (xdist's workers themselves keep their plugins), and kept
+    through the agent's scrubbed environment (`agent.contain.scrubbed_env`)."""
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    yield
+    os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+
+
 @pytest.fixture(scope="session")
 def model_cache_dir() -> Path:
     """The default cache dir, holding a converted copy of the embedded model.

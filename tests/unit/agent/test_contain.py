@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from agent.contain import contained_command, isolation
+from agent.contain import contained_command, isolation, scrubbed_env
 from agent.errors import SandboxError
 from agent.sandbox import run_command
 
@@ -156,3 +156,12 @@ def test_the_agents_test_runs_are_contained_and_say_so_when_they_cannot_be(tmp_p
     refused = run_project_tests(ctx)
     assert refused.passed is None and refused.summary.startswith("not run:")
     assert "allow_unisolated" in refused.summary
+
+
+def test_the_scrubbed_environment_keeps_how_the_user_runs_pytest_and_no_secret(tmp_path, monkeypatch):
+    monkeypatch.setenv("SQUID_HOSTILE_KEY", "sk-secret")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly")
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    env = scrubbed_env(tmp_path, {"PYTHONPATH": "src"})
+    assert env["PYTEST_ADDOPTS"] == "-p no:randomly" and env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1"
+    assert "SQUID_HOSTILE_KEY" not in env and env["HOME"] == str(tmp_path) and env["PYTHONPATH"] == "src"

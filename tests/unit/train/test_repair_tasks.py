@@ -5,6 +5,7 @@ by the same checks best-of-K runs plus the real tests (real pytest, real ruff)."
 from __future__ import annotations
 
 import ast
+import dataclasses
 import textwrap
 
 import pytest
@@ -151,6 +152,7 @@ def test_a_repair_example_is_prompted_as_the_agent_and_sampled_as_its_backend_cu
 
     task = next(t for t in tasks if t.function == "page_count")
     (example,) = repair_examples([task], workspace, runtime)
+    assert example.verification["max_tokens"] > 8  # an edit block gets more than a line of code
     prompt = example.chat_prompt
     # The agent's first step: its tools, the file's window with the bug in it, the task, and the
     # pre-test run's report naming the failing test; the answer starts after the opening fence.
@@ -163,8 +165,11 @@ def test_a_repair_example_is_prompted_as_the_agent_and_sampled_as_its_backend_cu
     assert task_reward("The bug is in the comparison.", example) == 0.0
     ids = example_prompt_ids(runtime.tokenizer, example)
     assert ids.shape[0] == 1 and runtime.tokenizer.decode(ids[0].tolist()) == prompt
-    group = sample_example(runtime.model, runtime.tokenizer, example, ids, 2, 8, temperature=1.0)
-    assert group.completions.shape[1] <= 96 and all(text.startswith(LOCAL_PREFILL) for text in group.texts)
+    # The step's own budget bounds the samples, not the smaller one asked for (12 here, not the
+    # product's: each of its tokens is a decode step of two rows after a long prompt).
+    short = dataclasses.replace(example, verification={**example.verification, "max_tokens": 12})
+    group = sample_example(runtime.model, runtime.tokenizer, short, ids, 2, 4, temperature=1.0)
+    assert group.completions.shape[1] <= 12 and all(text.startswith(LOCAL_PREFILL) for text in group.texts)
     assert torch.all(group.mask.sum(dim=1) > 0)
 
 
@@ -192,6 +197,8 @@ def test_a_flat_group_gets_the_tasks_fix_as_its_last_sample(workspace, tasks, ru
     (example,) = repair_examples([task], workspace, runtime)
     fix = fix_answer(task)
     assert example.verification["guide"] == fix
+    # Samples of 4 tokens (the step's budget of an edit block is many decode steps of a long prompt).
+    example = dataclasses.replace(example, verification={**example.verification, "max_tokens": 4})
     tokenizer = runtime.tokenizer
     sampled, mask = torch.tensor([[5, 6, 7], [8, 9, 0]]), torch.tensor([[1, 1, 1], [1, 1, 0]])
     group = SampledGroup(torch.tensor([[1, 2]]), sampled, mask, ["a", "b"], None)
@@ -233,16 +240,16 @@ def test_tasks_are_kept_while_the_workspaces_code_stays_the_same(tmp_path):
 
     workspace = make_workspace(tmp_path / "ws")
     cache = tmp_path / "train" / "repair_tasks.json"
-    first = cached_repair_tasks(workspace, cache, per_file=2, max_tasks=2, seed=3)
+    first = cached_repair_tasks(workspace, cache, per_file=1, max_tasks=1, seed=3)
     assert first and cache.exists()
     saved = cache.read_text()
-    assert cached_repair_tasks(workspace, cache, per_file=2, max_tasks=2, seed=3) == first
+    assert cached_repair_tasks(workspace, cache, per_file=1, max_tasks=1, seed=3) == first
     assert cache.read_text() == saved  # read back, not made again
     (workspace / "notes.txt").write_text("not code")
-    assert cached_repair_tasks(workspace, cache, per_file=2, max_tasks=2, seed=3) == first
+    assert cached_repair_tasks(workspace, cache, per_file=1, max_tasks=1, seed=3) == first
     assert cache.read_text() == saved
     (workspace / "pages.py").write_text(PAGES + "\n\ndef extra(x):\n    return x * 2\n")
-    again = cached_repair_tasks(workspace, cache, per_file=2, max_tasks=2, seed=3)
+    again = cached_repair_tasks(workspace, cache, per_file=1, max_tasks=1, seed=3)
     assert cache.read_text() != saved and all(t.path == "pages.py" for t in again)
     cache.write_text("{broken")
-    assert cached_repair_tasks(workspace, cache, per_file=2, max_tasks=2, seed=3) == again
+    assert cached_repair_tasks(workspace, cache, per_file=1, max_tasks=1, seed=3) == again
