@@ -39,6 +39,10 @@ INSTALL = VSCODE_DIR / "scripts" / "install-e2e.sh"
 DRIVER = VSCODE_DIR / "e2e" / "drive.js"
 RUN_TIMEOUT_S = 600
 TYPED = "return "
+# A second file for next edits, written by the driver after the status checks (the index counts
+# them): `count` renamed to `item_count` on line 2, its next uses offered one after the other.
+NEXT_EDIT_TEXT = ("def report(items):\n    count = 0\n    for item in items:\n"
+                  "        count += item.quantity\n    return count\n")
 OLD_DOCSTRING = '"""A tiny inventory module: the example workspace squidcode\'s demo completes in."""'
 NEW_DOCSTRING = '"""Inventory: items, their total value and average price."""'
 
@@ -134,6 +138,8 @@ def vscode_run(request, model_cache_dir) -> VSCodeRun:
         "typed": TYPED,
         "selectLines": 1,
         "agentInstruction": "make the module docstring say what the module holds",
+        "nextEdit": {"file": str(workspace / "report.py"), "text": NEXT_EDIT_TEXT, "line": 2,
+                     "typed": {"old": "count", "new": "item_count"}},
     }
     if AGENT_RUN in commands:
         # The agent talks to the scripted model server (the extension's backend URL setting).
@@ -238,3 +244,19 @@ def test_status_and_feedback_commands(vscode_run: VSCodeRun):
     else:
         # Without the server command the extension says what is missing instead of failing silently.
         assert f"does not offer {FEEDBACK_STATUS}" in feedback, ctx
+
+
+def test_next_edits_are_shown_accepted_with_tab_and_followed_to_the_next(vscode_run: VSCodeRun):
+    run, ctx = vscode_run, vscode_run.context()
+    _ok(run, "next-edit")
+    decorated, inline = run.report["next_edit_shown"]
+    # On another line than the cursor: a decoration; Tab applies it and moves the cursor to the next
+    # one, on whose line ghost text can draw the rename (insertions only), which Tab accepts.
+    assert 'next edit at 4:9 (rename): "count" -> "item_count", shown as a decoration' in decorated, ctx
+    assert 'next edit at 5:12 (rename): "count" -> "item_count", shown inline' in inline, ctx
+    assert run.report["next_edit_ghost"] == "item_", ctx
+    assert run.report["after_next_edit"] == NEXT_EDIT_TEXT.replace("count", "item_count"), ctx
+    # Both accepts ran the server's command (after the completion's, earlier in the run).
+    accepted = [line for line in run.report["extension_log"].splitlines()
+                if f"executeCommand {ACCEPT} ok" in line]
+    assert len(accepted) >= 3, ctx

@@ -3,12 +3,13 @@
 //   node e2e/drive.js CONFIG.json
 //
 // CONFIG: { codeServer, vsix, workspace, file, serverCommand, artifacts, result, port,
-//           chromium?, timeoutMs?, agentInstruction? }
+//           chromium?, timeoutMs?, agentInstruction?, nextEdit?: { file, text, line, typed: { old, new } } }
 // Steps: install the .vsix, start code-server, open the workspace and the file, wait for the
 // extension's status bar item to say the model is loaded, type at the end of the file, wait for the
 // inline completion's ghost text in the editor's DOM, accept it with Tab and save; then (when the
 // server offers squidcode.agent.run) select lines, run "squidcode: Ask the agent about the selection",
-// and save; last, "squidcode: Show server status" and "Show feedback recording status". Each step
+// and save; then "squidcode: Show server status" and "Show feedback recording status"; last (with
+// `nextEdit`) a rename typed in a second file, its next edits accepted with Tab. Each step
 // leaves a screenshot in `artifacts`; the JSON report goes to `result` after every step (a killed run
 // still leaves a partial one). The caller (tests/e2e/test_vscode.py) judges the report and the files.
 'use strict';
@@ -190,10 +191,10 @@ async function notificationText(pattern) {
   }, 30000);
 }
 
-async function saveAndRead(previous) {
+async function saveAndRead(previous, file = config.file) {
   await page.keyboard.press('Control+S');
   return waitFor('the file saved to disk', async () => {
-    const text = fs.readFileSync(config.file, 'utf8');
+    const text = fs.readFileSync(file, 'utf8');
     return text !== previous ? text : undefined;
   }, 15000);
 }
@@ -275,6 +276,56 @@ async function statusCommands() {
   });
 }
 
+const acceptsReported = () =>
+  extensionLog().split('\n').filter((l) => l.includes('executeCommand squidcode.completion.accept ok')).length;
+const nextEditLines = () => extensionLog().split('\n').filter((l) => l.includes('next edit at '));
+
+/** The next `next edit at` line of the extension log after the first `seen` of them. */
+async function nextEditShown(seen) {
+  return waitFor('a next edit in the extension log', async () => nextEditLines()[seen], 30000);
+}
+
+// A rename typed in a second file (written now, so the index counts above stay as they are): the
+// next use is shown as a decoration, Tab accepts it and moves to the one after, shown as ghost text
+// on the cursor's line, which Tab accepts too.
+async function nextEditAndTab(editor) {
+  const { file, text, line, typed } = config.nextEdit;
+  fs.writeFileSync(file, text);
+  report.next_edit_shown = [];
+  report.after_next_edit = await step('next-edit', async () => {
+    await page.keyboard.press('Control+P');
+    await page.locator('.quick-input-widget input').first().waitFor({ state: 'visible', timeout: 15000 });
+    await page.keyboard.type(path.basename(file));
+    // The new file's row, not the first one (the file opened before, until the new one is found).
+    const row = page.locator('.quick-input-list .monaco-list-row').filter({ hasText: path.basename(file) }).first();
+    await row.waitFor({ timeout: 15000 });
+    await row.click();
+    await waitFor('the file in the editor', async () =>
+      clean(await page.locator('.monaco-editor .view-lines').first().innerText()).includes(text.split('\n')[0]), 15000);
+    await editor.focus();
+    await page.keyboard.press('Control+Home');
+    for (let i = 1; i < line; i += 1) {
+      await page.keyboard.press('ArrowDown');
+    }
+    await page.keyboard.press('Home'); // the line's first word: the name to rename
+    await page.keyboard.press('Control+Shift+ArrowRight');
+    const seen = nextEditLines().length;
+    const accepted = acceptsReported();
+    await page.keyboard.insertText(typed.new);
+    for (let shown = 0; shown < 2; shown += 1) {
+      const entry = await nextEditShown(seen + shown);
+      report.next_edit_shown.push(entry);
+      if (entry.includes('shown inline')) {
+        report.next_edit_ghost = await waitFor('the next edit as ghost text', async () =>
+          clean((await ghostText().allTextContents()).join('')).trim() || undefined, 15000);
+      }
+      await page.keyboard.press('Tab');
+    }
+    await waitFor('both accepts reported', async () => acceptsReported() >= accepted + 2, 15000);
+    return saveAndRead(text, file);
+  });
+}
+
 async function main() {
   fs.mkdirSync(config.artifacts, { recursive: true });
   writeSettings();
@@ -297,6 +348,9 @@ async function main() {
       report.agent_skipped = 'the server does not advertise squidcode.agent.run';
     }
     await statusCommands();
+    if (config.nextEdit) {
+      await nextEditAndTab(editor);
+    }
   } finally {
     report.extension_log = extensionLog();
     save();

@@ -1,6 +1,6 @@
 // squidcode for VS Code: starts `squidcode serve`, hands it the user's settings, and exposes the
-// server's features (inline completions, the agent, feedback consent, status) as VS Code commands
-// and a status bar item. Everything smart happens in the server.
+// server's features (inline completions, next edits, the agent, feedback consent, status) as VS Code
+// commands and a status bar item. Everything smart happens in the server.
 
 import * as vscode from 'vscode';
 import {
@@ -26,6 +26,7 @@ import {
   Notifications,
   type ServerStatus,
 } from './protocol';
+import { NextEditController, type NextEditServer } from './nextEditController';
 import { type ReadSetting, serverCommand, toServerSettings } from './settings';
 import { statusBarView } from './status';
 
@@ -36,6 +37,7 @@ let output: vscode.LogOutputChannel;
 let statusItem: vscode.StatusBarItem;
 let lastStatus: ServerStatus | undefined;
 let lastIndex: IndexStatus | undefined;
+let nextEdits: NextEditController | undefined;
 
 const readSetting: ReadSetting = (key) => {
   const config = vscode.workspace.getConfiguration(SECTION);
@@ -85,17 +87,26 @@ function createClient(): LanguageClient {
         }
       },
       provideInlineCompletionItems: async (document, position, context, token, next) => {
+        // A next edit shown on this line is the ghost text (src/nextEditController.ts).
+        const own = nextEdits?.inlineItem(document, position);
+        if (own) {
+          return own;
+        }
         if (vscode.workspace.getConfiguration(SECTION).get('completion.enabled') === false) {
           return undefined;
         }
         const items = await next(document, position, context, token);
+        if (nextEdits?.holdsTab(document)) {
+          return undefined; // a next edit was shown meanwhile: Tab is its
+        }
         const list = Array.isArray(items) ? items : items?.items;
         if (list?.length) {
           const first = list[0].insertText;
           const text = typeof first === 'string' ? first : first.value;
           log(`inline completion at ${position.line + 1}:${position.character + 1}: ${JSON.stringify(text.slice(0, 120))}`);
         }
-        return items;
+        // The server's next-edit items (a range that replaces text): accepting one goes on to the next.
+        return list && nextEdits ? list.map((item) => nextEdits!.routeInline(item)) : items;
       },
     },
   };
@@ -252,6 +263,14 @@ async function restart(): Promise<void> {
   await startClient();
 }
 
+function nextEditServer(running: LanguageClient): NextEditServer {
+  return {
+    request: (method, params) => running.sendRequest(method, params),
+    // Through VS Code's command, so the client's executeCommand middleware logs it as it does Tab's.
+    executeCommand: async (command) => vscode.commands.executeCommand(command.command, ...(command.arguments ?? [])),
+  };
+}
+
 export async function activate(context: vscode.ExtensionContext): Promise<void> {
   output = vscode.window.createOutputChannel('squidcode', { log: true });
   statusItem = vscode.window.createStatusBarItem('squidcode.status', vscode.StatusBarAlignment.Right, 100);
@@ -259,7 +278,13 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
   statusItem.command = 'squidcode.showStatus';
   renderStatus();
   statusItem.show();
+  nextEdits = new NextEditController(
+    () => (client?.isRunning() ? nextEditServer(client) : undefined),
+    () => vscode.workspace.getConfiguration(SECTION).get('nextEdit.enabled') !== false,
+    log,
+  );
   context.subscriptions.push(
+    nextEdits,
     output,
     statusItem,
     vscode.commands.registerCommand('squidcode.askAgent', askAgent),

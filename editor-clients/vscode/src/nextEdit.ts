@@ -1,0 +1,91 @@
+// Next-edit suggestions (`squidcode/nextEdit`, docs/protocol.md), as the client sees them: the
+// request, the answer read defensively, and how an edit is shown. No `vscode` import: unit-tested in
+// plain node; src/nextEditController.ts does the showing and accepting.
+
+import type { Position, Range } from './protocol';
+
+export const NEXT_EDIT_METHOD = 'squidcode/nextEdit';
+
+export interface ServerCommand {
+  title: string;
+  command: string;
+  arguments?: unknown[];
+}
+
+export interface NextEdit {
+  range: Range;
+  newText: string;
+  kind?: string;
+  command?: ServerCommand;
+}
+
+export interface NextEditParams {
+  textDocument: { uri: string; version: number };
+  position: Position;
+}
+
+export function nextEditParams(uri: string, version: number, position: Position): NextEditParams {
+  return { textDocument: { uri, version }, position: { line: position.line, character: position.character } };
+}
+
+function isPosition(value: unknown): value is Position {
+  const p = value as Position | undefined;
+  return typeof p?.line === 'number' && typeof p?.character === 'number';
+}
+
+/** The first edit of a `squidcode/nextEdit` answer, or undefined (none, or not the documented shape). */
+export function firstEdit(answer: unknown): NextEdit | undefined {
+  const edits = (answer as { edits?: unknown } | null | undefined)?.edits;
+  const edit = Array.isArray(edits) ? (edits[0] as Partial<NextEdit> | undefined) : undefined;
+  if (!edit || typeof edit.newText !== 'string' || !isPosition(edit.range?.start) || !isPosition(edit.range?.end)) {
+    return undefined;
+  }
+  const command = edit.command;
+  const valid = typeof command?.command === 'string' ? command : undefined;
+  return { range: edit.range, newText: edit.newText, kind: edit.kind, command: valid };
+}
+
+/** Whether `old` can become `now` by insertions alone (`total` -> `subtotal`, `fn` -> `func`): VS
+ * Code draws such a change as ghost text; anything else needs a decoration. */
+export function insertionsOnly(old: string, now: string): boolean {
+  let at = 0;
+  for (const ch of now) {
+    if (at < old.length && old[at] === ch) {
+      at += 1;
+    }
+  }
+  return at === old.length;
+}
+
+export type Display = 'inline' | 'decoration';
+
+/** How to show `edit` (replacing `old`) with the cursor on `cursorLine`: inline (ghost text, through
+ * the server's inline completion, which answers a next edit on the cursor's line) when VS Code can
+ * draw it so, otherwise a decoration at the edit. */
+export function displayOf(edit: NextEdit, old: string, cursorLine: number): Display {
+  const oneLine = edit.range.start.line === edit.range.end.line && !edit.newText.includes('\n');
+  return oneLine && edit.range.start.line === cursorLine && insertionsOnly(old, edit.newText)
+    ? 'inline'
+    : 'decoration';
+}
+
+/** The text a decoration shows after the replaced range: the new text, or for a deletion a mark. */
+export function decorationText(edit: NextEdit): string {
+  const text = edit.newText.replace(/\n/g, '⏎');
+  return text ? ` ${text}` : ' ⌫';
+}
+
+/** Where the edit's new text ends once applied (single-line new text; else the line after the range). */
+export function endAfterApplying(edit: NextEdit): Position {
+  const lines = edit.newText.split('\n');
+  if (lines.length === 1) {
+    return { line: edit.range.start.line, character: edit.range.start.character + edit.newText.length };
+  }
+  return { line: edit.range.start.line + lines.length - 1, character: lines[lines.length - 1].length };
+}
+
+/** A one-line description for the output channel. */
+export function describeNextEdit(edit: NextEdit, old: string): string {
+  const at = `${edit.range.start.line + 1}:${edit.range.start.character + 1}`;
+  return `next edit at ${at} (${edit.kind ?? 'edit'}): ${JSON.stringify(old)} -> ${JSON.stringify(edit.newText)}`;
+}

@@ -1,0 +1,66 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import {
+  decorationText,
+  describeNextEdit,
+  displayOf,
+  endAfterApplying,
+  firstEdit,
+  insertionsOnly,
+  type NextEdit,
+  nextEditParams,
+} from '../src/nextEdit';
+
+const at = (line: number, start: number, end: number) => ({
+  start: { line, character: start },
+  end: { line, character: end },
+});
+
+const command = { title: 'squidcode: accept', command: 'squidcode.completion.accept', arguments: [{ episodeId: 'e1' }] };
+
+test('the request names the versioned document and the cursor', () => {
+  assert.deepEqual(nextEditParams('file:///a.py', 7, { line: 3, character: 9 }), {
+    textDocument: { uri: 'file:///a.py', version: 7 },
+    position: { line: 3, character: 9 },
+  });
+});
+
+test('the first edit of an answer, its command kept; nothing from an empty or malformed answer', () => {
+  const edit = { range: at(3, 8, 13), newText: 'subtotal', kind: 'rename', command, textDocument: { uri: 'u' } };
+  assert.deepEqual(firstEdit({ edits: [edit] }), { range: at(3, 8, 13), newText: 'subtotal', kind: 'rename', command });
+  assert.equal(firstEdit({ edits: [] }), undefined);
+  assert.equal(firstEdit(null), undefined);
+  assert.equal(firstEdit({ edits: [{ range: at(1, 0, 1) }] }), undefined); // no newText
+  assert.equal(firstEdit({ edits: [{ range: { start: { line: 1 } }, newText: 'x' }] }), undefined);
+  // A command without its name is dropped, not passed on to be run.
+  assert.equal(firstEdit({ edits: [{ range: at(1, 0, 1), newText: 'x', command: { title: 't' } }] })?.command, undefined);
+});
+
+test('insertions alone: ghost text can draw them', () => {
+  assert.equal(insertionsOnly('total', 'subtotal'), true);
+  assert.equal(insertionsOnly('fn', 'func'), true);
+  assert.equal(insertionsOnly('', ', timeout=5'), true);
+  assert.equal(insertionsOnly('start', 'initial'), false);
+  assert.equal(insertionsOnly('x', ''), false);
+});
+
+test('inline on the cursor line when VS Code can draw it, a decoration otherwise', () => {
+  const rename: NextEdit = { range: at(3, 8, 13), newText: 'subtotal' };
+  assert.equal(displayOf(rename, 'total', 3), 'inline');
+  assert.equal(displayOf(rename, 'total', 2), 'decoration'); // another line
+  assert.equal(displayOf({ range: at(3, 8, 13), newText: 'initial' }, 'start', 3), 'decoration');
+  const multiline = { range: { start: { line: 3, character: 0 }, end: { line: 4, character: 0 } }, newText: 'a\n' };
+  assert.equal(displayOf(multiline, 'b\n', 3), 'decoration');
+});
+
+test('the decoration text, where the cursor goes after applying, the log line', () => {
+  assert.equal(decorationText({ range: at(0, 0, 1), newText: 'subtotal' }), ' subtotal');
+  assert.equal(decorationText({ range: at(0, 0, 1), newText: '' }), ' ⌫');
+  assert.deepEqual(endAfterApplying({ range: at(4, 11, 16), newText: 'subtotal' }), { line: 4, character: 19 });
+  assert.deepEqual(endAfterApplying({ range: at(4, 11, 16), newText: 'a\nbc' }), { line: 5, character: 2 });
+  assert.equal(
+    describeNextEdit({ range: at(3, 8, 13), newText: 'subtotal', kind: 'rename' }, 'total'),
+    'next edit at 4:9 (rename): "total" -> "subtotal"',
+  );
+});
