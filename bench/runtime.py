@@ -24,11 +24,16 @@ Measured in one run, interleaved, medians over `--runs`:
 
 Usage: python bench/runtime.py [--json] [--runs N] [--threads N] [--quick] [--save FILE]
        [--llama-python /tmp/llamavenv/bin/python] [--weights none|int8|int4] [--references N]
-       [--keystroke-threads N]
+       [--keystroke-threads N] [--tune auto|off]
+
+The settings `model.tune` chooses per machine (the draft length, the keystroke prefill budget,
+`context.tuning`) are measured first (or read from this machine's cache) and apply unless `--tune
+off`; `--threads` is set explicitly, so the tuner's thread count is only reported.
 
 `--json` prints exactly {"prefill_tok_s", "decode_tok_s", "keystroke_p50_s", "keystroke_p95_s",
-"speculative_speedup", "vs_llama_cpp", "vs_generate"} for the configuration `--weights` names;
-`--save` writes everything measured (both weight formats, load averages, settings).
+"speculative_speedup", "vs_llama_cpp", "vs_generate", "cpu", "tuned"} for the configuration
+`--weights` names; `--save` writes everything measured (both weight formats, load averages,
+settings, what was measured for the tuning).
 """
 
 from __future__ import annotations
@@ -110,27 +115,21 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')} load {loadavg()[0]}] {message}", file=sys.stderr, flush=True)
 
 
-def runtime_for(weights: str, threads: int, **settings):
+def runtime_for(weights: str, threads: int, tune: str = "auto", **settings):
     """A runtime with its own engine (sharing the loaded weights) for one weight format."""
     from context.config import ModelConfig
     from context.runtime import get_runtime
 
-    base = get_runtime(ModelConfig(threads=threads))
-    clone = copy.copy(base)
-    clone.config = dataclasses.replace(base.config, quantize=weights, **settings)
-    clone._engine = clone._cache = clone._engine_key = None
-    import threading
-
-    clone._lock = threading.Lock()
-    return clone
+    base = get_runtime(ModelConfig(threads=threads, tune=tune))
+    return base.sharing_weights(dataclasses.replace(base.config, quantize=weights, **settings))
 
 
-def row_major_runtime(threads: int):
+def row_major_runtime(threads: int, tune: str):
     """The float32 runtime on a copy of the model whose projections keep the row-major layout
     transformers loads (the runtime stores them transposed on the CPU), to show what that buys."""
     import torch
 
-    clone = runtime_for("none", threads)
+    clone = runtime_for("none", threads, tune)
     clone.model = copy.deepcopy(clone.model)
     with torch.no_grad():
         for parameter in clone.model.parameters():
@@ -276,7 +275,7 @@ def measure_keystrokes(runtime, sites: int, chars: int, references: int = 0) -> 
                             "window_tokens": paused_windows},
             "offered": offered, "file": str(TYPED_FILE), "sites": sites, "chars_per_site": chars,
             "references": references, "reference_tokens": sorted(reference_tokens),
-            "keystroke_prefill_tokens": config.keystroke_prefill_tokens,
+            "keystroke_prefill_tokens": runtime.settings.keystroke_prefill_tokens,
             "prefix_tokens": config.prefix_tokens}
 
 
@@ -303,27 +302,31 @@ def edit_prompts(runtime) -> list[tuple[str, str]]:
 
 
 def measure_speculative(runtime, new_tokens: int) -> dict:
+    """Plain decoding (no drafts) against the runtime's prompt lookup as it runs by default (the
+    draft length tuned for this machine, or the untuned default)."""
     rows = []
+    speed_config = runtime.config
     for kind, prompt in edit_prompts(runtime):
         ids = runtime.encode(prompt)
         timings = {}
-        for drafts in (0, DRAFT_TOKENS):
-            runtime.config = dataclasses.replace(runtime.config, draft_tokens=drafts)
+        for drafts in (0, None):
+            runtime.config = dataclasses.replace(speed_config, draft_tokens=drafts)
             runtime.forget_prefix()
             timings[drafts] = runtime.generate(ids, max_new_tokens=new_tokens)
-        plain, drafted = timings[0], timings[DRAFT_TOKENS]
+        plain, drafted = timings[0], timings[None]
         rows.append({"kind": kind, "prompt_tokens": len(ids), "new_tokens": plain.new_tokens,
                      "plain_decode_s": plain.decode_s, "drafted_decode_s": drafted.decode_s,
                      "speedup": plain.decode_s / drafted.decode_s, "identical": plain.text == drafted.text,
                      "accepted": drafted.accepted_tokens, "drafted": drafted.drafted_tokens})
-    runtime.config = dataclasses.replace(runtime.config, draft_tokens=DRAFT_TOKENS)
+    runtime.config = speed_config
 
     def speedup(kinds):
         picked = [r for r in rows if r["kind"] in kinds]
         return sum(r["plain_decode_s"] for r in picked) / sum(r["drafted_decode_s"] for r in picked)
 
     return {"edits": rows, "speedup": speedup(("rename", "copy")), "rename_speedup": speedup(("rename",)),
-            "copy_speedup": speedup(("copy",)), "identical": all(r["identical"] for r in rows)}
+            "copy_speedup": speedup(("copy",)), "identical": all(r["identical"] for r in rows),
+            "draft_tokens": runtime.settings.draft_tokens}
 
 
 # -- 4. quality -----------------------------------------------------------------------------------
@@ -361,13 +364,20 @@ def measure_quality(runtime, positions: int) -> dict:
 # -- the run --------------------------------------------------------------------------------------
 
 
-def _default_draft_tokens() -> int:
-    from context.config import ModelConfig
+def tuning_record(runtime) -> dict:
+    """What the runtime measured on this CPU (measured now unless cached) and the settings it
+    runs with: the tuned ones, those `--threads` sets, or with `--tune off` the fixed defaults."""
+    from context.config import CompletionConfig
+    from context.tuning import describe
 
-    return ModelConfig().draft_tokens
+    started = time.perf_counter()
+    runtime.prepare()
+    settings = runtime.settings
+    return {"tune": runtime.config.tune, "prepare_s": round(time.perf_counter() - started, 2),
+            "settings": dataclasses.asdict(settings),
+            "costs": runtime.costs.to_json() if runtime.costs is not None else None,
+            "described": describe(runtime.costs, runtime.config, CompletionConfig())}
 
-
-DRAFT_TOKENS = _default_draft_tokens()  # prompt lookup as the runtime runs it by default
 
 
 def median_of(rows: list[dict], key: str) -> float:
@@ -406,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--references", type=int, default=2, choices=range(0, len(REFERENCE_FILES) + 1),
                         help="files open beside the typed one, their Squid caches warm (0 = none)")
     parser.add_argument("--quick", action="store_true", help="1 run, 2 typing sites, short edits")
+    parser.add_argument("--tune", choices=("auto", "off"), default="auto",
+                        help="model.tune: the per-machine settings (auto), or the fixed defaults (off)")
     parser.add_argument("--save")
     args = parser.parse_args(argv)
     if args.weights not in args.detail:
@@ -420,14 +432,15 @@ def main(argv: list[str] | None = None) -> int:
     record: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_before": loadavg(),
                     "threads": args.threads, "keystroke_threads": args.keystroke_threads,
                     "nproc": os.cpu_count(), "torch": torch.__version__, "cpu": cpu_info()}
-    runtimes = {w: runtime_for(w, args.threads) for w in WEIGHTS}
+    record["tuning"] = tuning_record(runtime_for("none", args.threads, args.tune))
+    runtimes = {w: runtime_for(w, args.threads, args.tune) for w in WEIGHTS}
     # The float32 engine again with an exact output projection, with row-major weights, with the
     # fused step reading the float32 tensors instead of their exact 4-bit codes, and with torch's
     # per-operation steps instead of the fused one, to show what each buys.
-    variants = {"exact_head": runtime_for("none", args.threads, shortlist_head=False),
-                "fused_float32": runtime_for("none", args.threads, fused_q4=False),
-                "row_major": row_major_runtime(args.threads),
-                "torch_step": runtime_for("none", args.threads, fused_step=False)}
+    variants = {"exact_head": runtime_for("none", args.threads, args.tune, shortlist_head=False),
+                "fused_float32": runtime_for("none", args.threads, args.tune, fused_q4=False),
+                "row_major": row_major_runtime(args.threads, args.tune),
+                "torch_step": runtime_for("none", args.threads, args.tune, fused_step=False)}
     text = PREFIX_FIXTURE.read_text()
     ids = runtimes["none"].encode(text)
     record["prompt_tokens"] = len(ids)
@@ -460,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for weights in args.detail:
         runtime = runtimes[weights]
-        runtime.config = dataclasses.replace(runtime.config, draft_tokens=DRAFT_TOKENS)
+        runtime.config = dataclasses.replace(runtime.config, draft_tokens=None)  # as tuned, or the default
         progress(f"keystrokes ({weights})")
         speed_config = runtime.config
         if args.keystroke_threads is not None:
@@ -491,12 +504,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.save:
         Path(args.save).write_text(json.dumps(record | {"result": result}, indent=2, default=str))
-    cpu = record["cpu"]
-    print(f"| CPU | cores | flags | keystroke p50 / p95 s | prompt lookup | decode vs llama.cpp |\n"
-          f"|---|---|---|---|---|---|\n| {cpu['model']} | {cpu['cores']} | {' '.join(cpu['flags'])} | "
-          f"{result['keystroke_p50_s']} / {result['keystroke_p95_s']} | {result['speculative_speedup']}x | "
-          f"{result['vs_llama_cpp'] or '-'} |", file=sys.stderr)
+    cpu, tuned = record["cpu"], record["tuning"]["settings"]
+    print(f"| CPU | cores | flags | tuned (draft / keystroke budget) | keystroke p50 / p95 s | prompt lookup "
+          f"| decode vs llama.cpp |\n|---|---|---|---|---|---|---|\n| {cpu['model']} | {cpu['cores']} | "
+          f"{' '.join(cpu['flags'])} | {record['tuning']['tune']}: {tuned['draft_tokens']} / "
+          f"{tuned['keystroke_prefill_tokens']} | "
+          f"{result['keystroke_p50_s']} / {result['keystroke_p95_s']} | "
+          f"{result['speculative_speedup']}x | {result['vs_llama_cpp'] or '-'} |", file=sys.stderr)
     result["cpu"] = cpu
+    result["tuned"] = record["tuning"]["settings"] | {"tune": record["tuning"]["tune"]}
     if args.json:
         print(json.dumps(result))
     else:

@@ -148,7 +148,7 @@ class MachineCosts:
 
     def to_json(self) -> dict:
         return {"cpu": self.cpu, "cores": self.cores, "engine": self.engine, "busy": self.busy,
-                "seconds": round(self.seconds, 3), "measured_at": self.measured_at,
+                "seconds": self.seconds, "measured_at": self.measured_at,
                 "skipped": {str(t): s for t, s in self.skipped.items()},
                 "by_threads": {str(t): {"pass_s": {str(w): s for w, s in c.pass_s.items()},
                                         "prefill_s": list(c.prefill_s)}
