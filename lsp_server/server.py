@@ -31,6 +31,7 @@ from agent.completion import Completion, CompletionRequest, complete, warm_windo
 from context.config import ConfigLayer, SquidConfig, file_layers, merge_layers
 from context.errors import SquidcodeError
 from context.foreground import foreground
+from context.next_edit import EditHistory
 from context.runtime import ModelRuntime, get_runtime
 
 from .connection import post_to_loop
@@ -186,6 +187,8 @@ class SquidServer(LanguageServer):
         # Called as listener(method, params) for didChange / didClose: features that follow
         # documents (feedback edit tracking) without owning those notifications. Must be fast.
         self.document_listeners: list = []
+        # Each open document's recent edits, in memory only (features/next_edit feeds and reads it).
+        self.edit_history = EditHistory()
         # Called as listener(old_config, new_config) after every configuration reload.
         self.config_listeners: list = []
         # Called on the event loop whenever the model, index, feedback or training state changes;

@@ -138,7 +138,6 @@ async def copilot_inline_edit(ls: SquidServer, params: Any) -> dict:
 
 
 def register(server: SquidServer) -> None:
-    server.edit_history = EditHistory()
     server.document_listeners.append(lambda method, params: on_document(server, method, params))
 
     @server.feature(NEXT_EDIT)
