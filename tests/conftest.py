@@ -44,6 +44,22 @@ def plain_pytest_in_subprocesses():
     os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread_per_worker():
+    """On `./dev test`'s two workers, each worker's own forward passes run on one torch thread: two
+    workers of two threads on two cores spin against each other (see `one_torch_thread`). A test
+    that sets its own count still does; a serial run keeps torch's default."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def model_cache_dir() -> Path:
     """The default cache dir, holding a converted copy of the embedded model.

@@ -10,8 +10,8 @@ import torch
 from context.squid.bench import BenchSettings, _Bench, run_bench
 
 
-def test_every_variant_is_reported_and_a_full_recompute_matches_full_prefill(runtime):
-    settings = BenchSettings(docs=2, doc_tokens=32, queries=2, runs=1, continuation=4)
+def test_every_variant_is_reported_and_a_full_recompute_matches_full_prefill(runtime, one_torch_thread):
+    settings = BenchSettings(docs=2, doc_tokens=32, queries=1, runs=1, continuation=2)
     result = run_bench(runtime, settings, log=lambda message: None)
     variants = {v["name"]: v for v in result["variants"]}
     assert list(variants)[:2] == ["full", "prefix_cache"]
