@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import textwrap
 import time
 from pathlib import Path
@@ -443,31 +442,6 @@ def test_killed_mid_index_leaves_a_consistent_index_and_resumes(tmp_path):
         assert report.parsed == 600 - len(partial) and report.removed == 0
         assert snapshot(store) == clean
         assert store.integrity_problems() == []
-
-
-# --- a real code base -------------------------------------------------------------------------
-
-
-def test_index_the_running_interpreters_standard_library(tmp_path):
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    with IndexStore(tmp_path / "stdlib.sqlite3") as store:
-        indexer = Indexer([stdlib], store)
-        started = time.monotonic()
-        report = indexer.index_all()
-        full = time.monotonic() - started
-        started = time.monotonic()
-        again = indexer.index_all()
-        noop = time.monotonic() - started
-        size_mb = store.path.stat().st_size / 1e6
-        print(f"\nstdlib {stdlib}: {report.files} files, {report.chunks} chunks, {report.symbols} symbols, "
-              f"skipped {dict(report.skipped)}; full pass {full:.1f}s, no-op pass {noop:.2f}s, "
-              f"database {size_mb:.0f} MB")
-        assert report.files > 1500 and report.symbols > 30_000 and report.chunks > 20_000
-        assert store.stats()["references"] > 100_000
-        assert again.parsed == 0 and again.removed == 0 and noop < 5
-        found = store.symbols_named(["urlsplit"], 5)
-        assert any(s.rel == "urllib/parse.py" and s.kind == "function" for s in found)
-        assert any(h.rel == "urllib/parse.py" for h in store.fts_chunks("url split", 10))
 
 
 def test_prune_removes_indexes_of_vanished_roots_only(tmp_path):

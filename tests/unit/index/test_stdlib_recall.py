@@ -28,6 +28,7 @@ import ast
 import json
 import shutil
 import sysconfig
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -139,14 +140,49 @@ def copy_stdlib(target: Path) -> Path:
     return target
 
 
+@dataclass
+class StdlibIndex:
+    root: Path
+    store: IndexStore
+    report: object  # the full pass's IndexReport
+    seconds: float
+
+
 @pytest.fixture(scope="module")
-def stdlib_store(tmp_path_factory):
+def stdlib_index(tmp_path_factory):
+    """A copy of the running interpreter's standard library, indexed once for this module."""
     base = tmp_path_factory.mktemp("stdlib")
     root = copy_stdlib(base / "python3")
     store = IndexStore(base / "index.db")
-    Indexer([root], store).index_all()
-    yield store
+    started = time.monotonic()
+    report = Indexer([root], store).index_all()
+    yield StdlibIndex(root, store, report, time.monotonic() - started)
     store.close()
+
+
+@pytest.fixture(scope="module")
+def stdlib_store(stdlib_index):
+    return stdlib_index.store
+
+
+def test_index_the_running_interpreters_standard_library(stdlib_index):
+    """A real code base: every file parsed, its symbols, chunks and references stored, and a second
+    pass over unchanged files parses nothing."""
+    store, report = stdlib_index.store, stdlib_index.report
+    started = time.monotonic()
+    again = Indexer([stdlib_index.root], store).index_all()
+    noop = time.monotonic() - started
+    size_mb = store.path.stat().st_size / 1e6
+    print(f"\nstdlib copy: {report.files} files, {report.chunks} chunks, {report.symbols} symbols, "
+          f"skipped {dict(report.skipped)}; full pass {stdlib_index.seconds:.1f}s, no-op pass {noop:.2f}s, "
+          f"database {size_mb:.0f} MB")
+    # CPython 3.11's library without its tests: 755 files, 22.6k symbols, 17.3k chunks.
+    assert report.files > 600 and report.symbols > 18_000 and report.chunks > 14_000
+    assert store.stats()["references"] > 80_000  # 114k
+    assert again.parsed == 0 and again.removed == 0 and noop < 5
+    found = store.symbols_named(["urlsplit"], 5)
+    assert any(s.rel == "urllib/parse.py" and s.kind == "function" for s in found)
+    assert any(h.rel == "urllib/parse.py" for h in store.fts_chunks("url split", 10))
 
 
 def test_query_set_is_well_formed_and_resolves_in_this_stdlib():
