@@ -44,6 +44,11 @@ def episode_as_example_fields(record: Any) -> dict[str, Any] | None:
         return None
     last = finals[-1]
     extra = episode.get("extra") or {}
+    if episode["kind"] == "completion" and extra.get("served_by", "local") != "local":
+        # A completion server's model answered (`completion.backend`): its prompt is that model's
+        # (a FIM template, a window measured in characters, no token ids), not one the local model
+        # was served, and the answer is not the local model's to reinforce or discourage.
+        return None
     if episode["kind"] == "completion":
         instruction = f"{COMPLETION_INSTRUCTION}\n\n```\n{episode.get('prompt_text') or ''}\n```"
     else:

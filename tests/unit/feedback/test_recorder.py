@@ -138,6 +138,28 @@ def test_a_next_edit_is_its_own_episode_beside_a_completion_and_is_followed_as_a
     recorder.close()
 
 
+def test_a_completion_a_server_answered_is_recorded_but_not_trained_on(tmp_path, clock):
+    from feedback.train.store_source import episode_as_example_fields
+
+    recorder = make(tmp_path, clock)
+    ids = {}
+    for served_by, uri in (("local", URI), ("llama-server:qwen", URI.replace(".py", "_2.py"))):
+        ids[served_by] = recorder.record_completion_episode(
+            uri=uri, position=(2, 4), output=OUTPUT, prompt_text=PROMPT, model_id="m1", language="python",
+            extra={"served_by": served_by})
+        recorder.on_did_change(uri, [TextChange((2, 4), (2, 4), OUTPUT)], AFTER)
+        assert recorder.accept_completion(ids[served_by], None, AFTER)
+    clock.now += 200
+    recorder.tick()
+    assert recorder.flush()
+    items = {item.episode["id"]: item for item in episodes(recorder.db_path)}
+    served = items[ids["llama-server:qwen"]]
+    assert served.accepted and served.final_outcomes()[-1]["status"] == "unchanged"  # recorded as kept
+    assert episode_as_example_fields(served) is None  # the local model did not answer it
+    assert episode_as_example_fields(items[ids["local"]])["kept_text"].endswith(OUTPUT)
+    recorder.close()
+
+
 def test_a_model_switch_right_after_an_output_is_recorded(tmp_path, clock):
     recorder = make(tmp_path, clock)
     recorder.note_model("m1")
