@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .backends import Backend, Conversation, LocalBackend, Sample
 from .best_of_k import choose, verify_candidate
+from .copy_search import focus_lines
 from .episode import AgentResult, Candidate, StepRecord, new_episode_id, record_episode
 from .errors import AgentCancelled, BackendError, ToolError
 from .overlay import Overlay
@@ -237,6 +238,9 @@ class AgentLoop:
             return False
         conversation.prefill = f"edit {path}\n<<<<<<< SEARCH\n"
         conversation.copy_from = text
+        # The first message holds the request and the pre-test run's report: where the copy starts.
+        asked = next((m.get("content") for m in conversation.messages if m.get("role") == "user"), "")
+        conversation.copy_focus = tuple(focus_lines(text or "", str(asked or ""), path))
         return True
 
     def _reprompt(self, conversation: Conversation, sample: Sample, failure: ParseFailure) -> None:
@@ -265,7 +269,7 @@ class AgentLoop:
     def _tool_step(
         self, ctx: ToolContext, conversation: Conversation, call: ToolCall, result: AgentResult
     ) -> None:
-        conversation.prefill, conversation.copy_from = "", None
+        conversation.prefill, conversation.copy_from, conversation.copy_focus = "", None, ()
         began = time.monotonic()
         outcome = self.registry.call(ctx, call.name, call.args)
         self._record(
@@ -315,7 +319,7 @@ class AgentLoop:
         if chosen is not None:
             result.chosen, result.stop_reason = chosen, "verified"
             return True
-        conversation.prefill, conversation.copy_from = "", None  # the next turn answers freely again
+        conversation.prefill, conversation.copy_from, conversation.copy_focus = "", None, ()  # free again
         self._observe(conversation, action, first_candidate.detail or "the edit was not verified", False)
         return False
 
