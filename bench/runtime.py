@@ -372,6 +372,8 @@ def tuning_record(runtime) -> dict:
 
     started = time.perf_counter()
     runtime.prepare()
+    if runtime.costs is None and runtime.config.tune == "auto":
+        runtime.prepare(retune=True)  # a busy machine is measured at no start: measure it now
     settings = runtime.settings
     return {"tune": runtime.config.tune, "prepare_s": round(time.perf_counter() - started, 2),
             "settings": dataclasses.asdict(settings),

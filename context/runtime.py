@@ -711,6 +711,8 @@ class ModelRuntime:
 
         path = tuning_file(cache_root(), key)
         costs = load_costs(path, key)
+        if measure and costs is None and not again and not worth_measuring_again(costs):
+            log.info("the machine is busy: this CPU's costs are measured at a quieter start")
         if measure and (again or worth_measuring_again(costs)):
             log.info("measuring this CPU's costs (once per machine, a few seconds; cached in %s)", path)
             costs = measure_costs(engine, cpu=cpu_model_name(cpu_identity()))

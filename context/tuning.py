@@ -28,7 +28,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +64,9 @@ CONTEXT_TOKENS = 1024
 WIDTHS = (1, 2, 4, 8, 16)  # tokens per timed pass; 16 is the fused step's widest (FUSED_MAX_TOKENS)
 PROBE_TOKENS = 128  # one timed prefill chunk
 REPEATS = 3  # each pass is timed this many times and the fastest kept: other processes only add time
+# Past this, measuring stops after the round it is in (the first is always whole): a loaded machine
+# must not hold a server's start for long.
+MEASURE_BUDGET_S = 12.0
 # The settings a keystroke must meet: the first keystroke at a new place prefills its window after
 # the open reference documents (two of 512 tokens, as bench/runtime.py types with) and continues
 # for a short suggestion; both within `KEYSTROKE_TARGET_S`, which leaves 0.2 s of the 1 s a
@@ -336,7 +339,8 @@ def describe(costs: MachineCosts | None, model: ModelConfig, completion: Complet
         return ["off (model.tune = \"off\"): fixed defaults " +
                 ", ".join(f"{SETTING_NAMES[n]} = {v}" for n, v in UNTUNED.items())]
     if costs is None:
-        return ["nothing measured (not the CPU runtime's lean engine): fixed defaults"]
+        return ["nothing measured yet (the machine was busy at every start so far, or the model does not run "
+                "on the CPU's lean engine): fixed defaults; `squidcode doctor --retune` measures now"]
     fixed = explicit_settings(model, completion)
     tuned = choose(costs, fixed)
     state = " (while the machine was busy: measured again at a quieter start)" if costs.busy else ""
@@ -381,12 +385,16 @@ def available_cores() -> int:
 
 
 def worth_measuring_again(costs: MachineCosts | None, now: float | None = None) -> bool:
-    """Whether to measure now rather than use `costs`: none cached, or measured while the machine
-    was busy, over `REMEASURE_BUSY_AFTER_S` ago, and it is not busy now."""
+    """Whether to measure now rather than use `costs`: only while the machine is not busy (timings
+    under load are mostly the other work's, and a loaded machine's servers should start fast), and
+    then where none are cached, or they were measured while it was busy over
+    `REMEASURE_BUSY_AFTER_S` ago. Until then the runtime runs with what is cached, else untuned."""
+    if machine_busy(costs.cores if costs is not None else None):
+        return False
     if costs is None:
         return True
     now = time.time() if now is None else now
-    return costs.busy and now - costs.measured_at > REMEASURE_BUSY_AFTER_S and not machine_busy(costs.cores)
+    return costs.busy and now - costs.measured_at > REMEASURE_BUSY_AFTER_S
 
 
 def machine_busy(cores: int | None = None) -> bool:
@@ -398,18 +406,13 @@ def machine_busy(cores: int | None = None) -> bool:
         return False
 
 
-def _fastest(run: Callable[[], None], repeats: int = REPEATS) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - started)
-    return best
-
-
 def measure_costs(engine, cpu: str = "", threads: list[int] | None = None) -> MachineCosts:
     """Time `engine`'s passes at each thread count (call under `torch.inference_mode`, with nothing
-    else running on the engine); its `fused_threads` and torch's thread count are restored."""
+    else running on the engine); its `fused_threads` and torch's thread count are restored.
+
+    Each pass is timed once per round, the rounds going over every thread count and pass in turn,
+    and the fastest of `REPEATS` rounds is kept: a burst of other work spoils one timing of several
+    passes rather than every timing of one."""
     import torch
 
     cores = available_cores()
@@ -417,49 +420,63 @@ def measure_costs(engine, cpu: str = "", threads: list[int] | None = None) -> Ma
     started = time.perf_counter()
     cache = engine.new_cache()
     before = (engine.fused_threads, torch.get_num_threads())
-    by_threads, skipped = {}, {}
+
+    def use(count: int) -> None:
+        engine.fused_threads = count
+        torch.set_num_threads(count)
+
+    steps: dict[int, float] = {}
+    kept, skipped = [], {}
     try:
         for count in threads or thread_candidates(cores):
-            engine.fused_threads = count
-            torch.set_num_threads(count)
-            fastest_step = min((c.step_s for c in by_threads.values()), default=None)
-            measured = _measure_at(engine, cache, count, fastest_step)
-            if isinstance(measured, PassCosts):
-                by_threads[count] = measured
+            use(count)
+            _pass(engine, cache, 1, CONTEXT_TOKENS)  # the first pass at a thread count starts its pool
+            steps[count] = min(_pass(engine, cache, 1, CONTEXT_TOKENS) for _ in range(REPEATS))
+            if kept and steps[count] >= min(steps[k] for k in kept):
+                skipped[count] = steps[count]
             else:
-                skipped[count] = measured
+                kept.append(count)
+        best: dict[int, dict] = {count: {} for count in kept}
+        for round_ in range(REPEATS):
+            if round_ and time.perf_counter() - started > MEASURE_BUDGET_S:
+                break
+            for count in kept:
+                use(count)
+                timings = {("pass", w): _pass(engine, cache, w, CONTEXT_TOKENS) for w in WIDTHS if w > 1}
+                if round_ < REPEATS - 1:  # prefill chunks take longest: one round fewer
+                    timings["context"] = _pass(engine, cache, PROBE_TOKENS, CONTEXT_TOKENS)
+                    timings["start"] = _pass(engine, cache, PROBE_TOKENS, 0)
+                for name, seconds in timings.items():
+                    best[count][name] = min(seconds, best[count].get(name, seconds))
     finally:
         engine.fused_threads = before[0]
         torch.set_num_threads(before[1])
+    by_threads = {count: _pass_costs(count, steps[count], best[count]) for count in kept}
     busy = busy or machine_busy(cores)
     return MachineCosts(cpu, cores, "fused" if engine.fused_step is not None else "torch", by_threads, busy,
                         time.perf_counter() - started, time.time(), skipped)
 
 
-def _measure_at(engine, cache, threads: int, fastest_step: float | None) -> PassCosts | float:
-    """The passes' costs at `threads`; only the decoding step's time where that is no faster than
-    `fastest_step` (measured on fewer threads)."""
+def _pass(engine, cache, tokens: int, at: int) -> float:
+    """Seconds for one pass of `tokens` tokens after `at` cached positions (placeholders)."""
     import torch
 
-    def run(tokens: int, at: int, **kwargs) -> Callable[[], None]:
-        ids = torch.arange(100, 100 + tokens)[None]  # [1, tokens]: any ids cost the same
+    ids = torch.arange(100, 100 + tokens)[None]  # [1, tokens]: any ids cost the same
+    if cache.length < at:
+        cache.hold_placeholders(at)
+    cache.crop(at)
+    started = time.perf_counter()
+    engine.forward(ids, cache, greedy=True, all_logits=1 < tokens <= max(WIDTHS))
+    return time.perf_counter() - started
 
-        def once() -> None:
-            cache.crop(at)
-            engine.forward(ids, cache, **kwargs)
-        return once
 
-    cache.hold_placeholders(CONTEXT_TOKENS)
-    run(1, CONTEXT_TOKENS, greedy=True)()  # the first pass at a thread count starts its pool
-    step = _fastest(run(1, CONTEXT_TOKENS, greedy=True))
-    if fastest_step is not None and step >= fastest_step:
-        return step
-    passes = {w: _fastest(run(w, CONTEXT_TOKENS, greedy=True, all_logits=w > 1)) for w in WIDTHS if w > 1}
-    passes[1] = step
-    at_context = _fastest(run(PROBE_TOKENS, CONTEXT_TOKENS, greedy=True), REPEATS - 1)
-    cache.hold_placeholders(0)
-    at_start = _fastest(run(PROBE_TOKENS, 0, greedy=True), REPEATS - 1)
-    return PassCosts(threads, passes, (at_start, at_context))
+def _pass_costs(threads: int, step: float, best: Mapping) -> PassCosts:
+    """A wider pass does all a narrower one does: a timing below a narrower pass's is noise."""
+    passes, floor = {1: step}, step
+    for width in sorted(w for w in WIDTHS if w > 1):
+        floor = max(floor, best[("pass", width)])
+        passes[width] = floor
+    return PassCosts(threads, passes, (best["start"], max(best["context"], best["start"])))
 
 
 # -- the cache ------------------------------------------------------------------------------------

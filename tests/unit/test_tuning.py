@@ -42,7 +42,8 @@ def passes(step_ms: float, token_cost: float, threads: int = 1, per_token_ms: fl
 
 
 def machine(*per_threads: PassCosts, engine: str = "fused", cores: int = 2) -> MachineCosts:
-    return MachineCosts("Test CPU", cores, engine, {c.threads: c for c in per_threads}, measured_at=time.time())
+    by_threads = {c.threads: c for c in per_threads}
+    return MachineCosts("Test CPU", cores, engine, by_threads, measured_at=time.time())
 
 
 # The 2-core Intel Xeon of docs/benchmarks.md (two threads): a 10.2 ms step, a 16-token verify pass
@@ -117,8 +118,10 @@ def test_the_users_settings_win_and_off_keeps_the_untuned_defaults():
     costs = machine(passes(10, 0.85, per_token_ms=3.0))  # tuned: no drafts, a short budget
     tuned = resolve(ModelConfig(), costs)
     assert tuned.draft_tokens == 0 and tuned.keystroke_prefill_tokens < 512
-    mine = resolve(ModelConfig(draft_tokens=7, threads=2, decode_threads=3), costs, keystroke_prefill_tokens=900)
-    assert (mine.draft_tokens, mine.threads, mine.decode_threads, mine.keystroke_prefill_tokens) == (7, 2, 3, 900)
+    mine = resolve(ModelConfig(draft_tokens=7, threads=2, decode_threads=3), costs,
+                   keystroke_prefill_tokens=900)
+    assert (mine.draft_tokens, mine.threads, mine.decode_threads) == (7, 2, 3)
+    assert mine.keystroke_prefill_tokens == 900
     for untuned in (resolve(ModelConfig(tune="off"), costs), resolve(ModelConfig(), None)):
         assert untuned.draft_tokens == UNTUNED["draft_tokens"]
         assert untuned.keystroke_prefill_tokens == UNTUNED["keystroke_prefill_tokens"]
@@ -165,7 +168,8 @@ def test_costs_survive_the_cache_and_another_identity_is_measured_again(tmp_path
     assert load_costs(path, other) is None
 
 
-@pytest.mark.parametrize("content", ["{not json", "[]", '{"key": "k"}', '{"key": "k", "costs": {"by_threads": {}}}',
+@pytest.mark.parametrize("content", ["{not json", "[]", '{"key": "k"}',
+                                     '{"key": "k", "costs": {"by_threads": {}}}',
                                      '{"key": "k", "costs": {"cpu": "x", "cores": 2, "engine": "fused", '
                                      '"busy": false, "seconds": 1, "measured_at": 0, "skipped": {}, '
                                      '"by_threads": {"1": {"pass_s": {"1": -1}, "prefill_s": [1, 1]}}}}', ""])
@@ -187,7 +191,7 @@ def test_stale_tuning_files_are_pruned_with_the_libraries(tmp_path):
     assert fresh.exists()
 
 
-def test_busy_measurements_are_taken_again_at_an_idle_start_at_most_hourly(monkeypatch):
+def test_measured_only_at_an_idle_start_and_busy_measurements_again_at_most_hourly(monkeypatch):
     costs = machine(passes(10, 0.2))
     busy = MachineCosts(costs.cpu, 2, "fused", costs.by_threads, busy=True, measured_at=time.time())
     monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.1, 0.1))
@@ -195,8 +199,10 @@ def test_busy_measurements_are_taken_again_at_an_idle_start_at_most_hourly(monke
     assert not worth_measuring_again(costs)
     assert not worth_measuring_again(busy)  # measured a moment ago
     assert worth_measuring_again(busy, now=time.time() + tuning.REMEASURE_BUSY_AFTER_S + 1)
+    # A busy machine is never measured at a start: a server there starts as fast as before.
     monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 4.0, 4.0))
     assert not worth_measuring_again(busy, now=time.time() + tuning.REMEASURE_BUSY_AFTER_S + 1)
+    assert not worth_measuring_again(None)
 
 
 def test_the_cached_file_is_json_a_person_can_read(tmp_path):
