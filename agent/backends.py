@@ -91,9 +91,6 @@ class Conversation:
     # With a prefill that opens an edit block's search text: the file's text, which that search
     # text is decoded as a copy of (`agent.copy_search`).
     copy_from: str | None = None
-    # Its lines (0-based) the copy should start at: the body of the function the request or the
-    # failing tests name (`agent.copy_search.focus_lines`); empty: any line.
-    copy_focus: tuple[int, ...] = ()
 
 
 @dataclass
@@ -299,7 +296,7 @@ class LocalBackend:
             return None
         if self._copy_vocabulary is None:
             self._copy_vocabulary = copy_vocabulary(self.runtime.token_texts())
-        return CopySearch(conversation.copy_from, self._copy_vocabulary, conversation.copy_focus)
+        return CopySearch(conversation.copy_from, self._copy_vocabulary)
 
     def logprob(self, conversation: Conversation, sample: Sample) -> float | None:
         """Mean log-probability per token of the sample after the prompt, in one forward pass (over

@@ -10,55 +10,19 @@ replacement it writes freely, except that a line starting with a marker's charac
 closing `>>>>>>> REPLACE` (small models write `>>==` or a second divider, and the block never
 parses). The model still chooses which lines, and what replaces them; it can no longer choose
 lines that are not there.
-
-Two limits keep it on the lines that matter: where the request or the failing tests name a function
-of the file (or a line of it, `path:N` in a traceback), the copy starts in that function's body
-(`focus_lines`: not its `def` line, not its docstring, which a small model otherwise copies until
-the step's tokens run out); and after `max_lines` whole lines found at one place it must close, so
-the replacement gets the tokens.
 """
 
 from __future__ import annotations
 
-import ast
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-__all__ = ["CopySearch", "DIVIDER", "copy_vocabulary", "focus_lines"]
+__all__ = ["CopySearch", "DIVIDER", "copy_vocabulary"]
 
 DIVIDER = "======="
 CLOSE = ">>>>>>> REPLACE"
 _MARKS = ("=", "<", ">")
 _MAX_TOKEN_CHARS = 48
 _MEMO = 4096  # texts whose matching line starts are remembered (a batch's rows grow their own)
-MAX_LINES = 6  # whole lines a search text may copy before it must close (once it is unique)
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def focus_lines(source: str, hints: str, path: str | None = None) -> list[int]:
-    """0-based lines of `source` a search text should start at, from `hints` (the request and the
-    failing tests' report): the body lines, after any docstring, of the functions it names, and the
-    lines `path:N` names. Empty when it names none of them (or `source` does not parse)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return []
-    named = set(_IDENTIFIER.findall(hints))
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in named:
-            body = node.body
-            if (len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                    and isinstance(body[0].value.value, str)):
-                body = body[1:]  # its docstring
-            first, last = body[0].lineno, max(n.end_lineno or n.lineno for n in body)
-            lines.update(range(first - 1, last))
-    if path:
-        count = source.count("\n") + 1
-        for number in re.findall(rf"{re.escape(path)}:(\d+)", hints):
-            if 1 <= int(number) <= count:
-                lines.add(int(number) - 1)
-    return sorted(lines)
 
 
 def copy_vocabulary(token_texts: Sequence[str]) -> dict[str, list[int]]:
@@ -74,19 +38,12 @@ class CopySearch:
     """`context.generation.Constrain` for the text after an opened `<<<<<<< SEARCH` line: the
     token ids that continue `source` from a line start, or close the section at a line end."""
 
-    def __init__(self, source: str, vocabulary: dict[str, list[int]], focus: Iterable[int] = (),
-                 max_lines: int = MAX_LINES):
+    def __init__(self, source: str, vocabulary: dict[str, list[int]]):
         self.source = source
         self.vocabulary = vocabulary
         self.longest = max((len(text) for text in vocabulary), default=1)
-        self.max_lines = max_lines
         line_starts = [0] + [i + 1 for i, char in enumerate(source) if char == "\n" and i + 1 < len(source)]
         self._memo: dict[str, list[int]] = {"": line_starts}
-        # Where the copy may open: the focus lines with something in them, else any such line.
-        filled = [start for start in line_starts if source[start:].partition("\n")[0].strip()]
-        wanted = set(focus)
-        self._openings = [start for i, start in enumerate(line_starts) if i in wanted and start in filled] \
-            or filled
         self._line_free: set[int] | None = None  # tokens a replacement line may start with
 
     def __call__(self, text: str) -> set[int] | None:
@@ -96,13 +53,12 @@ class CopySearch:
         allowed: set[int] = set()
         line_start = text.rfind("\n") + 1
         tail = text[line_start:]
-        # Closing is allowed after whole lines found at one place only (an edit applies there), and
-        # after `max_lines` of them it is all that is allowed.
+        # Closing is allowed after whole lines found at one place only (an edit applies there).
         if line_start > 0 and DIVIDER.startswith(tail) and len(self._starts(text[:line_start])) == 1:
             allowed |= self._prefixes_of((DIVIDER + "\n")[len(tail):])
-            if not tail and text.count("\n") >= self.max_lines:
-                return allowed
-        starts = self._starts(text) if text else self._openings
+        starts = self._starts(text)
+        if not text:  # the search text opens on a line with something in it
+            starts = [start for start in starts if self.source[start:].partition("\n")[0].strip()]
         for start in starts:
             at = start + len(text)
             allowed |= self._prefixes_of(self.source[at : at + self.longest])

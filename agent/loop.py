@@ -27,7 +27,6 @@ from pathlib import Path
 
 from .backends import Backend, Conversation, LocalBackend, Sample
 from .best_of_k import choose, verify_candidate
-from .copy_search import focus_lines
 from .episode import AgentResult, Candidate, StepRecord, new_episode_id, record_episode
 from .errors import AgentCancelled, BackendError, ToolError
 from .overlay import Overlay
@@ -238,9 +237,6 @@ class AgentLoop:
             return False
         conversation.prefill = f"edit {path}\n<<<<<<< SEARCH\n"
         conversation.copy_from = text
-        # The first message holds the request and the pre-test run's report: where the copy starts.
-        asked = next((m.get("content") for m in conversation.messages if m.get("role") == "user"), "")
-        conversation.copy_focus = tuple(focus_lines(text or "", str(asked or ""), path))
         return True
 
     def _reprompt(self, conversation: Conversation, sample: Sample, failure: ParseFailure) -> None:
@@ -269,7 +265,7 @@ class AgentLoop:
     def _tool_step(
         self, ctx: ToolContext, conversation: Conversation, call: ToolCall, result: AgentResult
     ) -> None:
-        conversation.prefill, conversation.copy_from, conversation.copy_focus = "", None, ()
+        conversation.prefill, conversation.copy_from = "", None
         began = time.monotonic()
         outcome = self.registry.call(ctx, call.name, call.args)
         self._record(
@@ -319,7 +315,7 @@ class AgentLoop:
         if chosen is not None:
             result.chosen, result.stop_reason = chosen, "verified"
             return True
-        conversation.prefill, conversation.copy_from, conversation.copy_focus = "", None, ()  # free again
+        conversation.prefill, conversation.copy_from = "", None  # the next turn answers freely again
         self._observe(conversation, action, first_candidate.detail or "the edit was not verified", False)
         return False
 

@@ -3,7 +3,7 @@ embedded model's real vocabulary, and through the real runtime's greedy and batc
 
 from __future__ import annotations
 
-from agent.copy_search import CopySearch, copy_vocabulary, focus_lines
+from agent.copy_search import CopySearch, copy_vocabulary
 
 SOURCE = '''def add(a, b):
     """Sum."""
@@ -49,31 +49,6 @@ def test_only_the_files_text_from_a_line_start_may_follow(runtime):
     assert copy(after + ">>>>>>> REPLACE\n") is None  # closed: free
     # Text that is not in the file frees the model (nothing it could copy).
     assert copy("lines copied exactly") is None
-
-
-def test_the_copy_starts_in_the_body_of_the_function_the_failure_names():
-    hints = "tests/test_m.py::test_add fails. Fix the bug in `add` in m.py.\nE assert -1 == 3"
-    assert focus_lines(SOURCE, hints) == [2]  # `return a - b` of add: not its def, not its docstring
-    # A traceback's `path:N` names a line; a name the file does not define names nothing.
-    assert focus_lines(SOURCE, "m.py:7: in sub", "m.py") == [6]  # sub's body: line 7
-    assert focus_lines(SOURCE, "m.py:2: in <module>", "m.py") == [1]
-    assert focus_lines(SOURCE, "nothing here") == [] and focus_lines("def (", "add") == []
-
-
-def test_a_focused_copy_opens_in_the_function_and_closes_after_max_lines(runtime):
-    vocabulary = copy_vocabulary(runtime.token_texts())
-    focused = CopySearch(SOURCE, vocabulary, focus=[2])
-    first = _texts(runtime, focused(""))
-    assert first and all("    return a - b\n".startswith(token) for token in first)
-    assert "def" not in first and not any(token.startswith('    """') for token in first)
-    assert _texts(runtime, CopySearch(SOURCE, vocabulary, focus=[3])("")) >= {"def"}  # a blank line: anywhere
-    # After `max_lines` whole lines found at one place, closing is all that is left; before, both.
-    capped = CopySearch(SOURCE, vocabulary, max_lines=2)
-    after_two = _texts(runtime, capped('def add(a, b):\n    """Sum."""\n'))
-    assert after_two and all(token.startswith("=") for token in after_two)
-    after_one = _texts(runtime, capped("def add(a, b):\n"))
-    assert any(token.startswith("=") for token in after_one)
-    assert any(token.startswith(" ") for token in after_one)
 
 
 def test_greedy_and_batched_decoding_copy_the_file(runtime):
