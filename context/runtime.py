@@ -699,7 +699,9 @@ class ModelRuntime:
         from .tuning import worth_measuring_again
 
         known = engine is self._costs_engine
-        if known and not (measure and (again or worth_measuring_again(self.costs))):
+        # Nothing found before: read the cache again at a start (another process may have measured,
+        # and a busy machine measures nothing itself).
+        if known and not (measure and (again or self.costs is None or worth_measuring_again(self.costs))):
             return
         key = self.tuning_key(engine)
         if key is None:
