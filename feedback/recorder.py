@@ -112,7 +112,7 @@ def _sanitize_step(step: Any, mode: str) -> Any:
     arguments: paths, queries, edit blocks; the model's raw answer; the error) redacted, and kept
     as text only where `mode` keeps code (else its hash)."""
     if not isinstance(step, dict):
-        return None
+        return None  # not a step the agent writes (`StepRecord.to_json`): nothing of it is stored
 
     def clean(value: Any) -> Any:
         if isinstance(value, str):
