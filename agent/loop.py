@@ -65,6 +65,7 @@ class AgentLoop:
         *,
         registry: ToolRegistry | None = None,
         store=None,
+        searcher=None,
         memory=None,
         buffers: Mapping[Path, str] | None = None,
         on_step: StepCallback | None = None,
@@ -75,6 +76,7 @@ class AgentLoop:
         self.config = config
         self.registry = registry or default_registry(config.language_servers)
         self.store = store
+        self.searcher = searcher
         self.memory = memory
         self.buffers = buffers or {}
         self.on_step = on_step
@@ -84,9 +86,7 @@ class AgentLoop:
 
     def run(self, request: AgentRequest) -> AgentResult:
         started = time.monotonic()
-        ctx = ToolContext(
-            self.workspace, Overlay(self.workspace, self.buffers), self.config, self.store, self.memory
-        )
+        ctx = self._context()
         target = self.workspace.resolve(request.path) if request.path is not None else None
         result = AgentResult(
             new_episode_id(), request.instruction, [], [], None, "step_budget", backend=self.backend.name
@@ -110,14 +110,18 @@ class AgentLoop:
     def first_conversation(self, request: AgentRequest) -> Conversation:
         """What the episode's first step answers, as `run` builds it (the pre-test run included):
         the trainer prompts agent tasks with it."""
-        ctx = ToolContext(
-            self.workspace, Overlay(self.workspace, self.buffers), self.config, self.store, self.memory
-        )
+        ctx = self._context()
         target = self.workspace.resolve(request.path) if request.path is not None else None
         result = AgentResult(
             new_episode_id(), request.instruction, [], [], None, "step_budget", backend=self.backend.name
         )
         return self._start(ctx, request, target, result)
+
+    def _context(self) -> ToolContext:
+        return ToolContext(
+            self.workspace, Overlay(self.workspace, self.buffers), self.config, self.store, self.memory,
+            searcher=self.searcher,
+        )
 
     def _start(
         self, ctx: ToolContext, request: AgentRequest, target: Path | None, result: AgentResult

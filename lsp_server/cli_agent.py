@@ -14,6 +14,7 @@ from agent.sandbox import Workspace
 from agent.session import make_backend, open_memory, squid_settings, with_overrides
 from context.config import load_file_config
 from context.errors import SquidcodeError
+from context.index.semantic import store_searcher
 from context.runtime import get_runtime
 
 __all__ = ["add_parsers", "run_agent_command", "run_memory_command"]
@@ -90,6 +91,7 @@ def run_agent_command(args) -> int:
             Workspace([root]),
             agent_config,
             store=store,
+            searcher=store_searcher(store) if store is not None else None,
             memory=open_memory(config, root),
             on_step=None if args.json else _print_step,
         )

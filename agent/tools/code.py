@@ -119,7 +119,8 @@ def _need_store(ctx: ToolContext):
 def search(ctx: ToolContext, args: dict) -> ToolResult:
     store = _need_store(ctx)
     k = _int(args, "k", 5, 1, 20)
-    hits = index_search(store, args["query"], k)
+    query = args["query"]
+    hits = ctx.searcher(query, k) if ctx.searcher is not None else index_search(store, query, k)
     if not hits:
         return ToolResult(True, f"nothing found for {args['query']!r}")
     parts = []

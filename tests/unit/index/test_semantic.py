@@ -242,3 +242,29 @@ def test_service_fuses_semantic_results_once_ready(tmp_path, monkeypatch):
         assert off.ranker is None and not off.wait_until_semantic(0)
     finally:
         off.stop()
+
+
+def test_the_agents_search_tool_fuses_the_ranker_where_the_index_has_vectors(repo, embedder):
+    """`store_searcher` (what `squidcode agent` and `squidcode search` search with) stays lexical
+    until the index holds vectors, then fuses the semantic ranker: the agent's `search` tool finds
+    the paraphrased definitions first, where lexical search misses at least one."""
+    from agent.sandbox import Workspace
+    from agent.tools.code import SEARCH
+    from agent.tools.registry import ToolContext
+    from context.config import AgentConfig
+    from context.index.semantic import store_searcher
+
+    root, store, _ = repo
+
+    def first(ctx, query) -> str:
+        result = SEARCH.run(ctx, {"query": query, "k": 1})
+        assert result.ok, result.output
+        return result.output.splitlines()[0].split()[-1]  # "rel:start-end symbol"
+
+    lexical = ToolContext(Workspace([root]), None, AgentConfig(), store)
+    before = ToolContext(Workspace([root]), None, AgentConfig(), store, searcher=store_searcher(store))
+    assert [first(before, q) for q, _ in PARAPHRASES] == [first(lexical, q) for q, _ in PARAPHRASES]
+    embed_pending(store, embedder)
+    fused = ToolContext(Workspace([root]), None, AgentConfig(), store, searcher=store_searcher(store))
+    assert [first(fused, q) for q, _ in PARAPHRASES] == [s for _, s in PARAPHRASES]
+    assert [first(lexical, q) for q, _ in PARAPHRASES] != [s for _, s in PARAPHRASES]

@@ -45,9 +45,11 @@ from context.index.retrieval import MODES, search
 from context.index.semantic import SemanticRanker, VectorCache, default_vector_cache_path, embed_pending
 from context.index.store import IndexStore
 
-__all__ = ["QUERIES_PATH", "STDLIB", "Expected", "copy_stdlib", "evaluate", "load_queries"]
+__all__ = ["HELD_OUT_PATH", "QUERIES_PATH", "STDLIB", "Expected", "copy_stdlib", "evaluate", "load_queries"]
 
 QUERIES_PATH = Path(__file__).resolve().parents[2] / "data" / "stdlib_queries.json"
+# Questions written for issue 25 (the agent's search) before any measurement, never tuned on.
+HELD_OUT_PATH = QUERIES_PATH.with_name("stdlib_symbol_queries.json")
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 # Not the standard library proper (installed packages, compiled modules, caches), or its own tests.
 _COPY_IGNORE = shutil.ignore_patterns(
@@ -256,7 +258,7 @@ def test_stdlib_recall(results, capsys):
 VECTOR_CACHE = default_vector_cache_path(EmbedderConfig().model_id)
 # What the cache must hold of the tree's chunk vectors for the semantic measurements to run.
 @pytest.fixture(scope="module")
-def semantic_results(stdlib_store) -> dict[tuple[str, str], dict]:
+def stdlib_ranker(stdlib_store) -> SemanticRanker:
     if not embeddings_available():
         pytest.skip("the embeddings extra is not installed")
     embedder = ChunkEmbedder(EmbedderConfig())
@@ -267,7 +269,12 @@ def semantic_results(stdlib_store) -> dict[tuple[str, str], dict]:
         embed_pending(stdlib_store, embedder, cache=cache)
     finally:
         cache.close()
-    ranker = SemanticRanker(embedder)
+    return SemanticRanker(embedder)
+
+
+@pytest.fixture(scope="module")
+def semantic_results(stdlib_store, stdlib_ranker) -> dict[tuple[str, str], dict]:
+    ranker = stdlib_ranker
     queries = load_queries()
     out = {}
     for mode in ("semantic", "fused"):
@@ -309,3 +316,24 @@ def test_stdlib_recall_with_semantic_ranker(semantic_results, results, capsys):
 @pytest.mark.timeout(900)
 def test_stdlib_recall_meets_the_issue_target(semantic_results):
     assert semantic_results[("all", "fused")]["recall@5"] >= ISSUE_TARGET
+
+
+# Issue 25 asks that the definition a question describes be in the agent's top 5 for at least 80%
+# of questions. Reached on the held-out questions (Python 3.11.7): 0.676-0.690 from words alone,
+# 0.803-0.817 with the semantic ranker (bench/bench_agent_search.py); floors a query below.
+HELD_OUT_FLOOR = {"words": 0.66, "semantic": 0.79}
+
+
+@pytest.mark.timeout(900)
+def test_held_out_questions_find_their_definition(stdlib_store, stdlib_ranker, capsys):
+    queries = load_queries(HELD_OUT_PATH)
+    assert len(queries) >= 50 and {q["split"] for q in queries} == {"agent"}
+    assert not {q["query"] for q in queries} & {q["query"] for q in load_queries()}
+    words = evaluate(stdlib_store, queries, "fused")
+    semantic = evaluate(stdlib_store, queries, "fused", semantic=stdlib_ranker)
+    with capsys.disabled():
+        print(f"\nheld-out questions (n={len(queries)}): recall@{RECALL_AT} {words['recall@5']:.3f} "
+              f"from words, {semantic['recall@5']:.3f} with the semantic ranker")
+    assert words["recall@5"] >= HELD_OUT_FLOOR["words"], words["missed"]
+    assert semantic["recall@5"] >= HELD_OUT_FLOOR["semantic"], semantic["missed"]
+    assert semantic["mrr"] > words["mrr"]
