@@ -28,7 +28,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Isolation", "Limits", "contained_command", "isolation", "scrubbed_env"]
+__all__ = [
+    "Isolation",
+    "Limits",
+    "contained_command",
+    "contained_server_command",
+    "isolation",
+    "scrubbed_env",
+]
 
 # Variables a test run keeps from the caller's environment: the locale, the search path, and how
 # the user runs pytest (its options and plugin loading: settings, not secrets; a test run the agent
@@ -133,15 +140,38 @@ def contained_command(argv: list[str], copy: Path, cwd: Path, kind: str,
     copy, cwd = Path(copy).resolve(), Path(cwd).resolve()
     argv = [*_limit_args(limits), *argv]
     if kind == "bwrap":
-        wrapped = [shutil.which("bwrap") or "bwrap", *_BWRAP_BASE, "--ro-bind", "/", "/", "--dev", "/dev",
-                   "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run", "--tmpfs", "/var/tmp"]
-        home = Path.home()
-        if home != Path("/") and home.is_dir():
-            wrapped += ["--tmpfs", str(home)]
-        for path in _interpreter_paths():
-            wrapped += ["--ro-bind", str(path), str(path)]
-        wrapped += ["--bind", str(copy), str(copy), "--chdir", str(cwd), "--"]
-        return wrapped + argv
+        return [*_bwrap_prefix(), "--bind", str(copy), str(copy), "--chdir", str(cwd), "--", *argv]
     if kind == "unshare":
         return [shutil.which("unshare") or "unshare", *_UNSHARE_BASE, *argv]
     return list(argv)
+
+
+def contained_server_command(argv: list[str], roots: list[Path], home: Path, kind: str) -> list[str]:
+    """A long-running program the agent starts on the workspace, a language server (which may run
+    the workspace's own interpreter to find its packages), wrapped like a test run: no network, its
+    own process namespace, the user's home hidden, every path read-only but `home` (its `HOME`, a
+    temporary folder), `roots` readable, `argv[0]`'s installation bound back. No resource limits:
+    a server's runtime reserves more address space than it uses (Node.js), and it lives as long as
+    the agent's pool; the pool ends it."""
+    if kind == "bwrap":
+        program = Path(os.path.realpath(argv[0]))
+        readable = [Path(root).resolve() for root in roots] + [program.parent.parent]
+        binds = [arg for path in readable if path.is_dir() for arg in ("--ro-bind", str(path), str(path))]
+        home = Path(home).resolve()
+        return [*_bwrap_prefix(), *binds, "--bind", str(home), str(home),
+                "--chdir", str(Path(roots[0]).resolve()), "--", *argv]
+    if kind == "unshare":
+        return [shutil.which("unshare") or "unshare", *_UNSHARE_BASE, *argv]
+    return list(argv)
+
+
+def _bwrap_prefix() -> list[str]:
+    """bubblewrap with the whole tree read-only, empty /tmp, /run and home, the interpreter bound back."""
+    wrapped = [shutil.which("bwrap") or "bwrap", *_BWRAP_BASE, "--ro-bind", "/", "/", "--dev", "/dev",
+               "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run", "--tmpfs", "/var/tmp"]
+    home = Path.home()
+    if home != Path("/") and home.is_dir():
+        wrapped += ["--tmpfs", str(home)]
+    for path in _interpreter_paths():
+        wrapped += ["--ro-bind", str(path), str(path)]
+    return wrapped

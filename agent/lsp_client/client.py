@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..contain import contained_server_command, scrubbed_env
 from ..errors import LanguageServerError, LanguageServerTimeout
 from .jsonrpc import JsonRpcConnection
 from .positions import language_id_for, path_to_uri
@@ -71,10 +74,13 @@ class PublishedDiagnostics:
 class LanguageServerClient:
     """A started server process speaking LSP to the agent."""
 
-    def __init__(self, spec: ServerSpec, root: Path, timeout_s: float = 10.0):
+    def __init__(self, spec: ServerSpec, root: Path, timeout_s: float = 10.0, contain: str | None = None):
         self.spec = spec
         self.root = Path(root).resolve()
         self.timeout_s = timeout_s
+        # An `agent.contain.Isolation` kind ("bwrap", "unshare") to start the server in; None: as is.
+        self.contain = contain
+        self._home: str | None = None  # the contained server's HOME, removed at close
         self.capabilities: dict[str, Any] = {}
         self.process: subprocess.Popen | None = None
         self.connection: JsonRpcConnection | None = None
@@ -107,14 +113,21 @@ class LanguageServerClient:
         program = find_command(self.spec.argv[0])
         if program is None:
             raise LanguageServerError(f"{self.spec.argv[0]} is not installed (not found on PATH)")
+        argv, env = [program, *self.spec.argv[1:]], os.environ.copy()
+        if self.contain is not None:
+            # The workspace may be a repository cloned from anywhere, and a type checker runs its
+            # interpreter: no network, no tokens in the environment, the home folder hidden.
+            self._home = tempfile.mkdtemp(prefix="squidcode-lsp-home-")
+            argv = contained_server_command(argv, [self.root], Path(self._home), self.contain)
+            env = scrubbed_env(Path(self._home))
         try:
             self.process = subprocess.Popen(
-                [program, *self.spec.argv[1:]],
+                argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 cwd=self.root,
-                env=os.environ.copy(),
+                env=env,
                 start_new_session=True,  # an editor's Ctrl-C does not reach it; close() ends it
             )
         except OSError as exc:
@@ -196,6 +209,9 @@ class LanguageServerClient:
                 pipe.close()
             except OSError:
                 pass  # already closed by the reader thread
+        if self._home is not None:
+            shutil.rmtree(self._home, ignore_errors=True)
+            self._home = None
         self._documents.clear()
 
     # -- documents ------------------------------------------------------------------------------

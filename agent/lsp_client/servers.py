@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..contain import isolation
 from ..errors import LanguageServerError, LanguageServerTimeout, ToolError
 from .client import SHUTDOWN_GRACE_S, LanguageServerClient
 from .positions import uri_to_path
@@ -56,10 +57,14 @@ class LanguageServers:
         specs: Iterable[ServerSpec] | None = None,
         timeout_s: float = 10.0,
         max_restarts: int = 2,
+        allow_unisolated: bool = False,
     ):
         self.root = Path(root).resolve()
         self.timeout_s = timeout_s
         self.max_restarts = max_restarts
+        # Servers run contained as the workspace's tests do (`agent.contain`); where this machine
+        # cannot contain them, only with `agent.allow_unisolated`.
+        self.allow_unisolated = allow_unisolated
         chosen = list(specs) if specs is not None else server_specs(commands)
         self._states = [ServerState(spec) for spec in chosen]
         self._lock = threading.Lock()
@@ -103,9 +108,16 @@ class LanguageServers:
             return self._start(state, notes)
 
     def _start(self, state: ServerState, notes: list[str]) -> LanguageServerClient | None:
+        found = isolation()
+        if not found.isolated and not self.allow_unisolated:
+            state.degraded = (f"{state.spec.name} was not started: this machine cannot contain it "
+                              f"({found.detail}); agent.allow_unisolated = true starts it uncontained")
+            notes.append(state.degraded)
+            return None
         state.starts += 1
         try:
-            state.client = LanguageServerClient(state.spec, self.root, self.timeout_s).start()
+            contain = found.kind if found.isolated else None
+            state.client = LanguageServerClient(state.spec, self.root, self.timeout_s, contain).start()
         except LanguageServerError as exc:
             state.degraded = f"{state.spec.name} is unavailable ({exc})"
             log.info("language server %s: %s", state.spec.name, exc)
@@ -209,15 +221,17 @@ _SHARED_LOCK = threading.Lock()
 
 
 def shared_language_servers(
-    root: Path, commands: Mapping[str, Any] | None, timeout_s: float
+    root: Path, commands: Mapping[str, Any] | None, timeout_s: float, allow_unisolated: bool = False
 ) -> LanguageServers:
     """One pool per workspace root and configuration for the whole process, so servers stay warm
     across episodes; all are shut down at exit."""
-    key = (Path(root).resolve(), tuple(sorted((k, str(v)) for k, v in (commands or {}).items())), timeout_s)
+    key = (Path(root).resolve(), tuple(sorted((k, str(v)) for k, v in (commands or {}).items())), timeout_s,
+           allow_unisolated)
     with _SHARED_LOCK:
         pool = _SHARED.get(key)
         if pool is None:
-            pool = _SHARED[key] = LanguageServers(key[0], commands, timeout_s=timeout_s)
+            pool = _SHARED[key] = LanguageServers(key[0], commands, timeout_s=timeout_s,
+                                                  allow_unisolated=allow_unisolated)
         return pool
 
 

@@ -73,7 +73,8 @@ def servers_for(ctx: ToolContext) -> LanguageServers | None:
     settings = lsp_settings(ctx.config)
     if not settings.enabled:
         return None
-    return shared_language_servers(ctx.workspace.root, dict(settings.commands), settings.timeout_s)
+    return shared_language_servers(ctx.workspace.root, dict(settings.commands), settings.timeout_s,
+                                   ctx.config.allow_unisolated)
 
 
 def notes_text(notes: list[str]) -> str:
