@@ -377,6 +377,7 @@ class ModelRuntime:
         self.model = model.to(self.device).eval()
         if self.device == "cpu":
             _store_projections_transposed(self.model)
+            _release_weight_file(self.model)
         with model_loading():
             from .sparse_attention import install_sparse_attention
 
@@ -1001,6 +1002,22 @@ def _store_projections_transposed(model) -> None:
             for module in (*layer.self_attn.children(), *layer.mlp.children()):
                 if isinstance(module, torch.nn.Linear) and module.weight.is_contiguous():
                     module.weight.data = module.weight.data.t().contiguous().t()
+
+
+def _release_weight_file(model) -> None:
+    """Give the weights still read from the mapped checkpoint file memory of their own.
+
+    transformers maps the safetensors file and leaves the weights in it; once the projections are
+    copied out (`_store_projections_transposed`), the embedding and norms alone keep the whole
+    mapping, and every page of it that loading read stays resident: 400 MiB of the embedded model's
+    file counted on top of the copies. Copying the rest (the embedding is 108 MiB) lets it go.
+    """
+    import torch
+
+    with torch.no_grad():
+        for tensor in (*model.parameters(), *model.buffers()):
+            if tensor.is_contiguous():  # the transposed projections are not, and own their memory
+                tensor.data = tensor.data.clone()
 
 
 def _copy_cache(past):

@@ -16,7 +16,7 @@ from context.generation import healing_tokens
 from context.loading import model_loading
 from context.prompt_record import ServedPrompt, TokenizerCodec
 
-from .logprobs import shared_prompt_logprobs
+from .logprobs import shared_prompt_logprobs, unwrap_causal_lm
 from .references import ReferencePrefix, composer_for
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "completion_mask",
     "example_prompt_ids",
     "guided_group",
+    "prefilled",
     "prompt_ids",
     "completion_prompt",
     "reference_prefix",
@@ -266,12 +267,12 @@ def sample_group(
         sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
     else:
         sampling = {"do_sample": False}
-    full = prompt
+    full, cache = prompt, None
     if context is not None:
-        # generate() reads the context's tokens from the cache and runs the rest after it.
         head = torch.tensor([context.token_ids], dtype=prompt.dtype, device=prompt.device)
-        full = torch.cat([head, prompt], dim=1)  # [1, context + P]
-        sampling["cache"] = context.cache(group_size)
+        full, cache = torch.cat([head, prompt], dim=1), context.cache(1)  # [1, context + P]
+    # generate() reads what the cache holds and runs the rest after it: the prompt's last token.
+    sampling["cache"] = prefilled(model, prompt, cache, full.shape[1] - prompt.shape[1], group_size)
     if heal:
         from transformers import LogitsProcessorList
 
@@ -289,6 +290,22 @@ def sample_group(
         for row, keep in zip(completions, mask, strict=True)
     ]
     return SampledGroup(prompt, completions, mask, texts, context)
+
+
+def prefilled(model, prompt: torch.Tensor, cache, start: int, rows: int):
+    """`cache` (one row of `start` positions, or a new one when None) extended by `prompt` [1, P]
+    but its last token, run once, then repeated for `rows` samples: generating G samples runs the
+    prompt once instead of G times, and no [G, P] activations are made."""
+    from transformers import DynamicCache
+
+    lm = unwrap_causal_lm(model)
+    cache = cache if cache is not None else DynamicCache(config=lm.config)
+    if prompt.shape[1] > 1:
+        positions = torch.arange(start, start + prompt.shape[1] - 1, device=prompt.device)[None]  # [1, P - 1]
+        lm.model(input_ids=prompt[:, :-1], position_ids=positions, cache=cache, use_cache=True)
+    if rows > 1:
+        cache.batch_repeat_interleave(rows)  # [rows, kv_heads, start + P - 1, head_dim] per layer
+    return cache
 
 
 class _Healing:

@@ -50,7 +50,8 @@ def test_two_gloo_processes_match_one_process_with_accumulation(tmp_path):
     assert any(float(v.abs().sum()) > 0 for k, v in expected.items() if "lora_B" in k)
     for result in ranks:
         for name, value in expected.items():
-            assert torch.allclose(result["lora"][name], value, atol=1e-6), name
+            # Float32 sums in another order, amplified by Adam at lr 0.05: up to ~2e-6 apart.
+            assert torch.allclose(result["lora"][name], value, atol=1e-5), name
     # The logged reward is averaged over processes: the same as the single process's batch mean.
     assert ranks[0]["rewards"] == ranks[1]["rewards"]
     single_rewards = torch.tensor([r.mean_reward for r in single.history])
