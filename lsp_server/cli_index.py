@@ -8,9 +8,16 @@ import sys
 from pathlib import Path
 
 from context.config import SquidConfig, load_file_config
+from context.errors import SquidcodeError
 from context.index.indexer import Indexer, default_index_path
 from context.index.repomap import render_repo_map
-from context.index.semantic import store_searcher
+from context.index.semantic import (
+    VectorCache,
+    default_ranker,
+    default_vector_cache_path,
+    embed_pending,
+    store_searcher,
+)
 from context.index.store import IndexStore
 from context.index.types import IndexReport
 from context.progress import progress
@@ -31,11 +38,35 @@ def _open(root: Path) -> tuple[IndexStore, Indexer, SquidConfig]:
 
 
 def _open_indexed(root: Path) -> tuple[IndexStore, SquidConfig]:
-    """The store of `root`, indexed first when it holds nothing yet."""
+    """The store of `root`, indexed first when it holds nothing yet, its chunks embedded."""
     store, indexer, config = _open(root)
     if store.stats()["files"] == 0:
         _index_with_progress(indexer, root)
+    _embed_with_progress(store, config)
     return store, config
+
+
+def _embed_with_progress(store: IndexStore, config: SquidConfig) -> None:
+    """Vectors for the chunks that have none, so that search fuses the semantic ranker as the
+    server's does: after the first run only new or changed chunks (vectors are shared by content
+    through the user's cache). Nothing without the search model or with `index.embeddings` off; a
+    failure leaves search lexical, said on stderr."""
+    ranker = default_ranker() if config.index.embeddings else None
+    if ranker is None:
+        return
+    embedded, total = store.vector_counts()
+    if store.vector_model() != ranker.embedder.model_id:
+        embedded = 0
+    if embedded == total:
+        return
+    cache = VectorCache(default_vector_cache_path(ranker.embedder.model_id))
+    try:
+        with progress(total - embedded, "embedding for semantic search", unit="chunks") as shown:
+            embed_pending(store, ranker.embedder, cache=cache, progress=shown.update_to)
+    except SquidcodeError as exc:
+        print(f"squidcode: semantic search unavailable ({exc}); searching by words only", file=sys.stderr)
+    finally:
+        cache.close()
 
 
 def _index_with_progress(indexer: Indexer, root: Path) -> IndexReport:
@@ -56,9 +87,10 @@ def run_index(path: Path, as_json: bool) -> int:
     root = _check_root(path)
     if root is None:
         return 2
-    store, indexer, _ = _open(root)
+    store, indexer, config = _open(root)
     with store:
         report = _index_with_progress(indexer, root)
+        _embed_with_progress(store, config)
     summary = {
         "files": report.files, "chunks": report.chunks, "symbols": report.symbols,
         "skipped": dict(sorted(report.skipped.items())), "seconds": round(report.seconds, 3),

@@ -156,9 +156,11 @@ class EmbedReport:
 
 
 def embed_pending(store: IndexStore, embedder: ChunkEmbedder, should_stop: Callable[[], bool] | None = None,
-                  step: int = _STEP_CHUNKS, cache: VectorCache | None = None) -> EmbedReport:
+                  step: int = _STEP_CHUNKS, cache: VectorCache | None = None,
+                  progress: Callable[[int], None] | None = None) -> EmbedReport:
     """Give every chunk without a vector one (from the index, the shared `cache`, or the model);
-    returns what was done. Stops early when asked to."""
+    returns what was done. Stops early when asked to. `progress` hears how many chunks have been
+    given one so far."""
     started = time.monotonic()
     report = EmbedReport()
     stop = should_stop or (lambda: False)
@@ -188,6 +190,8 @@ def embed_pending(store: IndexStore, embedder: ChunkEmbedder, should_stop: Calla
         store.set_chunk_vectors([(chunk_id, key) for chunk_id, _, key in keyed], new)
         report.embedded += len(todo)
         report.reused += len(keyed) - len(todo)
+        if progress is not None:
+            progress(report.embedded + report.reused)
     report.stopped = stop()
     if not report.stopped:
         report.pruned = store.prune_vectors()

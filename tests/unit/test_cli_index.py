@@ -86,3 +86,24 @@ def test_index_rejects_a_path_that_is_not_a_folder(tmp_path):
     out = run("index", str(tmp_path / "missing"))
     assert out.returncode == 2
     assert "not a folder" in out.stderr
+
+
+@pytest.mark.skipif(not __import__("context.index.embeddings", fromlist=["x"]).embeddings_available(),
+                    reason="the search model is not installed (squidcode setup)")
+def test_index_embeds_the_chunks_so_search_finds_a_definition_described_in_other_words(tmp_path):
+    root = tmp_path / "stats"
+    root.mkdir()
+    body = "".join(f"    total = total + {i}\n" for i in range(40))  # each definition its own chunk
+    (root / "sampling.py").write_text(
+        f'def gauss(mu, sigma):\n    """Gaussian distribution: mu is the mean, sigma the deviation."""\n'
+        f"    total = 0\n{body}    return mu + sigma * total\n\n\n"
+        f'def pad_left(text, width):\n    """Right-align text in a field of the given width."""\n'
+        f"    total = 0\n{body}    return text\n")
+    first = run("index", str(root))
+    assert first.returncode == 0, first.stderr
+    assert "squidcode: embedding for semantic search: done, 2/2 chunks" in first.stderr
+    hits = json.loads(run("search", str(root), "draw a normally distributed random number", "-k", "1",
+                          "--json").stdout)
+    assert [h["symbol"] for h in hits] == ["gauss"]
+    again = run("index", str(root))  # nothing new: nothing embedded again
+    assert again.returncode == 0 and "embedding" not in again.stderr
