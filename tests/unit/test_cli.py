@@ -138,3 +138,14 @@ def test_doctor_says_how_the_workspaces_tests_are_contained(monkeypatch):
     assert "apt-get install bubblewrap" in refused.fix
     allowed = check_isolation(SquidConfig(agent=AgentConfig(allow_unisolated=True)))
     assert "run anyway" in allowed.detail
+
+
+def test_python_m_in_a_workspace_never_imports_the_workspaces_files(tmp_path):
+    """An editor may start `python -m lsp_server serve` in the workspace: a file there named like a
+    module the server imports is not run in its place (as it was: `python -m` puts the folder first)."""
+    for name in ("json.py", "types.py", "logging.py"):
+        (tmp_path / name).write_text("raise SystemExit('the workspace file was imported')\n")
+    done = subprocess.run([sys.executable, "-m", "lsp_server", "--version"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("squidcode "), done.stderr
+    assert "workspace file was imported" not in done.stderr
