@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # The Python processes squidcode starts inherit this (the index's parse workers and the
+    # embedding process, spawned with `python -c`; the trainer): none puts its working folder,
+    # often the workspace, first on sys.path, where a workspace's `multiprocessing.py` or
+    # `threading.py` would run in place of the standard module.
+    os.environ["PYTHONSAFEPATH"] = "1"
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -107,3 +107,23 @@ def test_index_embeds_the_chunks_so_search_finds_a_definition_described_in_other
     assert [h["symbol"] for h in hits] == ["gauss"]
     again = run("index", str(root))  # nothing new: nothing embedded again
     assert again.returncode == 0 and "embedding" not in again.stderr
+
+
+def test_index_in_a_workspace_never_runs_its_files_in_the_parse_workers(tmp_path):
+    """The parse workers are spawned with `python -c`, which put the working folder first on sys.path:
+    run in a workspace holding a `multiprocessing.py`, `squidcode index .` ran it in each worker."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    marker = tmp_path / "ran"
+    for name in ("multiprocessing.py", "threading.py"):
+        (root / name).write_text(f"open({str(marker)!r}, 'a').write({name!r})\nraise SystemExit(7)\n")
+    for i in range(200):  # enough files for the worker pool
+        (root / f"m{i}.py").write_text(f"def f{i}():\n    return {i}\n")
+    (root / ".squidcode.toml").write_text("[index]\nembeddings = false\n")  # the parse workers alone
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONSAFEPATH"}
+    done = subprocess.run([*CLI, "index", ".", "--json"], cwd=root, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["files"] == 203  # the modules, the two baits, the config file
+    assert not marker.exists(), marker.read_text()
+    assert "worker pool broke" not in done.stderr
