@@ -17,6 +17,12 @@ plus the share of candidates that followed the format, applied, parsed, linted c
     python bench/bench_agent.py --backend openai --base-url http://127.0.0.1:8765/v1 \
         [--model NAME] [--tool-protocol text] ...     # a model behind an OpenAI-compatible server
     python bench/bench_agent.py --check-suite
+    python bench/bench_agent.py --language-servers off,on ...   # both arms, task by task, one run
+
+`--language-servers off,on` runs every task once without and once with the language-server tools
+(`agent.language_servers`: basedpyright's and ruff's diagnostics in the edit gate, definition,
+references, hover), one after the other on the same copy of the task, and reports each arm apart
+(issue 25 item 5).
 """
 
 from __future__ import annotations
@@ -165,6 +171,8 @@ def main() -> int:
                         help="for --backend openai: function calls, or the local model's fenced blocks")
     parser.add_argument("--json", type=Path, help="write the full results here")
     parser.add_argument("--check-suite", action="store_true")
+    parser.add_argument("--language-servers", default="off",
+                        help="agent.language_servers per arm, comma-separated: off, on, or off,on (both)")
     args = parser.parse_args()
     if args.check_suite:
         return check_suite()
@@ -192,23 +200,28 @@ def main() -> int:
         print(f"backend: {served.base_url}, model {served.model!r}, {args.tool_protocol} tools", flush=True)
     else:
         runtime = get_runtime(ModelConfig(threads=args.threads))
-    rows = []
+    arms = [arm.strip() for arm in args.language_servers.split(",")]
+    if not arms or set(arms) - {"off", "on"}:
+        parser.error("--language-servers takes off, on, or off,on")
+    rows: dict[str, list[dict]] = {arm: [] for arm in arms}
     for name, spec in load_tasks(args.tasks.split(",") if args.tasks else None):
-        # Squid's cache lives in memory for the run (no disk tier): each task's documents are new.
-        backend = served if args.backend == "openai" else LocalBackend(
-            runtime, squid=None if args.no_squid else SquidCacheConfig()
-        )
-        row = run_task(backend, name, spec, config, args.k)
-        rows.append(row)
-        print(
-            f"{name:32} pass@1 {row['pass@1']!s:5} pass@4 {row['pass@4']!s:5} pass@8 {row['pass@8']!s:5} "
-            f"{row['stop_reason']:12} {row['seconds']:7.1f}s",
-            flush=True,
-        )
-        if args.json:
-            args.json.write_text(json.dumps({"summary": summarise(rows), "tasks": rows}, indent=1))
-    summary = summarise(rows)
-    print(json.dumps(summary, indent=1))
+        for arm in arms:
+            # Squid's cache lives in memory for the run (no disk tier): each task's documents are new.
+            backend = served if args.backend == "openai" else LocalBackend(
+                runtime, squid=None if args.no_squid else SquidCacheConfig()
+            )
+            row = run_task(backend, name, spec, replace(config, language_servers=arm == "on"), args.k)
+            rows[arm].append(row)
+            print(
+                f"{name:32} servers {arm:3} pass@1 {row['pass@1']!s:5} pass@4 {row['pass@4']!s:5} "
+                f"pass@8 {row['pass@8']!s:5} {row['stop_reason']:12} {row['seconds']:7.1f}s",
+                flush=True,
+            )
+            if args.json:
+                record = {arm: {"summary": summarise(r), "tasks": r} for arm, r in rows.items()}
+                args.json.write_text(json.dumps(record if len(arms) > 1 else record[arms[0]], indent=1))
+    for arm, arm_rows in rows.items():
+        print(f"language servers {arm}: " + json.dumps(summarise(arm_rows), indent=1))
     return 0
 
 
