@@ -38,7 +38,7 @@ from .policy import (
 )
 from .references import composer_for, weights_changed
 
-__all__ = ["GrpoTrainer", "RewardFn", "StepRecord", "return_freed_memory"]
+__all__ = ["GrpoTrainer", "RewardFn", "StepRecord"]
 
 RewardFn = Callable[[str, TrainingExample], float]
 CHECKPOINT = "checkpoint"
@@ -91,7 +91,6 @@ class GrpoTrainer:
         self.history: list[StepRecord] = []
         self.rank, self.world_size = _dist_rank_world()
         self._prompt_cache: dict[str, torch.Tensor] = {}
-        return_freed_memory()
         # Completions served after Squid reference documents are trained after them (composed by
         # `feedback.train.references`); the base model's document caches are kept in the run folder.
         composer_for(model, tokenizer, self.run_dir / "squid")
@@ -259,34 +258,6 @@ class GrpoTrainer:
         self.step_count = int(state["step"])
         self.history = [StepRecord(**r) for r in state["history"]]
         return True
-
-
-# glibc's mallopt parameters (malloc.h).
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-MMAP_THRESHOLD = 128 * 1024
-
-
-def return_freed_memory() -> bool:
-    """Have glibc give every allocation from 128 KiB up its own mapping, returned to the system when
-    freed; True when set (glibc only).
-
-    A training step frees and allocates tensors of tens of MiB (caches grown token by token, the
-    context repeated for each sample). glibc's default raises its mapping threshold to the largest
-    block freed so far (up to 32 MiB), after which such tensors come from the heap, whose freed
-    pieces it keeps: the resident size grew by about 0.6 GiB that no tensor held (docs/benchmarks.md,
-    trainer memory). A fixed threshold keeps them mapped; it is set for the whole process.
-    """
-    import ctypes
-    import platform
-
-    if platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
-        libc.mallopt(_M_TRIM_THRESHOLD, MMAP_THRESHOLD))
 
 
 def _dist_rank_world() -> tuple[int, int]:

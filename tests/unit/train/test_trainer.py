@@ -98,12 +98,3 @@ def test_no_examples_is_a_clear_error(tmp_path):
     model = attach_lora(tiny_model(), 4, 8)
     with pytest.raises(ValueError, match="at least one training example"):
         GrpoTrainer(model, tiny_tokenizer(), CONFIG, [], share_of_t5, tmp_path)
-
-
-def test_the_trainer_process_returns_freed_memory_to_the_system():
-    """glibc's mapping threshold is fixed (not raised to the largest block freed), where it is glibc."""
-    import platform
-
-    from feedback.train.trainer import return_freed_memory
-
-    assert return_freed_memory() is (platform.libc_ver()[0] == "glibc")
