@@ -161,7 +161,9 @@ class LanguageServerClient:
 
     def _initialize(self) -> None:
         params = {
-            "processId": os.getpid(),
+            # A server watches this process and exits once it is gone; in the sandbox's own process
+            # namespace it cannot see it (basedpyright exited within seconds), so it is not given.
+            "processId": None if self.contain else os.getpid(),
             "clientInfo": {"name": "squidcode-agent"},
             "rootUri": path_to_uri(self.root),
             "rootPath": str(self.root),

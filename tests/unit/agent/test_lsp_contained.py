@@ -132,3 +132,24 @@ def test_an_uncontainable_machine_starts_no_language_server_unless_allowed(bait,
         assert found is not None and found["env"] == "token-that-must-not-leak" and found["network"]
     finally:
         allowed.close()
+
+
+def test_a_contained_type_checker_keeps_running(tmp_path):
+    """basedpyright watches the client's process id and exits once it is gone; inside the sandbox's
+    process namespace it could not see it and exited within seconds (every 3 s it checks)."""
+    import time
+
+    from agent.lsp_client import PYTHON_SERVERS
+    from agent.lsp_client.specs import find_command
+
+    if not contain.isolation().isolated or find_command("basedpyright-langserver") is None:
+        pytest.skip("needs a sandbox and basedpyright")
+    (tmp_path / "main.py").write_text("x: int = 1\n")
+    pool = LanguageServers(tmp_path, specs=PYTHON_SERVERS[:1], timeout_s=60)
+    try:
+        [client] = pool.clients_for(tmp_path / "main.py", [])
+        assert client.contain is not None
+        time.sleep(7)
+        assert client.alive, list(client.connection.stderr_tail)
+    finally:
+        pool.close()
