@@ -100,6 +100,8 @@ def _started(pool: LanguageServers, root: Path) -> tuple[dict | None, list[str]]
 
 def test_a_hostile_language_server_is_contained(bait):
     if not contain.isolation().isolated:
+        # Only where no sandbox can exist (.ci/system-packages.sh installs bubblewrap); the test
+        # below covers such a machine: no server is started there.
         pytest.skip(f"this machine cannot contain a command: {contain.isolation().detail}")
     root, spec, outside = bait
     pool = LanguageServers(root, specs=[spec], timeout_s=20)
@@ -143,7 +145,7 @@ def test_a_contained_type_checker_keeps_running(tmp_path):
     from agent.lsp_client.specs import find_command
 
     if not contain.isolation().isolated or find_command("basedpyright-langserver") is None:
-        pytest.skip("needs a sandbox and basedpyright")
+        pytest.skip("needs a sandbox and basedpyright")  # both are installed by ./dev test
     (tmp_path / "main.py").write_text("x: int = 1\n")
     pool = LanguageServers(tmp_path, specs=PYTHON_SERVERS[:1], timeout_s=60)
     try:
