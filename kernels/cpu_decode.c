@@ -27,12 +27,14 @@
 
 #include <omp.h>
 
-/* Vectors of VL floats (GCC vector extensions: AVX-512 registers where the machine has them, else
- * AVX2's), for the attention over several tokens, whose loops the compiler cannot vectorize alone. */
+/* Vectors of VL floats (GCC vector extensions), the width of the machine's registers: AVX-512's,
+ * else AVX's, else 128-bit ones (SSE, NEON). Every explicit vector loop below is written in them. */
 #if defined(__AVX512F__)
 #define VL 16
-#else
+#elif defined(__AVX__)
 #define VL 8
+#else
+#define VL 4 /* SSE, NEON: 128-bit registers */
 #endif
 typedef float vf __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float)), may_alias));
 typedef int32_t vi __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float)), may_alias));
@@ -92,36 +94,39 @@ enum { LAYOUT_ROWS, LAYOUT_TRANSPOSED, LAYOUT_Q4 };
  * 0..15; codes [out][in / 2] bytes, byte j of a group holding q[j] (low nibble) and q[j + 16] (high
  * nibble); steps and offsets [out][in / 32] floats. The embedded model's weights were dequantized
  * from Q4_1, so these codes give back its float32 weights exactly (step * q is exact in float32),
- * from a fifth of the bytes. */
-typedef float v16f __attribute__((vector_size(64), aligned(4), may_alias));
+ * from a fifth of the bytes.
+ *
+ * Every vector below is `vf`, the machine's own width: a 16-float vector on a machine without
+ * AVX-512 has no register of its size, so GCC keeps it in memory and every operation on it loads
+ * and stores (a decoding step from 4-bit codes on an AVX2 EPYC: 4 tokens a second, against 19
+ * from the float32 weights). */
+#define GV (32 / VL) /* vectors per group of 32 codes */
 
-static inline float hsum16(v16f a) {
+static inline float hsum(vf a) {
     float s = 0.0f;
-    for (int i = 0; i < 16; i++) s += a[i];
+    for (int i = 0; i < VL; i++) s += a[i];
     return s;
 }
 
-/* One group's 32 codes as floats: lanes 0..15 and 16..31 (GCC widens bytes one by one unless told). */
-static inline void q4_codes(const uint8_t *c, v16f *lo, v16f *hi) {
+/* One group's 32 codes as floats, q[k * VL .. k * VL + VL - 1] in v[k] (GCC widens bytes one by
+ * one unless told). */
+static inline void q4_codes(const uint8_t *c, vf v[GV]) {
 #if defined(__AVX512F__)
     const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)c));
-    *lo = (v16f)_mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)));
-    *hi = (v16f)_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+    v[0] = (vf)_mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)));
+    v[1] = (vf)_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
 #elif defined(__AVX2__)
     const __m128i raw = _mm_loadu_si128((const __m128i *)c);
     const __m256i b0 = _mm256_cvtepu8_epi32(raw), b1 = _mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8));
     const __m256i low = _mm256_set1_epi32(15);
-    union { v16f v; __m256 half[2]; } a, z;
-    a.half[0] = _mm256_cvtepi32_ps(_mm256_and_si256(b0, low));
-    a.half[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b1, low));
-    z.half[0] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4));
-    z.half[1] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4));
-    *lo = a.v;
-    *hi = z.v;
+    v[0] = (vf)_mm256_cvtepi32_ps(_mm256_and_si256(b0, low));
+    v[1] = (vf)_mm256_cvtepi32_ps(_mm256_and_si256(b1, low));
+    v[2] = (vf)_mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4));
+    v[3] = (vf)_mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4));
 #else
     for (int j = 0; j < 16; j++) {
-        (*lo)[j] = (float)(c[j] & 15);
-        (*hi)[j] = (float)(c[j] >> 4);
+        v[j / VL][j % VL] = (float)(c[j] & 15);
+        v[(j + 16) / VL][(j + 16) % VL] = (float)(c[j] >> 4);
     }
 #endif
 }
@@ -143,19 +148,19 @@ static inline void q4_codes(const uint8_t *c, v16f *lo, v16f *hi) {
  * rows times the tokens in registers, each row and token vector loaded once per step. */
 static inline __attribute__((always_inline)) void rows_tokens(const float *w, const float *x, float *y, int rows,
                                                              int tb, int out, int in, int r0) {
-    v16f acc[Q4_ROWS][Q4_TOKENS];
+    vf acc[Q4_ROWS][Q4_TOKENS];
     for (int r = 0; r < rows; r++)
-        for (int t = 0; t < tb; t++) acc[r][t] = (v16f){0};
-    for (int i = 0; i < in; i += 16) {
-        v16f xv[Q4_TOKENS];
-        for (int t = 0; t < tb; t++) xv[t] = *(const v16f *)(x + (int64_t)t * in + i);
+        for (int t = 0; t < tb; t++) acc[r][t] = (vf){0};
+    for (int i = 0; i < in; i += VL) {
+        vf xv[Q4_TOKENS];
+        for (int t = 0; t < tb; t++) xv[t] = *(const vf *)(x + (int64_t)t * in + i);
         for (int r = 0; r < rows; r++) {
-            const v16f wv = *(const v16f *)(w + (int64_t)r * in + i);
+            const vf wv = *(const vf *)(w + (int64_t)r * in + i);
             for (int t = 0; t < tb; t++) acc[r][t] += wv * xv[t];
         }
     }
     for (int r = 0; r < rows; r++)
-        for (int t = 0; t < tb; t++) y[(int64_t)t * out + r0 + r] = hsum16(acc[r][t]);
+        for (int t = 0; t < tb; t++) y[(int64_t)t * out + r0 + r] = hsum(acc[r][t]);
 }
 
 /* Every token of x [T, in] against `rows` float32 rows w (row stride `in`) into y[t][r0 + r],
@@ -199,10 +204,9 @@ static void gemm_q4(const uint8_t *codes, const float *steps, const float *offse
             const uint8_t *c = codes + (int64_t)(r0 + r) * (in / 2);
             const float *st = steps + (int64_t)(r0 + r) * groups, *of = offsets + (int64_t)(r0 + r) * groups;
             for (int gi = 0; gi < groups; gi++) {
-                v16f lo, hi;
-                q4_codes(c + gi * 16, &lo, &hi);
-                *(v16f *)(w[r] + gi * 32) = lo * st[gi] + of[gi];
-                *(v16f *)(w[r] + gi * 32 + 16) = hi * st[gi] + of[gi];
+                vf v[GV];
+                q4_codes(c + gi * 16, v);
+                for (int k = 0; k < GV; k++) *(vf *)(w[r] + gi * 32 + k * VL) = v[k] * st[gi] + of[gi];
             }
         }
         rows_all_tokens(w[0], x, y, rows, T, out, in, r0);
@@ -423,22 +427,22 @@ static void attend_chunk(const float *qT, int QL, const float *kbase, const floa
     }
 }
 
-/* One query against 16 keys at a time, without a horizontal sum per key: the 16 keys' products
- * (vectors of 16 partial sums, key i in slot REV4[i]) are added up pairwise across vectors, four
- * levels of shuffles, leaving key i's score in lane i. */
-typedef int32_t v16m __attribute__((vector_size(64)));
-static const int REV4[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+/* One query against VL keys at a time, without a horizontal sum per key: the VL keys' products
+ * (vectors of VL partial sums, key i in slot REV[i], the bit reversal of i) are added up pairwise
+ * across vectors, log2(VL) levels of shuffles, leaving key i's score in lane i. */
+#if VL == 16
+static const int REV[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
 
-static inline v16f reduce16(const v16f *v) {
-    const v16m a1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-    const v16m b1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-    const v16m a2 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
-    const v16m b2 = {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31};
-    const v16m a3 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
-    const v16m b3 = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
-    const v16m a4 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
-    const v16m b4 = {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31};
-    v16f t[8], u[4], w[2];
+static inline vf reduce_keys(const vf *v) {
+    const vi a1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const vi b1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    const vi a2 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
+    const vi b2 = {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31};
+    const vi a3 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+    const vi b3 = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
+    const vi a4 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
+    const vi b4 = {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31};
+    vf t[8], u[4], w[2];
     for (int i = 0; i < 8; i++)
         t[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], a1) + __builtin_shuffle(v[2 * i], v[2 * i + 1], b1);
     for (int i = 0; i < 4; i++)
@@ -447,9 +451,33 @@ static inline v16f reduce16(const v16f *v) {
         w[i] = __builtin_shuffle(u[2 * i], u[2 * i + 1], a3) + __builtin_shuffle(u[2 * i], u[2 * i + 1], b3);
     return __builtin_shuffle(w[0], w[1], a4) + __builtin_shuffle(w[0], w[1], b4);
 }
+#elif VL == 8
+static const int REV[8] = {0, 4, 2, 6, 1, 5, 3, 7};
+
+static inline vf reduce_keys(const vf *v) {
+    const vi a1 = {0, 1, 2, 3, 8, 9, 10, 11}, b1 = {4, 5, 6, 7, 12, 13, 14, 15};
+    const vi a2 = {0, 1, 8, 9, 4, 5, 12, 13}, b2 = {2, 3, 10, 11, 6, 7, 14, 15};
+    const vi a3 = {0, 8, 2, 10, 4, 12, 6, 14}, b3 = {1, 9, 3, 11, 5, 13, 7, 15};
+    vf t[4], u[2];
+    for (int i = 0; i < 4; i++)
+        t[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], a1) + __builtin_shuffle(v[2 * i], v[2 * i + 1], b1);
+    for (int i = 0; i < 2; i++)
+        u[i] = __builtin_shuffle(t[2 * i], t[2 * i + 1], a2) + __builtin_shuffle(t[2 * i], t[2 * i + 1], b2);
+    return __builtin_shuffle(u[0], u[1], a3) + __builtin_shuffle(u[0], u[1], b3);
+}
+#else
+static const int REV[4] = {0, 2, 1, 3};
+
+static inline vf reduce_keys(const vf *v) {
+    const vi a1 = {0, 1, 4, 5}, b1 = {2, 3, 6, 7}, a2 = {0, 4, 2, 6}, b2 = {1, 5, 3, 7};
+    const vf t0 = __builtin_shuffle(v[0], v[1], a1) + __builtin_shuffle(v[0], v[1], b1);
+    const vf t1 = __builtin_shuffle(v[2], v[3], a1) + __builtin_shuffle(v[2], v[3], b1);
+    return __builtin_shuffle(t0, t1, a2) + __builtin_shuffle(t0, t1, b2);
+}
+#endif
 
 /* Causal attention for a few queries of one kv head (a decoding step: its query heads) over
- * positions [p0, p1): scores 16 keys at a time (`reduce16`), each value row loaded once for all
+ * positions [p0, p1): scores VL keys at a time (`reduce_keys`), each value row loaded once for all
  * the queries. Queries: lane j = token j / groups, query head j % groups; S: nq rows of
  * (p1 - p0 + 16) floats of scratch; part as for `attend_chunk`, lanes 0..nq-1. */
 #define ROWS_QUERIES 8
@@ -462,23 +490,23 @@ static void attend_rows_chunk(const float *q, int qd, int kh, int groups, int nq
         for (int d = 0; d < head_dim; d++)
             qs[j * head_dim + d] = q[(int64_t)(j / groups) * qd + (kh * groups + j % groups) * head_dim + d] * scaling;
     int p = p0;
-    for (; p + 16 <= p1; p += 16)
+    for (; p + VL <= p1; p += VL)
         for (int j = 0; j < nq; j++) {
-            v16f products[16];
-            for (int i = 0; i < 16; i++) {
+            vf products[VL];
+            for (int i = 0; i < VL; i++) {
                 const float *kp = kbase + (int64_t)(p + i) * head_dim;
-                v16f a = (v16f){0};
-                for (int d = 0; d < head_dim; d += 16) a += *(const v16f *)(qs + j * head_dim + d) * *(const v16f *)(kp + d);
-                products[REV4[i]] = a;
+                vf a = (vf){0};
+                for (int d = 0; d < head_dim; d += VL) a += *(const vf *)(qs + j * head_dim + d) * *(const vf *)(kp + d);
+                products[REV[i]] = a;
             }
-            *(v16f *)(S + (int64_t)j * stride + (p - p0)) = reduce16(products);
+            *(vf *)(S + (int64_t)j * stride + (p - p0)) = reduce_keys(products);
         }
     for (; p < p1; p++)
         for (int j = 0; j < nq; j++) {
             const float *kp = kbase + (int64_t)p * head_dim;
-            v16f a = (v16f){0};
-            for (int d = 0; d < head_dim; d += 16) a += *(const v16f *)(qs + j * head_dim + d) * *(const v16f *)(kp + d);
-            S[(int64_t)j * stride + (p - p0)] = hsum16(a);
+            vf a = (vf){0};
+            for (int d = 0; d < head_dim; d += VL) a += *(const vf *)(qs + j * head_dim + d) * *(const vf *)(kp + d);
+            S[(int64_t)j * stride + (p - p0)] = hsum(a);
         }
     float *m = part, *l = part + QL, *o = part + 2 * QL;
     for (int j = 0; j < nq; j++) {
@@ -489,15 +517,15 @@ static void attend_rows_chunk(const float *q, int qd, int kh, int groups, int nq
         m[j] = top;
         l[j] = exp_sum(row, n, top);
     }
-    for (int d0 = 0; d0 < head_dim; d0 += 16) {
-        v16f acc[ROWS_QUERIES];
-        for (int j = 0; j < nq; j++) acc[j] = (v16f){0};
+    for (int d0 = 0; d0 < head_dim; d0 += VL) {
+        vf acc[ROWS_QUERIES];
+        for (int j = 0; j < nq; j++) acc[j] = (vf){0};
         for (int i = 0; i < n; i++) {
-            const v16f vp = *(const v16f *)(vbase + (int64_t)(p0 + i) * head_dim + d0);
+            const vf vp = *(const vf *)(vbase + (int64_t)(p0 + i) * head_dim + d0);
             for (int j = 0; j < nq; j++) acc[j] += S[(int64_t)j * stride + i] * vp;
         }
         for (int j = 0; j < nq; j++)
-            for (int k = 0; k < 16; k++) o[(int64_t)(d0 + k) * QL + j] = acc[j][k];
+            for (int k = 0; k < VL; k++) o[(int64_t)(d0 + k) * QL + j] = acc[j][k];
     }
 }
 
@@ -684,23 +712,15 @@ int64_t squid_decode_scratch(int T, int hidden, int inter, int heads, int kv_hea
  * embeddings, which its output projection shares (step * q is exact in float32, so these give back
  * its float32 weights). codes [vocab][hidden] int8, steps [vocab][hidden / 32]. Half the bytes of
  * a bfloat16 copy, and every logit exact. Returns 0, or -1 for arguments it cannot run. */
-static inline void q8_codes(const int8_t *c, v16f *lo, v16f *hi) {
+static inline void q8_codes(const int8_t *c, vf v[GV]) {
 #if defined(__AVX512F__)
-    *lo = (v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
-    *hi = (v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + 16))));
+    v[0] = (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
+    v[1] = (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + 16))));
 #elif defined(__AVX2__)
-    union { v16f v; __m256 half[2]; } a, z;
-    a.half[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c)));
-    a.half[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + 8))));
-    z.half[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + 16))));
-    z.half[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + 24))));
-    *lo = a.v;
-    *hi = z.v;
+    for (int k = 0; k < 4; k++)
+        v[k] = (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + 8 * k))));
 #else
-    for (int j = 0; j < 16; j++) {
-        (*lo)[j] = (float)c[j];
-        (*hi)[j] = (float)c[j + 16];
-    }
+    for (int j = 0; j < 32; j++) v[j / VL][j % VL] = (float)c[j];
 #endif
 }
 
@@ -713,13 +733,15 @@ int squid_head_q8(const int8_t *codes, const float *steps, const float *x, float
         for (int r = 0; r < vocab; r++) {
             const int8_t *c = codes + (int64_t)r * hidden;
             const float *st = steps + (int64_t)r * groups;
-            v16f acc = (v16f){0};
+            vf acc = (vf){0};
             for (int gi = 0; gi < groups; gi++) {
-                v16f lo, hi;
-                q8_codes(c + gi * 32, &lo, &hi);
-                acc += st[gi] * (lo * *(const v16f *)(x + gi * 32) + hi * *(const v16f *)(x + gi * 32 + 16));
+                vf v[GV];
+                q8_codes(c + gi * 32, v);
+                vf dot = v[0] * *(const vf *)(x + gi * 32);
+                for (int k = 1; k < GV; k++) dot += v[k] * *(const vf *)(x + gi * 32 + k * VL);
+                acc += st[gi] * dot;
             }
-            logits[r] = hsum16(acc);
+            logits[r] = hsum(acc);
         }
         return 0;
     }
@@ -732,10 +754,9 @@ int squid_head_q8(const int8_t *codes, const float *steps, const float *x, float
             const int8_t *c = codes + (int64_t)(r0 + r) * hidden;
             const float *st = steps + (int64_t)(r0 + r) * groups;
             for (int gi = 0; gi < groups; gi++) {
-                v16f lo, hi;
-                q8_codes(c + gi * 32, &lo, &hi);
-                *(v16f *)(w[r] + gi * 32) = lo * st[gi];
-                *(v16f *)(w[r] + gi * 32 + 16) = hi * st[gi];
+                vf v[GV];
+                q8_codes(c + gi * 32, v);
+                for (int k = 0; k < GV; k++) *(vf *)(w[r] + gi * 32 + k * VL) = v[k] * st[gi];
             }
         }
         rows_all_tokens(w[0], x, logits, rows, T, vocab, hidden, r0);

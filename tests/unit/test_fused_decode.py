@@ -94,6 +94,47 @@ def test_a_verify_pass_of_several_tokens_matches_torch(runtime, kernel_cache, co
     assert (logits[True] - logits[False]).abs().max() < 2e-3
 
 
+def _cpu_flags() -> set[str]:
+    info = Path("/proc/cpuinfo")
+    for line in info.read_text().splitlines() if info.is_file() else []:
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+# Each -march level builds a vector width of its own (cpu_decode.c's VL): SSE2 4 floats, AVX2 8.
+# A width without registers of its size (16 floats on AVX2) keeps every vector in memory: 4-bit
+# decoding on an AVX2 EPYC ran at a fifth of torch's speed before the step used the machine's width.
+_LEVELS = {"x86-64": {"sse2"}, "x86-64-v3": {"avx2", "fma", "bmi2", "f16c", "movbe"}}
+
+
+@needs_compiler
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the -march levels named here are x86-64's")
+@pytest.mark.parametrize("level", sorted(_LEVELS))
+def test_every_vector_width_decodes_as_the_torch_steps_do(runtime, kernel_cache, monkeypatch, level):
+    if not _LEVELS[level] <= _cpu_flags():
+        pytest.skip(f"this CPU cannot run -march={level} code")
+    monkeypatch.setattr(cpu_decode, "FLAGS", tuple(f"-march={level}" if flag == "-march=native" else flag
+                                                   for flag in cpu_decode.FLAGS))
+    ids = _prompt(runtime)[:300]
+    fused = DecodeEngine(runtime.model, quantize_head=False)  # 4-bit codes, the 8-bit head
+    plain = DecodeEngine(runtime.model, quantize_head=False, fused_step=False)
+    assert fused.fused_step.layout == cpu_decode.LAYOUT_Q4 and fused.fused_head is not None
+    assert f"-march={level}" in cpu_decode.FLAGS and cpu_decode.loaded_library().parent == kernel_cache
+    expected, expected_logits = _greedy(plain, ids, 12)
+    tokens, logits = _greedy(fused, ids, 12, threads=2)
+    assert tokens == expected
+    assert (logits - expected_logits).abs().max() < 2e-3
+    # several tokens at once (a verify pass: the lane layout)
+    cache = {name: engine.new_cache() for name, engine in (("fused", fused), ("plain", plain))}
+    with torch.inference_mode():
+        passes = {name: (engine.forward(torch.tensor([ids[:280]]), cache[name]),
+                         engine.forward(torch.tensor([ids[280:]]), cache[name], all_logits=True)[0])[1]
+                  for name, engine in (("fused", fused), ("plain", plain))}
+    assert torch.equal(passes["fused"].argmax(-1), passes["plain"].argmax(-1))
+    assert (passes["fused"] - passes["plain"]).abs().max() < 2e-3
+
+
 def test_4_bit_codes_give_back_the_embedded_models_weights_exactly(runtime):
     weight = runtime.model.model.layers[3].mlp.down_proj.weight.detach()
     codes, steps, offsets = cpu_decode.pack_q4(weight)
