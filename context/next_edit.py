@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["CONTEXT", "Edit", "EditHistory", "Prediction", "difference", "predict", "undone"]
+__all__ = ["CONTEXT", "Edit", "EditHistory", "ModelAnswer", "Prediction", "difference", "predict", "undone"]
 
 CONTEXT = 12  # characters of the edited line each side of the edit that a repeat must match first
 # The neighbours (left, right) a repeat tries in turn: both sides, then one, then none.
@@ -54,6 +54,19 @@ class Edit:
 
 
 @dataclass(frozen=True)
+class ModelAnswer:
+    """What the model path was asked and answered (`context.next_edit_model`), kept with its
+    suggestion so that a recorded episode can teach the model: the prompt as the model read it
+    (ending where its answer began), the region [start, end) of the document it rewrote, and its
+    rewrite as written."""
+
+    prompt: str
+    start: int
+    end: int
+    rewrite: str
+
+
+@dataclass(frozen=True)
 class Prediction:
     """Replace the text at [start, end) of the document as it is now with `text`."""
 
@@ -61,6 +74,7 @@ class Prediction:
     end: int
     text: str
     kind: str  # "rename" | "repeat" (this module) | "model" (`context.next_edit_model`)
+    answer: ModelAnswer | None = None  # the model path's prompt and rewrite
 
 
 @dataclass

@@ -14,17 +14,20 @@ nothing (`completion.next_edit_model`).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections.abc import Sequence
 
-from .next_edit import Edit, Prediction, difference, undone
+from .next_edit import Edit, ModelAnswer, Prediction, difference, undone
 
-__all__ = ["CURSOR", "REGION_LINES", "model_prompt", "predict_with_model", "suggestion_from_rewrite"]
+__all__ = ["ANSWER_OPENING", "ANSWER_STOP", "CURSOR", "REGION_LINES", "answer_of", "model_prompt",
+           "predict_with_model", "rewrite_reward", "suggestion_from_rewrite"]
 
 CURSOR = "<|user_cursor_is_here|>"
 REGION_LINES = 4
 MAX_CHANGE = 0.4  # at most this share of the region's characters may change
 MAX_EDITS = 4  # recent edits shown to the model
+ANSWER_OPENING, ANSWER_STOP = "```\n", "```"  # the prompt ends with the one; the rewrite stops at the other
 _SYSTEM = ("You predict the next edit a developer makes in a file, from the edits they just made. "
            "Answer with the region rewritten as it will be after that edit, and nothing else.")
 
@@ -108,9 +111,39 @@ def predict_with_model(runtime, edits: Sequence[Edit], text: str, cursor: int,
         return None
     messages, start, end = model_prompt(edits, text, cursor)
     prompt = runtime.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt += ANSWER_OPENING
     region_tokens = len(runtime.encode(text[start:end]))
-    result = runtime.generate(prompt + "```\n", max_new_tokens=region_tokens + 24, stop=("```",),
+    result = runtime.generate(prompt, max_new_tokens=region_tokens + 24, stop=(ANSWER_STOP,),
                               temperature=0.0, should_stop=should_stop)
     if result.stop_reason not in ("stop", "eos"):
         return None  # ran out before the region's end, or cancelled: not a whole rewrite
-    return suggestion_from_rewrite(edits, text, start, end, result.text)
+    found = suggestion_from_rewrite(edits, text, start, end, result.text)
+    return found and dataclasses.replace(found, answer=ModelAnswer(prompt, start, end, result.text))
+
+
+def answer_of(generated: str) -> tuple[str, int | None]:
+    """(the rewrite, the characters of `generated` it used) of a continuation of the model path's
+    prompt, cut where `predict_with_model` stops it (the closing fence); None used: it never closed."""
+    at = generated.find(ANSWER_STOP)
+    return (generated, None) if at < 0 else (generated[:at], at + len(ANSWER_STOP))
+
+
+def rewrite_reward(rewrite: str, region: str, kept: str | None, reverted: str | None) -> float:
+    """What a rewrite of `region` earns against what the developer did with the suggestion made of
+    one, in [-1, 1]: how far it moves the region towards the region as they kept it (`kept`: 1 for
+    that text, 0 for the region written back unchanged, below 0 for a change away from it), less how
+    far it moves it towards a rewrite they reverted (`reverted`). Moves, not plain similarity: every
+    rewrite of a region is most of the region, so plain similarity would pay any change."""
+    rewrite = rewrite.replace(CURSOR, "")
+    if region.endswith("\n") and not rewrite.endswith("\n"):
+        rewrite += "\n"
+
+    def towards(target: str) -> float:
+        here = difflib.SequenceMatcher(None, region, target, autojunk=False).ratio()
+        there = difflib.SequenceMatcher(None, rewrite, target, autojunk=False).ratio()
+        return (there - here) / (1.0 - here) if here < 1.0 else 0.0
+
+    total = towards(kept) if kept is not None else 0.0
+    if reverted is not None:
+        total -= max(0.0, towards(reverted.replace(CURSOR, "")))
+    return max(-1.0, min(1.0, total))

@@ -59,6 +59,11 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+# Code an episode's `extra` may hold (a next edit's replaced text, the region the model path rewrote
+# and its rewrite): redacted, and kept or dropped per storage mode, as the episode's own texts are.
+EXTRA_CODE_KEYS = ("replaces", "region_before", "region_after", "rewrite")
+
+
 def sanitize_row(table: str, row: dict[str, Any], mode: str) -> dict[str, Any]:
     """`row` as it may be written: every code text redacted, then kept, hashed or dropped per `mode`.
 
@@ -81,6 +86,10 @@ def sanitize_row(table: str, row: dict[str, Any], mode: str) -> dict[str, Any]:
         ]
         if row.get("candidates") is not None:
             row["candidates"] = [_sanitize_candidate(c, mode) for c in row["candidates"]]
+        code = {key: for_storage(value, mode)[0] for key, value in (row.get("extra") or {}).items()
+                if key in EXTRA_CODE_KEYS and isinstance(value, str)}
+        if code:
+            row["extra"] = {**row["extra"], **code}
         if isinstance((row.get("extra") or {}).get("steps"), list):
             row["extra"] = {**row["extra"], "steps": [_sanitize_step(s, mode) for s in row["extra"]["steps"]]}
     elif table == "events" and isinstance(row.get("data"), dict):

@@ -123,7 +123,7 @@ def example_from_episode(episode: Any) -> TrainingExample | None:
         reverted_text=reverted_text, verification=verification,
         test_asserts=tuple(verification.get("test_asserts", ())), language=get("language") or "python",
         prompt_text=get("prompt_text"), prompt_lead=get("prompt_lead") or "", served=served,
-        group=str(get("group", "") or ""),
+        group=str(get("group", "") or ""), chat_prompt=get("chat_prompt"),
     )
 
 

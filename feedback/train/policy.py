@@ -18,6 +18,7 @@ from context.prompt_record import ServedPrompt, TokenizerCodec
 
 from .logprobs import shared_prompt_logprobs, unwrap_causal_lm
 from .references import ReferencePrefix, composer_for
+from .store_source import NEXT_EDIT_SOURCE
 
 __all__ = [
     "LORA_TARGETS",
@@ -128,6 +129,8 @@ def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: 
     settings and the text after the cursor), so the reward judges what a user would have seen; their
     tokens past it are masked out of the loss. Each text starts with the example's `prompt_lead`, as
     its `kept_text` does. A completion gets at most the tokens it was served with (`max_tokens`)."""
+    if example.chat_prompt is not None and example.verification.get("source") == NEXT_EDIT_SOURCE:
+        return _next_edit_group(model, tokenizer, example, prompt, group_size, max_new_tokens, temperature)
     if example.chat_prompt is not None:
         return _agent_step_group(model, tokenizer, example, prompt, group_size, max_new_tokens, temperature)
     if example.prompt_text is None:
@@ -175,6 +178,26 @@ def _agent_step_group(model, tokenizer, example, prompt: torch.Tensor, group_siz
         generated = tokenizer.decode(ids, skip_special_tokens=True)
         shown, used = cut_at_step_stop(generated)
         texts.append(LOCAL_PREFILL + shown)
+        if used is not None:
+            group.mask[row, _tokens_covering(tokenizer, ids, used):] = 0
+    return SampledGroup(group.prompt, group.completions, group.mask, texts, group.context)
+
+
+def _next_edit_group(model, tokenizer, example, prompt: torch.Tensor, group_size: int,
+                     max_new_tokens: int, temperature: float) -> SampledGroup:
+    """A model next edit's samples as `context.next_edit_model.predict_with_model` reads them: the
+    rewrite up to the closing fence (its tokens past that masked out of the loss), with the budget
+    the episode names for its region (`verification["max_tokens"]`)."""
+    from context.next_edit_model import answer_of
+
+    budget = max(max_new_tokens, int(example.verification.get("max_tokens", 0)))
+    group = sample_group(model, tokenizer, prompt, group_size, budget, temperature)
+    texts = []
+    for row in range(group.completions.shape[0]):
+        length = int(group.mask[row].sum())
+        ids = group.completions[row, :length].tolist()
+        rewrite, used = answer_of(tokenizer.decode(ids, skip_special_tokens=True))
+        texts.append(rewrite)
         if used is not None:
             group.mask[row, _tokens_covering(tokenizer, ids, used):] = 0
     return SampledGroup(group.prompt, group.completions, group.mask, texts, group.context)

@@ -30,6 +30,7 @@ from .dataset import (
     split_by_time,
 )
 from .status import TrainPaths, train_paths, write_status
+from .store_source import NEXT_EDIT_SOURCE
 
 if TYPE_CHECKING:
     from .trainer import StepRecord
@@ -66,6 +67,10 @@ def task_reward(text: str, example: TrainingExample) -> float:
         from .repair_tasks import repair_example_reward
 
         return repair_example_reward(text, example)
+    if example.verification.get("source") == NEXT_EDIT_SOURCE:
+        from context.next_edit_model import rewrite_reward
+
+        return rewrite_reward(text, example.original, example.kept_text, example.reverted_text)
     return score_output(text, reward_context(example)).total
 
 
@@ -78,7 +83,8 @@ def episode_reward(fit: PreferenceFit | None, weight: float) -> Callable[[str, T
     scorer, weights = fit.model.score, RewardWeights(preference=weight)
 
     def reward(text: str, example: TrainingExample) -> float:
-        if is_repository_task(example):
+        if is_repository_task(example) or example.verification.get("source") == NEXT_EDIT_SOURCE:
+            # (the preference was fitted on completions and agent answers, not on rewritten regions)
             return task_reward(text, example)
         return score_output(text, reward_context(example, preference=scorer), weights).total
 

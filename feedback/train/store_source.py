@@ -24,11 +24,14 @@ from feedback.store import SERVED_PROMPT_KEY
 __all__ = [
     "FeedbackStoreSource",
     "COMPLETION_INSTRUCTION",
+    "NEXT_EDIT_SOURCE",
     "episode_as_example_fields",
     "episode_group",
+    "next_edit_example_fields",
     "served_prompt_of",
 ]
 
+NEXT_EDIT_SOURCE = "next_edit"  # `verification["source"]` of an example made of a model next edit
 COMPLETION_INSTRUCTION = "Continue this code from where it stops. Answer with the code only."
 _KEPT = ("unchanged", "mostly_unchanged", "modified")
 
@@ -38,12 +41,12 @@ def episode_as_example_fields(record: Any) -> dict[str, Any] | None:
     episode, finals = record.episode, record.final_outcomes()
     if not record.accepted or not finals:
         return None
-    if episode["kind"] == "next_edit":
-        # Offered by the deterministic path (a rename or repeat carried on): no model answered,
-        # so there is nothing for the model to learn from them yet (issue 24's model path).
-        return None
     last = finals[-1]
     extra = episode.get("extra") or {}
+    if episode["kind"] == "next_edit":
+        # One the deterministic path offered (a rename or repeat carried on) has no model answer to
+        # learn from; the model path's teaches its rewrite of the region.
+        return next_edit_example_fields(episode, last) if extra.get("next_edit_kind") == "model" else None
     if episode["kind"] == "completion" and extra.get("served_by", "local") != "local":
         # A completion server's model answered (`completion.backend`): its prompt is that model's
         # (a FIM template, a window measured in characters, no token ids), not one the local model
@@ -76,6 +79,39 @@ def episode_as_example_fields(record: Any) -> dict[str, Any] | None:
         "prompt_lead": lead,
         "served": served,
         "group": episode_group(episode.get("uri") or "", prompt_text),
+    }
+
+
+def next_edit_example_fields(episode: dict[str, Any], last: dict[str, Any]) -> dict[str, Any] | None:
+    """The fields of a next edit the model path suggested (`context.next_edit_model`): prompted as
+    the server prompted it (`chat_prompt`), the region it rewrote as the text to change
+    (`original`), the region with the developer's kept text in place of the suggestion as what to
+    write (`kept_text`), and the model's rewrite as what not to write where they reverted it. None
+    where the episode lacks them (recorded before they were, or stored without code)."""
+    extra = episode.get("extra") or {}
+    parts = [extra.get(key) for key in ("region_before", "replaces", "region_after", "rewrite")]
+    prompt = episode.get("prompt_text")
+    if not prompt or not all(isinstance(part, str) for part in parts):
+        return None
+    before, replaced, after, rewrite = parts
+    region = before + replaced + after
+    status = last["status"]
+    kept = last.get("kept_text") if status in _KEPT else None
+    if kept is None and status != "reverted":
+        return None
+    return {
+        "id": episode["id"],
+        "created_at": episode["ts"],
+        "instruction": "",
+        "chat_prompt": prompt,
+        "original": region,
+        "output": rewrite,
+        "outcome": "reverted" if status == "reverted" else "kept",
+        "kept_text": before + kept + after if kept is not None else None,
+        "reverted_text": rewrite if status == "reverted" else None,
+        "language": episode.get("language") or "python",
+        "verification": {"source": NEXT_EDIT_SOURCE, "max_tokens": len(region) // 2 + 24},
+        "group": episode.get("uri") or "",
     }
 
 

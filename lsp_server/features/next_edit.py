@@ -119,12 +119,22 @@ def record_offer(ls: SquidServer, uri: str, text: str, found: Prediction) -> str
         return None
     opened = ls.open_document_text(uri)
     start = position_at(text, found.start)
+    extra, prompt = {"next_edit_kind": found.kind}, ""
+    if found.answer is not None:
+        # What the model read and wrote: the trainer prompts it the same way and scores its rewrites
+        # against the region as the developer kept it (`feedback.train.store_source`).
+        answer = found.answer
+        prompt = answer.prompt
+        # (the region in two parts around the replaced text: redaction may change their lengths)
+        extra |= {"region_before": text[answer.start:found.start], "region_after": text[found.end:answer.end],
+                  "rewrite": answer.rewrite}
     try:
         return recorder.record_completion_episode(
-            uri=uri, position=(start.line, start.character), output=found.text,
+            uri=uri, position=(start.line, start.character), output=found.text, prompt_text=prompt,
             model_id=model_id_of(ls) if found.kind == "model" else "squidcode.next_edit.deterministic",
+            adapter_id=getattr(ls.runtime, "adapter_id", None) if found.kind == "model" else None,
             language=opened[1] if opened else None, kind="next_edit", replaces=text[found.start:found.end],
-            extra={"next_edit_kind": found.kind})
+            extra=extra)
     except Exception:  # noqa: BLE001 - feedback must never cost the user a suggestion
         log.exception("feedback: could not record a next-edit suggestion")
         return None
