@@ -98,3 +98,25 @@ def test_no_examples_is_a_clear_error(tmp_path):
     model = attach_lora(tiny_model(), 4, 8)
     with pytest.raises(ValueError, match="at least one training example"):
         GrpoTrainer(model, tiny_tokenizer(), CONFIG, [], share_of_t5, tmp_path)
+
+
+def test_next_edit_examples_train_through_their_own_sampling_and_reward(tmp_path):
+    # Model next edits (`store_source.next_edit_example_fields`): the stored chat prompt, samples
+    # cut as the server cuts a rewrite, the reward `rewrite_reward`; here the developer kept a
+    # region of six t5 words where the region held six t4 words. (Seeded: like the test above, the
+    # tiny model learns at some seeds and collapses at others.)
+    from feedback.train.service import task_reward
+    from feedback.train.store_source import NEXT_EDIT_SOURCE
+
+    examples = [TrainingExample(id=f"n{i}", created_at=i, instruction="", original="t4 t4 t4 t4 t4 t4",
+                                chat_prompt=f"t{3 + i} t4 t2", kept_text="t5 t5 t5 t5 t5 t5",
+                                verification={"source": NEXT_EDIT_SOURCE, "max_tokens": 6})
+                for i in range(4)]
+    torch.manual_seed(0)
+    model = attach_lora(tiny_model(), CONFIG.lora_rank, CONFIG.lora_alpha)
+    trainer = GrpoTrainer(model, tiny_tokenizer(), replace(CONFIG, updates_per_batch=2), examples, task_reward,
+                          tmp_path / "run")
+    records = trainer.run(20)
+    first = sum(r.mean_reward for r in records[:5]) / 5
+    last = sum(r.mean_reward for r in records[-5:]) / 5
+    assert last > first + 0.15, (first, last)
