@@ -129,8 +129,8 @@ def test_acceptance_is_reported_to_the_server(plugin_run: PluginRun):
     # The server offers every command of docs/protocol.md; a missing one is a regression, not a skip.
     assert ACCEPT in plugin_run.commands, plugin_run.context()
     r, ctx = plugin_run.report, plugin_run.context()
-    accepted = r["accepted"]
-    assert len(accepted) == 1 and accepted[0]["ok"] is True, ctx
+    accepted = r["accepted"]  # the ghost text's, then the inline next edit's (below)
+    assert len(accepted) == 2 and accepted[0]["ok"] is True, ctx
     assert accepted[0]["args"]["episodeId"], ctx
 
 
@@ -186,3 +186,21 @@ def test_a_next_edit_is_previewed_and_accepted(plugin_run: PluginRun):
     # The next `items` in code is in in_stock's body (its docstring's words come after the code);
     # `item` is another name and stays.
     assert r["after_next_edit"] == "    return [item for item in stock if item.quantity > 0]", ctx
+
+
+def test_a_next_edit_on_the_cursors_line_is_an_inline_completion_with_a_range(plugin_run: PluginRun):
+    # Neovim's own inline completion shows an item whose range starts before the cursor over the
+    # text it replaces (an overlay), and the plugin's accept key applies it there.
+    r, ctx = plugin_run.report, plugin_run.context()
+    shown = r["inline_next_edit"]
+    edit = shown["edit"]
+    assert edit["newText"] == "stock" and edit["range"]["start"]["line"] == edit["range"]["end"]["line"], ctx
+    start, end = edit["range"]["start"]["character"], edit["range"]["end"]["character"]
+    assert shown["before"][start:end] == "items" and end < len(shown["before"]), ctx  # before the cursor
+    assert shown["mark_row"] == shown["row"] and shown["overlay"] is True, ctx
+    assert shown["accept_returned"] is True, ctx
+    assert shown["after"] == shown["before"][:start] + "stock" + shown["before"][end:], ctx
+    # Its acceptance reported too (recording is on by then: its episode is followed like a completion's).
+    accepted, episode = r["accepted"][-1], edit["command"]["arguments"][0]["episodeId"]
+    assert accepted["ok"] is True and accepted["args"]["episodeId"] == episode, ctx
+

@@ -1,7 +1,8 @@
 -- End-to-end check of the Neovim plugin as a user sets it up: require('squidcode').setup({...}), a
 -- file opened, the status notification, ghost text accepted through the plugin's accept key (with
 -- the acceptance reported), :Squid status / feedback / record, :checkhealth squidcode, and an agent
--- edit on a range applied to the buffer.
+-- edit on a range applied to the buffer; a next edit previewed and accepted, then one shown as an
+-- inline completion with a range and accepted.
 --
 --   nvim --headless --clean -l tests/e2e/nvim/plugin.lua
 --
@@ -192,6 +193,42 @@ local function next_edit(squid, bufnr)
   save()
 end
 
+--- 7. The next edit on the cursor's line as Neovim's own inline completion shows it: an item with a
+--- range that starts before the cursor (the old name), accepted through the plugin's accept key.
+local function next_edit_inline(squid, client, bufnr, map)
+  local params = { textDocument = { uri = vim.uri_from_bufnr(bufnr) }, position = { line = 0, character = 0 } }
+  local response = client:request_sync('squidcode/nextEdit', params, 5000, bufnr)
+  local edit = response and response.result and response.result.edits and response.result.edits[1]
+  if not edit then
+    return fail('no further next edit to show inline')
+  end
+  local row = edit.range.start.line
+  local before = lines(bufnr)[row + 1]
+  result.inline_next_edit = { row = row, before = before, edit = edit }
+  local ns = vim.api.nvim_create_namespace('nvim.lsp.inline_completion')
+  vim.o.virtualedit = 'onemore'
+  vim.api.nvim_win_set_cursor(0, { row + 1, #before })
+  vim.api.nvim_exec_autocmds('InsertEnter', { buffer = bufnr })
+  local marks = {}
+  if not wait_for(timeout_ms, function()
+    marks = vim.api.nvim_buf_get_extmarks(bufnr, ns, 0, -1, { details = true })
+    return #marks > 0
+  end) then
+    fail('no inline next edit within the timeout')
+  else
+    result.inline_next_edit.mark_row = marks[1][2]
+    result.inline_next_edit.overlay = marks[1][4].virt_text_pos == 'overlay'
+    result.inline_next_edit.accept_returned = map.callback ~= nil and map.callback() == nil
+    wait_for(3000, function()
+      return lines(bufnr)[row + 1] ~= before
+    end)
+    result.inline_next_edit.after = lines(bufnr)[row + 1]
+  end
+  vim.api.nvim_exec_autocmds('InsertLeave', { buffer = bufnr })
+  vim.o.virtualedit = ''
+  save()
+end
+
 --- 5. The agent on line 1 (a range), its WorkspaceEdit applied to the buffer.
 local function agent_on_a_range(squid, client, bufnr)
   result.before_agent = lines(bufnr)
@@ -217,6 +254,7 @@ local function main()
   ghost_text_and_accept(squid, client, bufnr, map)
   commands_and_health(squid, bufnr)
   next_edit(squid, bufnr)
+  next_edit_inline(squid, client, bufnr, map)
   agent_on_a_range(squid, client, bufnr)
   client:stop()
   result.stopped = wait_for(10000, function()

@@ -115,7 +115,8 @@ def test_a_kept_model_next_edit_becomes_an_example_prompted_as_the_model_was(tmp
     fields = episode_as_example_fields(record)
     example = example_from_episode(fields)
     region = extra["region_before"] + "total" + extra["region_after"]
-    assert example.chat_prompt == record.episode["prompt_text"] and example.chat_prompt.endswith(ANSWER_OPENING)
+    assert example.chat_prompt == record.episode["prompt_text"]
+    assert example.chat_prompt.endswith(ANSWER_OPENING)
     assert example.original == region and example.prompt_text is None
     assert example.verification["source"] == NEXT_EDIT_SOURCE and not example.reverted
     # What to write: the region as the developer kept it, their text in place of the suggestion.

@@ -114,8 +114,8 @@ def test_next_edit_examples_train_through_their_own_sampling_and_reward(tmp_path
                 for i in range(4)]
     torch.manual_seed(0)
     model = attach_lora(tiny_model(), CONFIG.lora_rank, CONFIG.lora_alpha)
-    trainer = GrpoTrainer(model, tiny_tokenizer(), replace(CONFIG, updates_per_batch=2), examples, task_reward,
-                          tmp_path / "run")
+    trainer = GrpoTrainer(model, tiny_tokenizer(), replace(CONFIG, updates_per_batch=2), examples,
+                          task_reward, tmp_path / "run")
     records = trainer.run(20)
     first = sum(r.mean_reward for r in records[:5]) / 5
     last = sum(r.mean_reward for r in records[-5:]) / 5
