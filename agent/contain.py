@@ -10,7 +10,10 @@ runs them on every repair reward. That code gets, on a throwaway copy of the wor
 - the user's home hidden (an empty tmpfs over it; the Python interpreter is bound back read-only
   when it lives there), `/tmp` empty, every other path read-only, the copy the one writable place;
 - its own process namespace (everything it started dies with it), and limits on CPU time, memory
-  (address space), processes, file size and open files (util-linux's `prlimit`).
+  (address space), processes, file size and open files (util-linux's `prlimit`). The kernel does
+  not hold root to a process limit (`RLIMIT_NPROC`), so a server running as root (a container, a
+  shared machine's service) puts each contained command in a cgroup of its own whose `pids.max` is
+  the limit instead (`limited_processes`), where the cgroup filesystem lets it.
 
 `isolation()` finds what this machine offers, once: bubblewrap (installed by the project's setup:
 `.ci/system-packages.sh`), else util-linux's `unshare` with a user namespace, else nothing. With
@@ -19,12 +22,17 @@ nothing, the tests run only when `agent.allow_unisolated` says so; `squidcode do
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+import time
+import uuid
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,8 +42,13 @@ __all__ = [
     "contained_command",
     "contained_server_command",
     "isolation",
+    "limited_processes",
+    "pids_cgroup_parent",
+    "process_limit",
     "scrubbed_env",
 ]
+
+log = logging.getLogger(__name__)
 
 # Variables a test run keeps from the caller's environment: the locale, the search path, and how
 # the user runs pytest (its options and plugin loading: settings, not secrets; a test run the agent
@@ -175,3 +188,80 @@ def _bwrap_prefix() -> list[str]:
     for path in _interpreter_paths():
         wrapped += ["--ro-bind", str(path), str(path)]
     return wrapped
+
+
+# -- a process limit that holds for root ------------------------------------------------------------
+
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def pids_cgroup_parent(root: Path = _CGROUP_ROOT) -> Path | None:
+    """A cgroup folder this process may make children with a `pids` controller in (cgroup v1's pids
+    hierarchy, or v2's root where it delegates `pids`), or None: not root, or not writable here."""
+    if os.geteuid() != 0:
+        return None
+    v1 = root / "pids"
+    if (v1 / "cgroup.procs").is_file() and os.access(v1, os.W_OK):
+        return v1
+    with contextlib.suppress(OSError):
+        if "pids" in (root / "cgroup.subtree_control").read_text().split() and os.access(root, os.W_OK):
+            return root
+    return None
+
+
+def process_limit(root: Path = _CGROUP_ROOT) -> str:
+    """How a contained command's processes are limited on this machine, in words (`squidcode doctor`)."""
+    if os.geteuid() != 0:
+        return "processes limited per user (prlimit)" if shutil.which("prlimit") else \
+            "processes not limited (util-linux's prlimit is not installed)"
+    parent = pids_cgroup_parent(root)
+    if parent is not None:
+        return f"running as root: processes limited by a cgroup of their own ({parent})"
+    return "running as root and no writable pids cgroup: processes not limited (root ignores RLIMIT_NPROC)"
+
+
+@contextlib.contextmanager
+def limited_processes(argv: list[str], limit: int, root: Path = _CGROUP_ROOT) -> Iterator[list[str]]:
+    """`argv` made to run in a cgroup of its own holding at most `limit` tasks, while the block
+    runs, where this process is root and may make one (`pids_cgroup_parent`); else `argv` as it is
+    (`prlimit`'s per-user limit holds for other users). On leaving, whatever is left in the cgroup
+    is killed and the cgroup removed."""
+    parent = pids_cgroup_parent(root) if limit > 0 else None
+    group = None
+    if parent is not None:
+        group = parent / f"squidcode-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            group.mkdir()
+            (group / "pids.max").write_text(str(limit))
+        except OSError as exc:
+            log.warning("no process limit for a contained command: cannot make a cgroup in %s (%s)",
+                        parent, exc)
+            with contextlib.suppress(OSError):
+                group.rmdir()
+            group = None
+    if group is None:
+        yield list(argv)
+        return
+    # The shell joins the cgroup, then becomes the command: everything it starts is counted there.
+    shell = shutil.which("sh") or "/bin/sh"
+    try:
+        yield [shell, "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs"), *argv]
+    finally:
+        _remove_cgroup(group)
+
+
+def _remove_cgroup(group: Path) -> None:
+    for _ in range(100):
+        with contextlib.suppress(OSError, ValueError):
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(pid), signal.SIGKILL)
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)  # its last tasks are still exiting
+    log.warning("could not remove the cgroup %s of a contained command", group)
+

@@ -126,7 +126,7 @@ def run_command(
     machine that cannot isolate it refuses (SandboxError) unless `allow_unisolated`.
     """
     full = _program(argv)
-    home = None
+    home, processes = None, 0
     if contain is not None:
         from .contain import Limits, contained_command, isolation, scrubbed_env
 
@@ -135,14 +135,21 @@ def run_command(
             raise SandboxError(f"cannot run {argv[0]} contained: {iso.detail}. Install bubblewrap, or set "
                                "agent.allow_unisolated = true to run the workspace's code without isolation")
         limits = Limits(cpu_s=max(1, int(timeout_s) + 5))
-        full = contained_command(full, contain, cwd, iso.kind, limits)
+        full, processes = contained_command(full, contain, cwd, iso.kind, limits), limits.processes
         if iso.kind == "bwrap":
             env = scrubbed_env(Path("/tmp"), env)  # an empty tmpfs in the sandbox
         else:
             home = tempfile.mkdtemp(prefix="squid-home-")
             env = scrubbed_env(Path(home), env)
     try:
-        return _run(full, argv, cwd, timeout_s, max_output_bytes, stdin_text, env, hard_cap_factor, stderr)
+        if not processes:
+            return _run(full, argv, cwd, timeout_s, max_output_bytes, stdin_text, env, hard_cap_factor,
+                        stderr)
+        from .contain import limited_processes
+
+        with limited_processes(full, processes) as limited:
+            return _run(limited, argv, cwd, timeout_s, max_output_bytes, stdin_text, env, hard_cap_factor,
+                        stderr)
     finally:
         if home is not None:
             shutil.rmtree(home, ignore_errors=True)

@@ -401,6 +401,13 @@ def summarise(engine_rows, generate_rows, llama_rows) -> dict:
     return ours | {"vs_generate": versus(generate_rows), "vs_llama_cpp": versus(llama_rows)}
 
 
+def _versus(peer: dict | None) -> str:
+    """The decode ratio against a peer, and its own speed, for the summary table."""
+    if not peer:
+        return "-"
+    return f"{peer['decode_ratio']}x ({peer['decode_tok_s']} tok/s)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true")
@@ -512,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{' '.join(cpu['flags'])} | {record['tuning']['tune']}: {tuned['draft_tokens']} / "
           f"{tuned['keystroke_prefill_tokens']} | "
           f"{result['keystroke_p50_s']} / {result['keystroke_p95_s']} | "
-          f"{result['speculative_speedup']}x | {result['vs_llama_cpp'] or '-'} |", file=sys.stderr)
+          f"{result['speculative_speedup']}x | {_versus(result['vs_llama_cpp'])} |", file=sys.stderr)
     result["cpu"] = cpu
     result["tuned"] = record["tuning"]["settings"] | {"tune": record["tuning"]["tune"]}
     if args.json:

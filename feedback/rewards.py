@@ -224,14 +224,16 @@ def run_tests_sandboxed(code: str, context: RewardContext) -> float | None:
             cmd = [sys.executable, "-I", "-c", _ASSERT_HARNESS, json.dumps(list(context.test_asserts))]
         else:
             cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *context.test_files]
-        from agent.contain import Limits, contained_command, isolation
+        from agent.contain import Limits, contained_command, isolation, limited_processes
 
         # Model-written code: no network and the home folder hidden too, where this machine can
         # (agent.contain); the limits above hold either way.
-        cmd = contained_command(cmd, root, root, isolation().kind, Limits(cpu_s=20, memory_bytes=2 << 30))
+        limits = Limits(cpu_s=20, memory_bytes=2 << 30)
+        cmd = contained_command(cmd, root, root, isolation().kind, limits)
         try:
-            proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
-                                  timeout=context.timeout_s, preexec_fn=_limit_resources)
+            with limited_processes(cmd, limits.processes) as cmd:
+                proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
+                                      timeout=context.timeout_s, preexec_fn=_limit_resources)
         except subprocess.TimeoutExpired:
             return 0.0
     if context.test_asserts:

@@ -186,11 +186,11 @@ def check_writable(name: str, folder: Path) -> Check:
 
 def check_isolation(config: SquidConfig) -> Check:
     """How the workspace's tests (the agent's pre-test run and candidates, repair rewards) run."""
-    from agent.contain import isolation
+    from agent.contain import isolation, process_limit
 
     found = isolation()
     if found.isolated:
-        return Check("test sandbox", True, found.detail, required=False)
+        return Check("test sandbox", True, f"{found.detail}; {process_limit()}", required=False)
     allowed = "they run anyway (agent.allow_unisolated)" if config.agent.allow_unisolated else \
         "the agent does not run them (set agent.allow_unisolated = true to run them unisolated)"
     return Check("test sandbox", False, f"{found.detail}; {allowed}",

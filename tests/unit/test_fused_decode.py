@@ -112,8 +112,11 @@ _LEVELS = {"x86-64": {"sse2"}, "x86-64-v3": {"avx2", "fma", "bmi2", "f16c", "mov
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the -march levels named here are x86-64's")
 @pytest.mark.parametrize("level", sorted(_LEVELS))
 def test_every_vector_width_decodes_as_the_torch_steps_do(runtime, kernel_cache, monkeypatch, level):
-    if not _LEVELS[level] <= _cpu_flags():
+    flags = _cpu_flags()
+    if not _LEVELS[level] <= flags:
         pytest.skip(f"this CPU cannot run -march={level} code")
+    if level == "x86-64-v3" and "avx512f" not in flags:
+        pytest.skip("the native build has this width here (the tests above check it)")
     monkeypatch.setattr(cpu_decode, "FLAGS", tuple(f"-march={level}" if flag == "-march=native" else flag
                                                    for flag in cpu_decode.FLAGS))
     ids = _prompt(runtime)[:300]

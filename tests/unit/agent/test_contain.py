@@ -7,15 +7,25 @@ by .ci/system-packages.sh) or util-linux's `unshare`."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import sys
 import textwrap
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 
-from agent.contain import contained_command, isolation, scrubbed_env
+from agent.contain import (
+    contained_command,
+    isolation,
+    limited_processes,
+    pids_cgroup_parent,
+    process_limit,
+    scrubbed_env,
+)
 from agent.errors import SandboxError
 from agent.sandbox import run_command
 
@@ -93,6 +103,9 @@ def test_a_hostile_script_is_contained_and_nothing_leaks(tmp_path, monkeypatch):
     assert not outside.exists()
     assert found["wrote_inside"] is True and (copy / "inside.txt").read_text() == "fine"
     assert found["allocated_20g"] is False
+    if "not limited" not in process_limit():
+        # It stopped forking at the limit (1024 tasks): per user, or for root a cgroup of its own.
+        assert found["forks"] < 1100, found
     # Whatever it forked died with it: no sleeper is left on this machine.
     left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout
     assert left == ""
@@ -165,3 +178,52 @@ def test_the_scrubbed_environment_keeps_how_the_user_runs_pytest_and_no_secret(t
     env = scrubbed_env(tmp_path, {"PYTHONPATH": "src"})
     assert env["PYTEST_ADDOPTS"] == "-p no:randomly" and env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1"
     assert "SQUID_HOSTILE_KEY" not in env and env["HOME"] == str(tmp_path) and env["PYTHONPATH"] == "src"
+
+
+FORKS = textwrap.dedent("""\
+    import os, sys
+    forks = 0
+    try:
+        for _ in range(200):
+            if os.fork() == 0:
+                quiet = os.open(os.devnull, os.O_WRONLY)  # not holding the caller's pipe open
+                os.dup2(quiet, 1)
+                os.dup2(quiet, 2)
+                os.execvp("sleep", ["sleep", sys.argv[1]])
+            forks += 1
+    except OSError:
+        pass
+    print(forks, flush=True)
+    """)
+
+
+@pytest.mark.skipif(pids_cgroup_parent() is None, reason="needs root and a writable pids cgroup: elsewhere "
+                    "the kernel's per-user limit (prlimit) holds, which root ignores")
+def test_as_root_a_contained_commands_processes_are_counted_in_a_cgroup_of_its_own(tmp_path):
+    marker = f"40{uuid.uuid4().int % 1000}.5"
+    with limited_processes([sys.executable, "-c", FORKS, marker], 20) as argv:
+        group = Path(argv[3]).parent
+        assert (group / "pids.max").read_text().strip() == "20"
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    forks = int(done.stdout.strip())
+    assert 10 <= forks < 20, done.stderr  # stopped at the limit: the shell's task is the command's
+    assert not group.exists()  # removed, and whatever it forked killed with it
+    left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout
+    assert left == ""
+    assert "cgroup" in process_limit()
+
+
+def test_a_process_limit_is_reported_for_what_this_machine_does(tmp_path, monkeypatch):
+    # Not root: the kernel's per-user limit; root: a pids cgroup where one can be made, else said.
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert pids_cgroup_parent(tmp_path) is None
+    assert "processes limited per user" in process_limit(tmp_path) or "prlimit" in process_limit(tmp_path)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert "not limited" in process_limit(tmp_path)  # no cgroup filesystem here
+    (tmp_path / "pids").mkdir()
+    (tmp_path / "pids" / "cgroup.procs").write_text("")
+    assert pids_cgroup_parent(tmp_path) == tmp_path / "pids"
+    assert str(tmp_path / "pids") in process_limit(tmp_path)
+    with limited_processes(["true"], 0, tmp_path) as argv:  # no limit asked: the command as it is
+        assert argv == ["true"]
+
