@@ -14,10 +14,12 @@ from the old name to the new. `predict` reads the last edit:
 The old text is looked for after the cursor (then from the top). A renamed name, at its next use (as
 a whole name or a part of one between underscores: `blacklist` in `add_blacklist`), in code before
 prose (comments and strings, but for doctest lines and calls written out: developers rename the code
-first), every use on that line at once. A repeat, between the same neighbours it had on its line,
-`CONTEXT` characters each side, then fewer, then on one side only, then alone (an insertion always
-needs neighbours; one at the end of its line goes at the end of another). The first place found gets
-the same change; never where the new text stands already (`_no_default` holds `no_default`).
+first), every use on that line at once; a name local to a Python function (its parameter, or
+assigned in it but for `global` and `nonlocal`) in that function only. A repeat, between the
+same neighbours it had on its line, `CONTEXT` characters each side, then fewer, then on one side
+only, then alone (an insertion always needs neighbours; one at the end of its line goes at the end
+of another). The first place found gets the same change; never where the new text stands already
+(`_no_default` holds `no_default`).
 
 A prediction that would undo a recent edit (the user just changed the new name back) is never
 offered. The model path (a rewrite of the region around the cursor from the recent edits) is
@@ -230,30 +232,101 @@ def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
         old, new = renamed
         if undone(edits[:-1], old, new):
             return None
-        return _next_rename(text, old, new, cursor, done)
+        scope = _local_scope(last, old, new) if uri.endswith((".py", ".pyi")) else None
+        return _next_rename(text, old, new, cursor, done, scope)
     old, new = last.old, last.new
     if undone(edits[:-1], old, new) or not (old or new).strip():
         return None
     return _next_repeat(last, text, cursor, done)
 
 
-def _next_rename(text: str, old: str, new: str, cursor: int, done: tuple[int, int]) -> Prediction | None:
+def _next_rename(text: str, old: str, new: str, cursor: int, done: tuple[int, int],
+                 scope: tuple[int, int] | None = None) -> Prediction | None:
     """The renamed name's next use (as a whole name or a part of one between underscores:
     `blacklist` in `add_blacklist`) in code first, then in prose (comments, and strings other than
     doctest lines and calls: a developer renames the code before the words about it). Every use of
-    the name on that line is renamed at once (`self.start = start`)."""
+    the name on that line is renamed at once (`self.start = start`). A name local to a function
+    (`scope`, its span in `text`) is renamed within that function only: another function's name
+    of the same spelling is another variable."""
     part = re.compile(r"(?<![A-Za-z0-9])(" + re.escape(old) + r")(?![A-Za-z0-9])")
     prose = _prose_spans(text)
 
+    def inside(span: tuple[int, int]) -> bool:
+        return scope is None or scope[0] <= span[0] and span[1] <= scope[1]
+
     def in_code(span: tuple[int, int]) -> bool:
         # A call written out in prose (`such as fn([v1, v2])`) is an example of the code.
-        return text.startswith("(", span[1]) or not _in_prose(text, prose, span[0])
+        return inside(span) and (text.startswith("(", span[1]) or not _in_prose(text, prose, span[0]))
 
-    for pattern, where in ((part, in_code), (part, None)):
+    for pattern, where in ((part, in_code), (part, inside)):
         found = _next_group(text, pattern, cursor, done, old, new, where)
         if found is not None:
             return _whole_line_rename(text, pattern, found, done, old, new, where)
     return None
+
+
+_DEF = re.compile(r"[ \t]*(?:async[ \t]+)?def[ \t]+([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def _local_scope(edit: Edit, old: str, new: str) -> tuple[int, int] | None:
+    """The span, in the document as it is after `edit`, of the Python function in which the renamed
+    name is local (a parameter of it, or assigned in it without `global` or `nonlocal`: the old or
+    the new name, since an accepted rename may have renamed the parameter already); None when the
+    edit is in no function or the name is not local to the innermost one (an attribute, a global, a
+    function's own name)."""
+    before = edit.before
+    lines = before.split("\n")
+    starts = [0]
+    for line in lines[:-1]:
+        starts.append(starts[-1] + len(line) + 1)
+    row = bisect.bisect_right(starts, edit.start) - 1
+    floor = None  # the least indentation of the lines between the edit and the def above it
+    for top in range(row, -1, -1):
+        line = lines[top]
+        if not line.strip():
+            continue
+        match = _DEF.match(line)
+        if match and (floor is None or _indent(line) < floor or top == row):
+            break
+        if not line.lstrip().startswith(")"):
+            floor = _indent(line) if floor is None else min(floor, _indent(line))
+    else:
+        return None
+    if top == row and match.start(1) <= edit.start - starts[row] <= match.end(1):
+        return None  # the function's own name
+    depth = _indent(lines[top])
+    end_row, opened = top + 1, False
+    for end_row in range(top + 1, len(lines) + 1):
+        if end_row == len(lines):
+            break
+        line = lines[end_row]
+        if opened and line.strip() and _indent(line) <= depth and not line.lstrip().startswith(")"):
+            break
+        opened = opened or bool(line.strip())
+    body = "\n".join(lines[top:end_row])
+    if not any(_bound(body, name) for name in (old, new)):
+        return None
+    delta = len(edit.new) - len(edit.old)
+    end = starts[end_row] - 1 if end_row < len(lines) else len(before)
+    return starts[top], end + (delta if end >= edit.start else 0)
+
+
+def _bound(body: str, name: str) -> bool:
+    """Whether `name` is a local of the function whose source is `body` (its def line first)."""
+    word = r"(?<![A-Za-z0-9_.])" + re.escape(name) + r"(?![A-Za-z0-9_])"
+    if re.search(r"^\s*(?:global|nonlocal)\b[^\n]*" + word, body, re.M):
+        return False
+    close = body.find(")", body.find("("))
+    signature = body[body.find("(") + 1 : close if close >= 0 else len(body)]
+    if re.search(word + r"\s*(?=[:=,*]|$)", signature.replace("\n", " ")) or re.search(
+        r"[(,]\s*\**" + re.escape(name) + r"(?![A-Za-z0-9_])", "(" + signature):
+        return True
+    return bool(re.search(r"^\s*" + word + r"\s*(?::[^=\n]*)?=(?!=)|\bfor\s+[^\n]*?" + word + r"[^\n]*?\bin\b"
+                          r"|\bas\s+" + word, body, re.M))
 
 
 def _whole_line_rename(text: str, pattern: re.Pattern, found: tuple[int, int], done: tuple[int, int],

@@ -166,6 +166,57 @@ def _rename_at(code: str, at: int, old: str, new: str) -> EditHistory:
     return history
 
 
+INVENTORY = (
+    "LIMIT = 3\n\n\n"
+    "def total_value(items: list) -> float:\n"
+    "    return sum(item.price for item in items)\n\n\n"
+    "def in_stock(\n    items: list,\n) -> list:\n"
+    '    """The items with units left."""\n'
+    "    found = [item for item in items if item.quantity > 0]\n"
+    "    return found[:LIMIT]\n\n\n"
+    "def restock(items):\n    global LIMIT\n    LIMIT = len(items)\n    return in_stock(items)\n"
+)
+
+
+def _walk(history: EditHistory, uri: str, cursor: int) -> list[str]:
+    """Accept every prediction in turn; the lines they changed, in order."""
+    changed = []
+    while (nxt := predict(history, uri, cursor)) is not None and len(changed) < 10:
+        history.change(uri, nxt.start, nxt.end, nxt.text)
+        text = history.text(uri)
+        changed.append(text[text.rfind("\n", 0, nxt.start) + 1 : text.find("\n", nxt.start)])
+        cursor = nxt.start + len(nxt.text)
+    return changed
+
+
+def test_a_functions_parameter_is_renamed_in_that_function_only():
+    """`items` is in_stock's own parameter: once its uses there are renamed (code, then its
+    docstring), nothing more is offered, not another function's `items`, another variable."""
+    at = INVENTORY.index("items: list,")
+    history = _rename_at(INVENTORY, at, "items", "stock")
+    assert _walk(history, "r.py", at + len("stock")) == [
+        "    found = [item for item in stock if item.quantity > 0]",
+        '    """The stock with units left."""',
+    ]
+    assert history.text("r.py").count("items") == INVENTORY.count("items") - 3
+
+
+def test_a_local_renamed_in_its_body_stays_in_its_function_and_a_global_does_not():
+    at = INVENTORY.index("found =")
+    history = _rename_at(INVENTORY, at, "found", "kept")
+    assert _walk(history, "r.py", at) == ["    return kept[:LIMIT]"]
+    # LIMIT is declared global in restock: renaming it there goes on to the module's other uses.
+    at = INVENTORY.index("    LIMIT = len") + 4
+    history = _rename_at(INVENTORY, at, "LIMIT", "CAP")
+    assert _walk(history, "r.py", at) == ["CAP = 3", "    return found[:CAP]", "    global CAP"]
+
+
+def test_a_functions_own_name_renamed_at_its_def_goes_to_its_callers():
+    at = INVENTORY.index("in_stock(\n")
+    history = _rename_at(INVENTORY, at, "in_stock", "available")
+    assert _walk(history, "r.py", at) == ["    return available(items)"]
+
+
 def test_a_name_is_renamed_in_code_before_the_words_about_it():
     code = ('def is_distinct(seq):\n    """ All values in seq are distinct\n\n    >>> is_distinct([seq])\n'
             '    """\n    return len(seq) == len(set(seq))  # seq hashable\n')
