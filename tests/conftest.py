@@ -25,7 +25,7 @@ SLOW_FIRST = (
     "e2e/test_demo.py", "unit/index/test_stdlib_recall.py",
     "e2e/test_neovim_plugin.py", "e2e/test_neovim.py", "unit/test_runtime_cache.py", "e2e/test_wheel.py",
     "unit/squid/test_bench.py", "e2e/test_feedback_kill.py", "e2e/test_openai_server.py",
-    "unit/train/test_repair_tasks.py",
+    "unit/train/test_repair_tasks.py", "e2e/test_team_loop.py",
 )
 SERVER_CMD = [sys.executable, "-m", "lsp_server", "serve"]
 DEMO_WORKSPACE = REPO / "lsp_server" / "demo_workspace"

@@ -3,57 +3,21 @@ on loopback), a real collector process and a real uploader."""
 
 from __future__ import annotations
 
-import glob
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
-
 import httpx
 import pytest
 
 from feedback.upload import Uploader
+from tests.postgres import NO_POSTGRES, have_postgres, postgres_server
 from tests.unit.feedback.test_upload import TOKEN, Collector, free_port, outbox, sharing_recorder, show, wait
 
-INITDB = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
 psycopg = pytest.importorskip("psycopg", reason="needs psycopg (pip install psycopg[binary])")
-pytestmark = pytest.mark.skipif(
-    not INITDB or not shutil.which("runuser"),
-    reason="needs a PostgreSQL server (apt-get install -y postgresql)",
-)
+pytestmark = pytest.mark.skipif(not have_postgres(), reason=NO_POSTGRES)
 
 
 @pytest.fixture(scope="module")
 def postgres_url():
-    bin_dir = Path(INITDB[-1]).parent
-    # The server refuses to run as root and needs a folder its own user can reach.
-    base = Path(tempfile.mkdtemp(prefix="squidcode-pg-"))
-    base.chmod(0o755)
-    shutil.chown(base, "postgres", "postgres")
-    port = free_port()
-
-    def as_postgres(*command: str) -> None:
-        subprocess.run(
-            ["runuser", "-u", "postgres", "--", *command], check=True, capture_output=True, timeout=120
-        )
-
-    as_postgres(str(bin_dir / "initdb"), "-D", str(base / "data"), "-A", "trust", "-U", "postgres")
-    as_postgres(
-        str(bin_dir / "pg_ctl"),
-        "-D",
-        str(base / "data"),
-        "-l",
-        str(base / "log"),
-        "-w",
-        "-o",
-        f"-p {port} -k {base} -c listen_addresses=127.0.0.1",
-        "start",
-    )
-    try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        as_postgres(str(bin_dir / "pg_ctl"), "-D", str(base / "data"), "-m", "immediate", "stop")
-        shutil.rmtree(base, ignore_errors=True)
+    with postgres_server() as url:
+        yield url
 
 
 def test_uploads_land_in_postgres_once(tmp_path, postgres_url):
@@ -119,3 +83,34 @@ def test_a_teams_uploaded_episodes_are_read_back_for_training(tmp_path, postgres
     (example,) = examples_from_source(CollectorSource(postgres_url, "acme"))
     assert example.id == episode and example.kept_text == "    return a + b" and not example.reverted
     assert examples_from_source(CollectorSource(postgres_url, "other-team")) == []
+
+
+def test_an_unversioned_store_is_migrated_with_its_rows_and_a_newer_one_refused(postgres_url):
+    """A database the collector filled before its schema had versions: tables made by the earlier
+    CREATE TABLE statements, one upload in them."""
+    from context.errors import FeedbackStoreError
+    from feedback.collector import SCHEMA_VERSION, PostgresCollectorStore
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE before_versions")
+    url = postgres_url.rsplit("/", 1)[0] + "/before_versions"
+    with psycopg.connect(url) as conn:
+        conn.execute("CREATE TABLE received (id TEXT PRIMARY KEY, team TEXT NOT NULL, tbl TEXT NOT NULL, "
+                     "row TEXT NOT NULL, received_at DOUBLE PRECISION NOT NULL)")
+        conn.execute("INSERT INTO received VALUES ('a1', 'acme', 'episodes', '{}', 1.0)")
+    for _ in range(2):  # the second open finds nothing to do
+        store = PostgresCollectorStore(url)
+        try:
+            assert store.stats("acme") == {"events": 1, "by_table": {"episodes": 1}}
+            assert store.latest_adapter("acme") is None  # the adapters table came with version 1
+        finally:
+            store.close()
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT version FROM collector_schema").fetchall() == [(SCHEMA_VERSION,)]
+            query = "SELECT indexname FROM pg_indexes WHERE tablename = 'received'"
+            indexes = {r[0] for r in conn.execute(query)}
+            assert "received_team_tbl" in indexes
+    with psycopg.connect(url) as conn:
+        conn.execute("UPDATE collector_schema SET version = 9")
+    with pytest.raises(FeedbackStoreError, match="schema version 9, newer than this squidcode knows"):
+        PostgresCollectorStore(url)
