@@ -63,16 +63,29 @@ MAX_EVENTS = 10_000
 _ID = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 
 
-# Published team adapters: one row per team and version, the published JSON as it came.
-_ADAPTERS_TABLE = ("CREATE TABLE IF NOT EXISTS adapters (team TEXT NOT NULL, version TEXT NOT NULL, "
-                   "sha256 TEXT NOT NULL, size BIGINT NOT NULL, meta TEXT NOT NULL, payload TEXT NOT NULL, "
-                   "created_at {real} NOT NULL, PRIMARY KEY (team, version))")
+# The collector's schema, as ordered migrations: a database is brought from its version to the
+# newest at open, its rows kept (SQLite: `PRAGMA user_version`; PostgreSQL: the `collector_schema`
+# table). `{real}` is the engine's floating-point type.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: uploads, and published team adapters (one row per team and version, the JSON as it came).
+    # Databases made before there were versions have these tables already: they are kept as they are.
+    ("CREATE TABLE IF NOT EXISTS received (id TEXT PRIMARY KEY, team TEXT NOT NULL, tbl TEXT NOT NULL, "
+     "row TEXT NOT NULL, received_at {real} NOT NULL)",
+     "CREATE TABLE IF NOT EXISTS adapters (team TEXT NOT NULL, version TEXT NOT NULL, "
+     "sha256 TEXT NOT NULL, size BIGINT NOT NULL, meta TEXT NOT NULL, payload TEXT NOT NULL, "
+     "created_at {real} NOT NULL, PRIMARY KEY (team, version))"),
+    # 2: every read is one team's rows of some tables (training, stats, the report): an index, not a
+    # scan of all teams' uploads.
+    ("CREATE INDEX IF NOT EXISTS received_team_tbl ON received (team, tbl)",),
+)
+SCHEMA_VERSION = len(_MIGRATIONS)
 _PUT_ADAPTER = ("INSERT INTO adapters (team, version, sha256, size, meta, payload, created_at) "
                 "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (team, version) DO NOTHING")
 _LATEST_ADAPTER = ("SELECT version, sha256, size, meta FROM adapters WHERE team = %s "
                    "ORDER BY created_at DESC LIMIT 1")
 _GET_ADAPTER = "SELECT payload FROM adapters WHERE team = %s AND version = %s"
 _TEAM_ROWS = "SELECT tbl, row FROM received WHERE team = %s"
+_MIGRATION_LOCK = 0x5C0D_C011  # pg_advisory_xact_lock's key for the collector's migrations
 
 
 def _adapter_info(row: tuple | None) -> dict[str, Any] | None:
@@ -97,19 +110,34 @@ class CollectorStore:
             # No sqlite-utils plugins: nothing installed elsewhere gets to change this connection.
             self._db = sqlite_utils.Database(self._conn, execute_plugins=False)
             self._db.enable_wal()
-            # The columns the earlier CREATE TABLE statement made: existing files open as they are.
-            self._db["received"].create(
-                {"id": str, "team": str, "tbl": str, "row": str, "received_at": float},
-                pk="id",
-                not_null={"team", "tbl", "row", "received_at"},
-                if_not_exists=True,
-            )
-            self._conn.execute(_ADAPTERS_TABLE.format(real="REAL"))
+            try:
+                self._migrate()
+            except FeedbackStoreError:
+                self._conn.close()
+                raise
         except OSError as exc:
             raise FeedbackStoreError(f"cannot create the collector database {self.path}: {exc}") from exc
         except sqlite3.Error as exc:
             raise FeedbackStoreError(f"cannot open the collector database {self.path}: {exc}") from exc
         self._file = OpenedFile(self.path)
+
+    def schema_version(self) -> int:
+        return self._conn.execute("PRAGMA user_version").fetchone()[0]
+
+    def _migrate(self) -> None:
+        version = self.schema_version()
+        if version > SCHEMA_VERSION:
+            raise FeedbackStoreError(
+                f"the collector database {self.path} has schema version {version}, newer than this "
+                f"squidcode knows ({SCHEMA_VERSION}); upgrade squidcode or give another --db"
+            )
+        for target in range(version, SCHEMA_VERSION):
+            with self._conn:
+                for statement in _MIGRATIONS[target]:
+                    self._conn.execute(statement.format(real="REAL"))
+                # PRAGMA takes no parameters; the value is an int computed here.
+                self._conn.execute(f"PRAGMA user_version = {target + 1}")
+            log.info("collector database %s migrated to schema %d", self.path, target + 1)
 
     def _follow_replacement(self) -> None:
         """Under the lock: a file deleted or replaced since it was opened is let go of (SQLite would
@@ -214,16 +242,32 @@ class PostgresCollectorStore:
             for _ in range(max(1, connections)):
                 self._pool.put(psycopg.connect(url, autocommit=False))
             with self._connection() as conn, conn.transaction():
-                conn.execute(
-                    "CREATE TABLE IF NOT EXISTS received (id TEXT PRIMARY KEY, team TEXT NOT NULL, "
-                    "tbl TEXT NOT NULL, row TEXT NOT NULL, received_at DOUBLE PRECISION NOT NULL)"
-                )
-                conn.execute(_ADAPTERS_TABLE.format(real="DOUBLE PRECISION"))
+                self._migrate(conn)
         except psycopg.Error as exc:
             self.close()
             raise FeedbackStoreError(
                 f"cannot open the PostgreSQL collector store {self.path}: {exc}"
             ) from exc
+
+    def _migrate(self, conn) -> None:
+        """In one transaction, under a lock that a second collector starting at once waits for."""
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", [_MIGRATION_LOCK])
+        conn.execute("CREATE TABLE IF NOT EXISTS collector_schema (version INTEGER NOT NULL)")
+        row = conn.execute("SELECT version FROM collector_schema").fetchone()
+        version = row[0] if row else 0
+        if version > SCHEMA_VERSION:
+            raise FeedbackStoreError(
+                f"the PostgreSQL collector store {self.path} has schema version {version}, newer than "
+                f"this squidcode knows ({SCHEMA_VERSION}); upgrade squidcode"
+            )
+        for target in range(version, SCHEMA_VERSION):
+            for statement in _MIGRATIONS[target]:
+                conn.execute(statement.format(real="DOUBLE PRECISION"))
+            log.info("PostgreSQL collector store %s migrated to schema %d", self.path, target + 1)
+        if row is None:
+            conn.execute("INSERT INTO collector_schema (version) VALUES (%s)", [SCHEMA_VERSION])
+        elif version < SCHEMA_VERSION:
+            conn.execute("UPDATE collector_schema SET version = %s", [SCHEMA_VERSION])
 
     @contextlib.contextmanager
     def _connection(self):

@@ -1,4 +1,4 @@
-"""The collector's SQLite store on real files: a file made by the earlier CREATE TABLE opens as it is,
+"""The collector's SQLite store on real files: a file made by the earlier CREATE TABLE is migrated,
 a retried batch is stored once, and database errors become FeedbackStoreError, which the app
 answers with 503 (driven through its ASGI interface)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from context.errors import FeedbackStoreError
-from feedback.collector import CollectorStore, create_app
+from feedback.collector import SCHEMA_VERSION, CollectorStore, create_app
 
 TOKEN = "team-token-0123456789"
 
@@ -34,7 +34,7 @@ def layout(path) -> tuple:
         conn.close()
 
 
-def test_an_old_file_opens_and_a_new_one_has_its_layout(tmp_path):
+def test_an_old_file_is_migrated_with_its_rows_and_a_new_one_has_the_same_layout(tmp_path):
     old = tmp_path / "old.db"
     conn = sqlite3.connect(old)
     conn.execute("PRAGMA journal_mode=WAL")
@@ -43,12 +43,39 @@ def test_an_old_file_opens_and_a_new_one_has_its_layout(tmp_path):
         conn.execute("INSERT INTO received VALUES ('a1', 'team', 'episodes', '{}', 1.0)")
     conn.close()
     CollectorStore(tmp_path / "new.db").close()
-    assert layout(tmp_path / "new.db") == layout(old)
     store = CollectorStore(old)
     try:
+        assert store.schema_version() == SCHEMA_VERSION == 2
         assert store.stats("team") == {"events": 1, "by_table": {"episodes": 1}}
     finally:
         store.close()
+    assert layout(tmp_path / "new.db") == layout(old)
+    # Version 2: reads of one team's tables use an index, not a scan of every team's uploads.
+    assert ("received_team_tbl", 0, "c") in layout(old)[2]
+    conn = sqlite3.connect(old)
+    try:
+        plan = " ".join(str(r) for r in conn.execute(
+            "EXPLAIN QUERY PLAN SELECT tbl, row FROM received WHERE team = 'team' AND tbl IN ('episodes')"))
+    finally:
+        conn.close()
+    assert "received_team_tbl" in plan
+    CollectorStore(old).close()  # opened again: nothing to do
+    assert layout(tmp_path / "new.db") == layout(old)
+
+
+def test_a_file_from_a_newer_squidcode_is_refused_and_left_as_it_is(tmp_path):
+    path = tmp_path / "newer.db"
+    CollectorStore(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version = 9")
+    conn.close()
+    with pytest.raises(FeedbackStoreError, match="schema version 9, newer than this squidcode knows"):
+        CollectorStore(path)
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 9
+    finally:
+        conn.close()
 
 
 def test_a_retried_batch_is_stored_once(tmp_path):
