@@ -217,6 +217,9 @@ class FeedbackConfig:
     share: bool = False
     endpoint: str | None = None
     token: str | None = None
+    # A CA certificate (PEM) to trust for an HTTPS collector, besides the system's: a team's own CA
+    # or the collector's self-signed certificate.
+    ca_file: str | None = None
     upload_interval_s: float = field(default=30.0, metadata=_range(0.05, 86400))
     upload_batch: int = field(default=200, metadata=_range(1, 10_000))
     # Pull the team's published adapter from the collector (`endpoint`, `token`) and use it

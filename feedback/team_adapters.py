@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import re
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -104,12 +105,13 @@ def _headers(token: str) -> dict[str, str]:
 
 
 def publish_adapter(endpoint: str, token: str, directory: Path, version: str, meta: dict[str, Any],
-                    timeout_s: float = 60.0) -> dict[str, Any]:
-    """Publish the adapter in `directory` to the collector at `endpoint`; the collector's answer."""
+                    timeout_s: float = 60.0, verify: ssl.SSLContext | bool = True) -> dict[str, Any]:
+    """Publish the adapter in `directory` to the collector at `endpoint`; the collector's answer.
+    `verify`: the HTTPS check (`feedback.upload.collector_tls`)."""
     body = pack_adapter(directory, version, meta)
     try:
         response = httpx.post(f"{endpoint.rstrip('/')}/v1/adapters", json=body, headers=_headers(token),
-                              timeout=timeout_s)
+                              timeout=timeout_s, verify=verify)
     except httpx.HTTPError as exc:
         raise AdapterError(f"cannot reach the collector at {endpoint}: {exc}") from exc
     if response.status_code >= 400:
@@ -118,24 +120,26 @@ def publish_adapter(endpoint: str, token: str, directory: Path, version: str, me
     return response.json()
 
 
-def pull_team_adapter(endpoint: str, token: str, registry, timeout_s: float = 60.0) -> str | None:
+def pull_team_adapter(endpoint: str, token: str, registry, timeout_s: float = 60.0,
+                      verify: ssl.SSLContext | bool = True) -> str | None:
     """Install and promote the team's newest adapter when this machine does not have it yet; the
     local version it became, or None (none published, or already here: a user who rolled back is
     not overruled by the same version again)."""
     base = endpoint.rstrip("/")
     try:
-        latest = httpx.get(f"{base}/v1/adapters/latest", headers=_headers(token), timeout=timeout_s)
-        if latest.status_code == 404:
-            return None
-        latest.raise_for_status()
-        info = latest.json()
-        if any(ref.meta.get("team_version") == info.get("version") for ref in registry.versions()):
-            return None
-        if not valid_version(info.get("version")):
-            raise AdapterError(f"the collector named an invalid adapter version {info.get('version')!r}")
-        got = httpx.get(f"{base}/v1/adapters/{info['version']}", headers=_headers(token), timeout=timeout_s)
-        got.raise_for_status()
-        payload = got.json()
+        with httpx.Client(headers=_headers(token), timeout=timeout_s, verify=verify) as client:
+            latest = client.get(f"{base}/v1/adapters/latest")
+            if latest.status_code == 404:
+                return None
+            latest.raise_for_status()
+            info = latest.json()
+            if any(ref.meta.get("team_version") == info.get("version") for ref in registry.versions()):
+                return None
+            if not valid_version(info.get("version")):
+                raise AdapterError(f"the collector named an invalid adapter version {info.get('version')!r}")
+            got = client.get(f"{base}/v1/adapters/{info['version']}")
+            got.raise_for_status()
+            payload = got.json()
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         raise AdapterError(f"cannot pull the team adapter from {endpoint}: {exc}") from exc
     try:

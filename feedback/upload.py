@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import random
+import ssl
 import threading
+from pathlib import Path
 
 import httpx
 
@@ -22,11 +24,27 @@ from context.errors import FeedbackStoreError, FeedbackUploadError
 
 from .store import FeedbackStore
 
-__all__ = ["Uploader", "UPLOAD_PATH", "MAX_BACKOFF_S"]
+__all__ = ["Uploader", "UPLOAD_PATH", "MAX_BACKOFF_S", "collector_tls"]
 
 log = logging.getLogger(__name__)
 
 UPLOAD_PATH = "/v1/events"
+
+
+def collector_tls(ca_file: str | None) -> ssl.SSLContext | bool:
+    """httpx's `verify` for the collector: the default checks, or the system's CAs and `ca_file`'s."""
+    if not ca_file:
+        return True
+    path = Path(ca_file).expanduser()
+    context = ssl.create_default_context()
+    try:
+        context.load_verify_locations(cafile=str(path))
+    except (OSError, ssl.SSLError) as exc:
+        raise FeedbackUploadError(f"feedback.ca_file {path} is not a readable PEM certificate: {exc}"
+                                  ) from exc
+    return context
+
+
 MAX_BACKOFF_S = 300.0
 _TIMEOUT_S = 10.0
 
@@ -72,21 +90,36 @@ class Uploader:
 
     def _run(self) -> None:
         store: FeedbackStore | None = None
-        with httpx.Client(transport=self.transport, timeout=_TIMEOUT_S) as client:
+        client: httpx.Client | None = None
+        ca_file: str | None = None
+        try:
             while not self._stop.is_set():
                 self._wake.wait(self._delay())
                 self._wake.clear()
                 if self._stop.is_set() or self.paused or not self.recorder.sharing:
                     continue
                 try:
+                    if client is None or ca_file != self.recorder.config.ca_file:
+                        # A new CA file in the settings takes effect at the next round.
+                        if client is not None:
+                            client.close()
+                        ca_file, client = self.recorder.config.ca_file, None
+                        client = httpx.Client(transport=self.transport, timeout=_TIMEOUT_S,
+                                              verify=collector_tls(ca_file))
                     store = store or FeedbackStore(self.recorder.db_path)
                     self.last_result = self.send_once(client, store)
+                except FeedbackUploadError as exc:  # the CA file: nothing to retry until it changes
+                    self.paused = str(exc)
+                    log.warning("feedback sharing paused: %s", exc)
                 except FeedbackStoreError as exc:
                     self.failures += 1
                     log.warning("feedback upload waits for the store: %s", exc)
                 except Exception:  # noqa: BLE001 - the uploader must never take the server down
                     self.failures += 1
                     log.exception("feedback upload failed unexpectedly; will retry")
+        finally:
+            if client is not None:
+                client.close()
 
     def send_once(self, client: httpx.Client, store: FeedbackStore) -> str:
         """One round: send up to one batch; returns what happened (for logs and tests)."""

@@ -115,6 +115,7 @@ def _publish(config, as_json: bool) -> int:
     from feedback.team_adapters import publish_adapter
     from feedback.train.adapters import AdapterRegistry
     from feedback.train.status import train_paths
+    from feedback.upload import collector_tls
 
     endpoint, token = config.feedback.endpoint, config.feedback.token
     if not endpoint or not token:
@@ -123,7 +124,8 @@ def _publish(config, as_json: bool) -> int:
     if ref is None:
         raise AdapterError("no promoted adapter to publish (the base model is in use)")
     version = f"{ref.id}-{int(ref.meta.get('created_at') or 0)}"
-    answer = publish_adapter(endpoint, token, ref.path, version, {"local_id": ref.id, **ref.meta})
+    answer = publish_adapter(endpoint, token, ref.path, version, {"local_id": ref.id, **ref.meta},
+                             verify=collector_tls(config.feedback.ca_file))
     print(json.dumps(answer) if as_json else f"published adapter {ref.id} as {version}")
     return 0
 

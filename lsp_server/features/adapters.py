@@ -18,11 +18,12 @@ import time
 
 from lsprotocol import types
 
-from context.errors import AdapterError
+from context.errors import AdapterError, FeedbackUploadError
 from feedback.team_adapters import pull_team_adapter
 from feedback.train.adapters import AdapterRegistry, read_pointer, sync_runtime_adapter
 from feedback.train.scheduler import spawn_background
 from feedback.train.status import read_status, train_paths
+from feedback.upload import collector_tls
 
 from ..server import SquidServer
 
@@ -88,8 +89,8 @@ async def _pull_team_adapters(ls: SquidServer) -> None:
         try:
             # A short timeout: a pull still in flight when the editor quits holds the exit that long.
             installed = await asyncio.to_thread(pull_team_adapter, feedback.endpoint, feedback.token,
-                                                registry, PULL_TIMEOUT_S)
-        except AdapterError as exc:
+                                                registry, PULL_TIMEOUT_S, collector_tls(feedback.ca_file))
+        except (AdapterError, FeedbackUploadError) as exc:
             if str(exc) != warned:  # said once, not at every poll
                 log.warning("team adapter: %s", exc)
                 warned = str(exc)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -31,12 +32,16 @@ def free_port() -> int:
 class Collector:
     """`squidcode collector serve` as a subprocess."""
 
-    def __init__(self, tmp_path: Path, port: int, db: str | None = None):
+    def __init__(self, tmp_path: Path, port: int, db: str | None = None,
+                 tls: tuple[Path, Path] | None = None):
         self.db = db or tmp_path / "collector.db"
         self.tokens = tmp_path / "tokens.txt"
         self.tokens.write_text(f"# team tokens\nacme={TOKEN}\n")
         self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+        # tls: (certificate, key) for HTTPS; the certificate is then what this client trusts.
+        self.tls = tls
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+        self.verify = ssl.create_default_context(cafile=str(tls[0])) if tls else True
         self.process: subprocess.Popen | None = None
 
     def start(self) -> Collector:
@@ -53,6 +58,8 @@ class Collector:
                 str(self.port),
                 "--tokens",
                 str(self.tokens),
+                *(["--ssl-certfile", str(self.tls[0]), "--ssl-keyfile", str(self.tls[1])]
+                  if self.tls else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -60,7 +67,7 @@ class Collector:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                if httpx.get(self.url + "/v1/health", timeout=1).status_code == 200:
+                if httpx.get(self.url + "/v1/health", timeout=1, verify=self.verify).status_code == 200:
                     return self
             except httpx.HTTPError:
                 time.sleep(0.1)
@@ -73,7 +80,8 @@ class Collector:
             self.process = None
 
     def stats(self) -> dict:
-        return httpx.get(self.url + "/v1/stats", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+        return httpx.get(self.url + "/v1/stats", headers={"Authorization": f"Bearer {TOKEN}"},
+                         verify=self.verify).json()
 
 
 @pytest.fixture(scope="module")
