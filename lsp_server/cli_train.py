@@ -177,14 +177,25 @@ def _source(args):
 
 
 def _init_distributed(config) -> None:
-    """Join the process group when launched by torchrun (WORLD_SIZE > 1): data-parallel training."""
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1): data-parallel training.
+
+    On GPUs each process takes the GPU of its local rank (torchrun's LOCAL_RANK) before the model is
+    loaded: "cuda" then names that GPU, and NCCL refuses two processes on one GPU anyway. Gradients
+    (on the GPU) go through NCCL; the trainer's few CPU scalars (rewards, stop flags) through gloo."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return
+    import torch
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        backend = "nccl" if config.train.device == "cuda" else "gloo"
-        dist.init_process_group(backend)
+    from context.runtime import resolve_device
+
+    if dist.is_initialized():
+        return
+    if resolve_device(config.train.device) == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("cpu:gloo,cuda:nccl")
+    else:
+        dist.init_process_group("gloo")
 
 
 def _reported_round(config, **kwargs):

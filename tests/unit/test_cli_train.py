@@ -192,3 +192,38 @@ def test_training_from_a_collector_store_needs_the_team_and_says_what_is_missing
     assert main(["train", "--once", "--steps", "1", "--source", f"sqlite:{workspace / 'none.db'}",
                  "--team", "acme"]) == 1
     assert "no collector database" in capsys.readouterr().err
+
+
+def test_torchrun_processes_use_gloo_on_the_cpu_and_on_gpus_nccl_each_on_its_own_gpu(monkeypatch):
+    """The process-group choice under torchrun. No GPU here: CUDA's presence and the group's start
+    are test doubles that record what they were asked (the real gloo group is in test_team_loop)."""
+    from dataclasses import replace
+
+    import torch
+    import torch.distributed as dist
+
+    from context.config import SquidConfig
+    from lsp_server.cli_train import _init_distributed
+
+    calls = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend: calls.append(("group", backend)))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: calls.append(("gpu", index)))
+
+    def for_device(device: str) -> SquidConfig:
+        config = SquidConfig()
+        return replace(config, train=replace(config.train, device=device))
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    _init_distributed(for_device("cpu"))
+    assert calls == []  # one process: no group
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    _init_distributed(for_device("cpu"))
+    assert calls == [("group", "gloo")]
+    calls.clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for device in ("cuda", "auto"):
+        _init_distributed(for_device(device))
+        assert calls == [("gpu", 1), ("group", "cpu:gloo,cuda:nccl")], device
+        calls.clear()
