@@ -16,6 +16,7 @@ from context.generation import healing_tokens
 from context.loading import model_loading
 from context.prompt_record import ServedPrompt, TokenizerCodec
 
+from .heap import TrimHeap, release_freed_heap
 from .logprobs import shared_prompt_logprobs, unwrap_causal_lm
 from .references import ReferencePrefix, composer_for
 from .store_source import NEXT_EDIT_SOURCE
@@ -296,11 +297,11 @@ def sample_group(
         full, cache = torch.cat([head, prompt], dim=1), context.cache(1)  # [1, context + P]
     # generate() reads what the cache holds and runs the rest after it: the prompt's last token.
     sampling["cache"] = prefilled(model, prompt, cache, full.shape[1] - prompt.shape[1], group_size)
-    if heal:
-        from transformers import LogitsProcessorList
+    from transformers import LogitsProcessorList
 
-        sampling["logits_processor"] = LogitsProcessorList(
-            [_Healing(tokenizer, heal, full.shape[1])])
+    release_freed_heap()  # what composing and prefilling freed, before the cache grows G rows at a time
+    processors = [_Healing(tokenizer, heal, full.shape[1])] if heal else []
+    sampling["logits_processor"] = LogitsProcessorList([*processors, TrimHeap()])
     prompts = full.expand(group_size, -1)  # [G, context + P]
     out = model.generate(
         input_ids=prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=max_new_tokens,

@@ -28,6 +28,7 @@ from context.config import TrainConfig
 
 from .dataset import TrainingExample
 from .grpo import GrpoLossConfig, group_advantages, grpo_loss
+from .heap import release_freed_heap
 from .policy import (
     SampledGroup,
     example_prompt_ids,
@@ -117,7 +118,9 @@ class GrpoTrainer:
         rewards = torch.stack([s.rewards for s in scored])  # [groups, G]
         advantages, informative = group_advantages(rewards, self.config.scale_rewards)
         live = [i for i in range(len(scored)) if informative[i]]
+        release_freed_heap()  # sampling's caches: gone before the loss's activations arrive
         self._prepare_logprobs([scored[i] for i in live])
+        release_freed_heap()  # the reference pass's activations
         tokens = _all_reduce_sum(float(sum(scored[i].group.mask.sum() for i in live)))
         loss_total = kl_total = clip_total = 0.0
         # No informative group anywhere: no step at all (Adam's momentum would still move the weights).
@@ -128,6 +131,7 @@ class GrpoTrainer:
             for i in live:
                 loss, stats = self._group_loss(scored[i], advantages[i], tokens)
                 loss.backward()
+                release_freed_heap()  # this group's activations, before the next group's
                 loss_total += float(loss.detach())
                 kl_total += stats.kl / len(live)
                 clip_total += stats.clip_fraction / len(live)
@@ -135,6 +139,7 @@ class GrpoTrainer:
             torch.nn.utils.clip_grad_norm_(self.trainable, 1.0)
             self.optimizer.step()
             weights_changed(self.model)  # Squid reference caches of the old weights are stale
+        release_freed_heap()  # the backward pass's activations and gradients
         self.model.eval()
         self.step_count += 1
         updates = max(updates, 1)
