@@ -21,11 +21,11 @@ REPO = Path(__file__).resolve().parent.parent
 # two workers (`./dev test`), a file each at a time, they start first, and the short files fill in
 # around them; last, the learning loop alone kept one worker busy for 4 minutes after the other was done.
 SLOW_FIRST = (
-    "e2e/test_learning_loop.py", "e2e/test_vscode.py", "e2e/test_lsp_server.py", "e2e/test_shutdown.py",
-    "e2e/test_demo.py", "unit/index/test_stdlib_recall.py",
+    "e2e/test_learning_loop.py", "e2e/test_team_loop.py", "e2e/test_vscode.py", "e2e/test_lsp_server.py",
+    "e2e/test_shutdown.py", "e2e/test_demo.py", "unit/index/test_stdlib_recall.py",
     "e2e/test_neovim_plugin.py", "e2e/test_neovim.py", "unit/test_runtime_cache.py", "e2e/test_wheel.py",
     "unit/squid/test_bench.py", "e2e/test_feedback_kill.py", "e2e/test_openai_server.py",
-    "unit/train/test_repair_tasks.py", "e2e/test_team_loop.py",
+    "unit/train/test_repair_tasks.py",
 )
 SERVER_CMD = [sys.executable, "-m", "lsp_server", "serve"]
 DEMO_WORKSPACE = REPO / "lsp_server" / "demo_workspace"

@@ -19,6 +19,7 @@ from context.prompt_record import ServedPrompt, TokenizerCodec
 from .heap import TrimHeap, release_freed_heap
 from .logprobs import shared_prompt_logprobs, unwrap_causal_lm
 from .references import ReferencePrefix, composer_for
+from .shared_rows import share_rows
 from .store_source import NEXT_EDIT_SOURCE
 
 __all__ = [
@@ -318,8 +319,9 @@ def sample_group(
 
 def prefilled(model, prompt: torch.Tensor, cache, start: int, rows: int):
     """`cache` (one row of `start` positions, or a new one when None) extended by `prompt` [1, P]
-    but its last token, run once, then repeated for `rows` samples: generating G samples runs the
-    prompt once instead of G times, and no [G, P] activations are made."""
+    but its last token, run once, then shared by `rows` samples (`shared_rows.share_rows`): generating
+    G samples runs the prompt once instead of G times, no [G, P] activations are made, and the
+    common positions are held once."""
     from transformers import DynamicCache
 
     lm = unwrap_causal_lm(model)
@@ -328,7 +330,7 @@ def prefilled(model, prompt: torch.Tensor, cache, start: int, rows: int):
         positions = torch.arange(start, start + prompt.shape[1] - 1, device=prompt.device)[None]  # [1, P - 1]
         lm.model(input_ids=prompt[:, :-1], position_ids=positions, cache=cache, use_cache=True)
     if rows > 1:
-        cache.batch_repeat_interleave(rows)  # [rows, kv_heads, start + P - 1, head_dim] per layer
+        share_rows(cache, rows)  # [1, kv_heads, start + P - 1, head_dim] per layer, read by every row
     return cache
 
 
