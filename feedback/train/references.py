@@ -112,12 +112,18 @@ class ReferencePrefix:
         return self.composer.compose(self.served) or self
 
     def cache(self, rows: int):
-        """A fresh transformers cache of the prefix for `rows` sequences, made outside inference
-        mode (the composed tensors are inference tensors, which autograd may not save)."""
-        keys = self.composed.keys.clone()  # [layers, kv_heads, offset, head_dim]
-        values = self.composed.values.clone()
-        cache = ComposedContext(keys, values, self.token_ids, self.composed.spans,
-                                self.composed.config).new_cache()
+        """A fresh transformers cache of the prefix for `rows` sequences. Its layers are views of the
+        composed tensors (ordinary tensors: see `ReferenceComposer.compose`), not copies: a cache
+        grows by new tensors, so the composition is never written, and a loss that only reads the
+        prefix holds no second copy of it."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.composed.config)
+        keys, values = self.composed.keys, self.composed.values  # [layers, kv_heads, offset, head_dim]
+        assert len(cache.layers) == keys.shape[0], (len(cache.layers), keys.shape)
+        for index, layer in enumerate(cache.layers):
+            layer.lazy_initialization(keys[index : index + 1], values[index : index + 1])
+            layer.keys, layer.values = keys[index : index + 1], values[index : index + 1]
         if rows > 1:
             cache.batch_repeat_interleave(rows)  # [rows, kv_heads, offset, head_dim] per layer
         return cache
@@ -154,6 +160,9 @@ class ReferenceComposer:
                                                 persist=adapter is None)
         if composed is None:
             return None
+        # Composed in inference mode, which autograd may not save: one copy outside it, held here,
+        # so that every cache of it reads it in place (the inference tensors go).
+        composed = replace(composed, keys=composed.keys.clone(), values=composed.values.clone())
         if adapter is not None:
             self._adapter_keys.update(composed.document_keys)
         exact = _exact(composed, served)
