@@ -103,7 +103,8 @@ class Uploader:
                         # A new CA file in the settings takes effect at the next round.
                         if client is not None:
                             client.close()
-                        ca_file, client = self.recorder.config.ca_file, None
+                            client = None
+                        ca_file = self.recorder.config.ca_file
                         client = httpx.Client(transport=self.transport, timeout=_TIMEOUT_S,
                                               verify=collector_tls(ca_file))
                     store = store or FeedbackStore(self.recorder.db_path)

@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import REPO
 from tests.e2e.raw_lsp import RawLspClient, start_client
 from tests.postgres import NO_POSTGRES, have_postgres, postgres_server
-from tests.unit.feedback.test_upload import TOKEN, Collector, free_port
+from tests.unit.feedback.test_upload import TOKEN, Collector, free_port, wait
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not have_postgres(), reason=NO_POSTGRES)]
 psycopg = pytest.importorskip("psycopg", reason="needs psycopg (pip install psycopg[binary])")
@@ -94,15 +94,6 @@ def use_completions(client: RawLspClient) -> list[str]:
     return episodes
 
 
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"not within {timeout:.0f} s: {what}")
-
-
 def uploaded_outcomes(postgres_url: str) -> int:
     with psycopg.connect(postgres_url) as conn:
         query = "SELECT COUNT(*) FROM received WHERE team = 'acme' AND tbl = 'outcomes'"
@@ -130,7 +121,7 @@ def test_a_teams_pooled_feedback_trains_an_adapter_its_members_and_only_they_swi
             members.append(stranger)
             episodes = use_completions(alice) + use_completions(bob)
             # Both members' episodes and their judged outcomes reach the team's store.
-            wait_until(lambda: uploaded_outcomes(postgres_url) >= len(episodes), 60, "the outcomes uploaded")
+            wait(lambda: uploaded_outcomes(postgres_url) >= len(episodes), timeout=60)
             with psycopg.connect(postgres_url) as conn:
                 stored = {row[0] for row in conn.execute(
                     "SELECT id FROM received WHERE team = 'acme' AND tbl = 'episodes'")}
@@ -173,8 +164,7 @@ def test_a_teams_pooled_feedback_trains_an_adapter_its_members_and_only_they_swi
 
             # Both members switch to it without a restart, and complete with it.
             for client in (alice, bob):
-                wait_until(lambda client=client: loaded_adapter(client) == "v0001", 120,
-                           f"{client.stderr_path.name} loading the team adapter")
+                wait(lambda client=client: loaded_adapter(client) == "v0001", timeout=120)
                 response = client.inline_completion((client.workspace / "area.py").as_uri(),
                                                     {"line": 1, "character": 11})
                 assert "result" in response, response
