@@ -233,6 +233,16 @@ class KVCacheStore:
         for entry in to_disk:
             self._write_disk(entry)
 
+    def release_memory(self) -> int:
+        """Drop every entry the memory tiers hold; those on disk stay there for the next `get`.
+        Returns the bytes let go."""
+        with self._lock:
+            released = 0
+            for tier in (self.device_tier, self.cpu_tier):
+                while tier.entries:
+                    released += tier.pop_oldest().nbytes
+            return released
+
     def invalidate(self, key: CacheKey) -> None:
         with self._lock:
             self.device_tier.pop(key)

@@ -15,8 +15,10 @@ base model for the KL reference (adapter disabled), another adapter in the gate.
 kept in a small memory store, the base model's also on disk in the training run's folder (they hold
 for the whole round: an example trained again reads them instead of encoding its documents again);
 an optimizer step (`weights_changed`) drops the adapter's, which the new weights would encode
-otherwise. The composed prefix is a constant to the loss (no gradient flows into the documents'
-caches), as a served cache is encoded once and then only read.
+otherwise, and the memory store is emptied before each loss (`release_memory`): the loss reads
+compositions already made, and the store's room is then the backward pass's. The composed prefix
+is a constant to the loss (no gradient flows into the documents' caches), as a served cache is
+encoded once and then only read.
 
 A composition is `exact` when it holds the served tokens: every document's text still tokenizes to
 the ids its hash names, and the shared prefix is the served one. A document whose text redaction
@@ -40,7 +42,7 @@ from context.squid.service import ReferenceDocument, SquidService, recovery_from
 
 from .logprobs import unwrap_causal_lm
 
-__all__ = ["ReferenceComposer", "ReferencePrefix", "composer_for", "weights_changed"]
+__all__ = ["ReferenceComposer", "ReferencePrefix", "composer_for", "release_memory", "weights_changed"]
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +150,16 @@ class ReferenceComposer:
         self._adapter_keys.clear()
         self.runtime.version += 1
 
+    def release_memory(self) -> int:
+        """Let go of the document caches held in memory (the trainer does before the loss, whose
+        compositions are made): the base model's come back from disk when next needed, the adapter's
+        are about to be stale (the weights stay what they are: a composition of them still holds).
+        Returns the bytes let go."""
+        for key in self._adapter_keys:
+            self.service.store.invalidate(key)
+        self._adapter_keys.clear()
+        return self.service.store.release_memory()
+
     def compose(self, served: ServedPrompt) -> ReferencePrefix | None:
         """`served`'s reference documents composed by the weights active now; None when it names none
         whose text is known."""
@@ -196,6 +208,12 @@ def composer_for(model, tokenizer, disk_dir: Path | None = None) -> ReferenceCom
             or (disk_dir is not None and composer.disk_dir != disk_dir)):
         composer = _COMPOSERS[model] = ReferenceComposer(model, tokenizer, disk_dir)
     return composer
+
+
+def release_memory(model) -> int:
+    """Let go of `model`'s document caches in memory (`ReferenceComposer.release_memory`)."""
+    composer = _COMPOSERS.get(model)
+    return composer.release_memory() if composer is not None else 0
 
 
 def weights_changed(model) -> None:

@@ -37,7 +37,7 @@ from .policy import (
     reference_logprobs,
     sample_example,
 )
-from .references import composer_for, weights_changed
+from .references import composer_for, release_memory, weights_changed
 
 __all__ = ["GrpoTrainer", "RewardFn", "StepRecord"]
 
@@ -127,6 +127,9 @@ class GrpoTrainer:
         updates = self.config.updates_per_batch if _all_reduce_sum(float(len(live))) > 0 else 0
         self.model.train()
         for _ in range(updates):
+            # The loss reads the compositions made above (or composes again after an update):
+            # the document caches they came from make room for the backward pass.
+            release_memory(self.model)
             self.optimizer.zero_grad(set_to_none=True)
             for i in live:
                 loss, stats = self._group_loss(scored[i], advantages[i], tokens)

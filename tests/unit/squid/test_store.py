@@ -74,6 +74,21 @@ def test_lru_demotes_device_to_cpu_to_disk_and_promotes_back(tmp_path):
     assert _same(store.get(b.key), b) and store.stats()["disk"]["hits"] == 2
 
 
+def test_release_memory_empties_both_memory_tiers_and_keeps_the_disk(tmp_path):
+    size = make_entry("x").nbytes
+    store = KVCacheStore(tmp_path, device_bytes=size, cpu_bytes=size, disk_bytes=100 * size)
+    a, b, c = (make_entry(n, seed=i) for i, n in enumerate("abc"))
+    for entry in (a, b, c):
+        store.put(entry)  # c in the device tier, b in the CPU tier, a on disk
+    assert store.release_memory() == 2 * size
+    assert not store.device_tier.entries and not store.cpu_tier.entries
+    stats = store.stats()
+    assert stats["device"]["bytes"] == stats["cpu"]["bytes"] == 0
+    assert _same(store.get(a.key), a)  # what was on disk still is
+    assert store.get(c.key) is None  # what only memory held is gone, not written out
+    assert store.release_memory() == size  # a, promoted by the get
+
+
 def test_budgets_hold_under_a_stream_of_requests(tmp_path):
     size = make_entry("x").nbytes
     store = KVCacheStore(tmp_path, device_bytes=3 * size, cpu_bytes=4 * size, disk_bytes=6 * size)
