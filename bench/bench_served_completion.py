@@ -2,6 +2,8 @@
 one llama.cpp server over loopback, against the local runtime on the same model, in one run.
 
     python bench/bench_served_completion.py [--keystrokes 30] [--editors 1,4,8] [--threads 2]
+    # a team's GPU box: llama-server with every layer on the GPU; the local runtime stays on the CPU
+    python bench/bench_served_completion.py --gpu-layers 99 --threads 2
 
 The model is the embedded SmolLM2-135M-Instruct GGUF for both: the local runtime (this process,
 `agent.completion.complete`, the product's path) and llama.cpp's C++ server (built by
@@ -66,12 +68,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def start_server(threads: int, slots: int, log_path: Path) -> tuple[subprocess.Popen, str]:
+def start_server(threads: int, slots: int, log_path: Path,
+                 gpu_layers: int = 0) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     log = log_path.open("w")
+    # -ngl: layers offloaded to a GPU, for a llama-server built with CUDA (0 on a CPU build).
+    offload = ["-ngl", str(gpu_layers)] if gpu_layers else []
     proc = subprocess.Popen(
         [str(LLAMA_SERVER), "-m", str(locate_embedded_gguf()), "--host", "127.0.0.1", "--port", str(port),
-         "-t", str(threads), "-np", str(slots), "-c", str(2048 * slots)],
+         "-t", str(threads), "-np", str(slots), "-c", str(2048 * slots), *offload],
         stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
@@ -144,23 +149,33 @@ def main() -> int:
     parser.add_argument("--editors", default="1,4,8")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cancel-tries", type=int, default=5)
+    parser.add_argument("--local-device", default="cpu",
+                        help="where the local runtime runs, comma-separated for several (cpu,cuda); the "
+                             "ratios are against the first")
+    parser.add_argument("--gpu-layers", type=int, default=0,
+                        help="llama-server's -ngl: layers on the GPU (needs a CUDA build of llama-server)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     counts = [int(n) for n in args.editors.split(",")]
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     files = [typing_positions(stdlib / name, args.keystrokes) for name in SOURCES[: max(counts)]]
     config = CompletionConfig(debounce_ms=0)
-    result = {"cpu": cpu_info(), "keystrokes": args.keystrokes, "threads": args.threads,
-              "date": time.strftime("%Y-%m-%d %H:%M")}
+    result = {"cpu": cpu_info(), "gpu": gpu_name(), "server_gpu_layers": args.gpu_layers,
+              "keystrokes": args.keystrokes, "threads": args.threads, "date": time.strftime("%Y-%m-%d %H:%M")}
 
-    runtime = ModelRuntime(ModelConfig(threads=args.threads)).load().prepare()
-    run_local(runtime, config, files[0][:3])  # warm: the engine compiled, the first window read
-    local = run_local(runtime, config, files[0])
-    result["local"] = {"p50": percentile(local, 0.5), "p95": percentile(local, 0.95), "requests": len(local)}
-    del runtime
+    result["locals"] = {}
+    for device in args.local_device.split(","):
+        runtime = ModelRuntime(ModelConfig(threads=args.threads, device=device)).load().prepare()
+        run_local(runtime, config, files[0][:3])  # warm: the engine compiled, the first window read
+        local = run_local(runtime, config, files[0])
+        result["locals"][runtime.device] = {"p50": percentile(local, 0.5), "p95": percentile(local, 0.95),
+                                            "requests": len(local)}
+        del runtime
+    # The ratios are against the first device named (the editor's own machine: its CPU by default).
+    result["local"] = next(iter(result["locals"].values()))
 
     with tempfile.TemporaryDirectory(prefix="squid-bench-served-") as tmp:
-        proc, url = start_server(args.threads, max(counts), Path(tmp) / "server.log")
+        proc, url = start_server(args.threads, max(counts), Path(tmp) / "server.log", args.gpu_layers)
         try:
             served = CompletionConfig(debounce_ms=0, backend="openai", server_url=f"{url}/v1", fim="off",
                                       server_timeout_s=120.0)
@@ -184,6 +199,16 @@ def main() -> int:
     return 0
 
 
+def gpu_name() -> str | None:
+    """The first GPU's name as nvidia-smi gives it, or None on a machine without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
 def replace_backend(config: CompletionConfig, url: str) -> CompletionConfig:
     """The same server asked through `/v1/completions` with the cancel test's long budget."""
     from dataclasses import replace
@@ -194,11 +219,13 @@ def replace_backend(config: CompletionConfig, url: str) -> CompletionConfig:
 def markdown(result: dict) -> str:
     local = result["local"]
     rows = ["| editors | backend | requests | p50 | p95 | p50 / local p50 | prompt cache reuse |",
-            "|---|---|---|---|---|---|---|",
-            f"| 1 | local runtime | {local['requests']} | {local['p50']:.3f} s | {local['p95']:.3f} s "
-            "| 1.00 | - |"]
+            "|---|---|---|---|---|---|---|"]
+    for device, row in result.get("locals", {"cpu": local}).items():
+        rows.append(f"| 1 | local runtime ({device}) | {row['requests']} | {row['p50']:.3f} s | "
+                    f"{row['p95']:.3f} s | {row['p50'] / local['p50']:.2f} | - |")
+    server = "llama-server (GPU)" if result.get("server_gpu_layers") else "llama-server"
     for n, row in result["served"].items():
-        rows.append(f"| {n} | llama-server | {row['requests']} | {row['p50']:.3f} s | {row['p95']:.3f} s | "
+        rows.append(f"| {n} | {server} | {row['requests']} | {row['p50']:.3f} s | {row['p95']:.3f} s | "
                     f"{row['p50'] / local['p50']:.2f} | {row['cache_reuse']:.0%} |")
     one = result["served"][min(result["served"])]
     worst = result["served"][max(result["served"])]

@@ -47,6 +47,8 @@ def runtime_row() -> dict:
 def main() -> int:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "bench" / "results" / "gpu-e2e.json"
     row = runtime_row()
+    # Printed at once: the learning loop below takes minutes and a lease can end during it.
+    print("runtime:", json.dumps(row), flush=True)
     loop_out = out.with_name(out.stem + "-loop.json")
     subprocess.run([sys.executable, str(ROOT / "bench" / "learning_loop.py"), "--device", "cuda",
                     "--rounds", "1", "--steps", "10", "--no-agent", "--out", str(loop_out)], check=True)
