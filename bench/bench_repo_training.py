@@ -2,6 +2,7 @@
 
     python bench/bench_repo_training.py                         # click, 1 seed, ~30 min on 2 cores
     python bench/bench_repo_training.py --packages click,jinja2 --seeds 0,1,2 --steps 40
+    python bench/bench_repo_training.py --device cuda --configs grpo --steps 150 --eval-every 25  # a GPU
 
 A real third-party package installed in this venv is copied into a temporary git workspace and
 indexed; `feedback.train.repo_tasks` makes its completion tasks there (a statement hidden where a
@@ -90,9 +91,24 @@ def train_grpo(model, tokenizer, train, args, seed: int, run_dir: Path) -> tuple
                          checkpoint_every=10_000)
     trainer = GrpoTrainer(model, tokenizer, config, train, task_reward, run_dir)
     started = time.perf_counter()
-    history = trainer.run(args.steps)
+    curve, evaluating = [], [0.0]
+
+    def on_step(record) -> None:
+        # The held-out exact match along the way (with references): a curve that a time limit cannot
+        # take away whole. Its time is not training time.
+        if args.eval_every and record.step % args.eval_every == 0 and record.step < args.steps:
+            began = time.perf_counter()
+            point = evaluate(model, tokenizer, args.held, args.max_new_tokens, adapter=True)
+            evaluating[0] += time.perf_counter() - began
+            curve.append({"step": record.step, "exact": point["exact"], "es": point["es"],
+                          "seconds": time.perf_counter() - started - evaluating[0]})
+            print(f"    step {record.step}: held-out exact {point['exact']:.1%}, ES {point['es']:.3f} "
+                  f"({curve[-1]['seconds']:.0f} s)", flush=True)
+
+    history = trainer.run(args.steps, on_step=on_step)
+    args.curve = curve
     log = [{"step": r.step, "reward": r.mean_reward, "kl": r.kl} for r in history]
-    return time.perf_counter() - started, log
+    return time.perf_counter() - started - evaluating[0], log
 
 
 def sft_group(model, tokenizer, example):
@@ -148,7 +164,7 @@ def run_package(package: str, args, seeds: list[int], work: Path) -> dict:
 
     root = work / f"ws-{package}"  # the package in root/package, committed
     copy_package(package, root)
-    runtime = ModelRuntime(ModelConfig(threads=args.threads)).load()
+    runtime = ModelRuntime(ModelConfig(threads=args.threads, device=args.device, dtype=args.dtype)).load()
     tokenizer = runtime.tokenizer
     started = time.perf_counter()
     tasks = workspace_tasks([root], TokenizerCodec(tokenizer), index_path=work / f"{package}.db",
@@ -178,8 +194,10 @@ def run_package(package: str, args, seeds: list[int], work: Path) -> dict:
                 took, log["sft"] = train_sft(model, tokenizer, train, args, seed)
                 seconds += took
             if kind.endswith("grpo"):
+                args.held = held
                 took, log["grpo"] = train_grpo(model, tokenizer, train, args, seed,
                                                work / f"run-{package}-{seed}-{kind}")
+                log["curve"] = args.curve
                 seconds += took
             result = both(model, tokenizer, held, args.max_new_tokens, adapter=True)
             result.update(seconds=seconds, log=log)
@@ -239,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tasks", type=int, default=160)
     parser.add_argument("--holdout", type=float, default=0.3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", default="float32", help="model.dtype (float32: as the CPU runs train)")
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="also score the held-out tasks every N GRPO steps (printed as it goes)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="trained arms, comma-separated: "
                         + ", ".join(CONFIGS))
     parser.add_argument("--out", type=Path, default=None)

@@ -100,7 +100,7 @@ def grpo_loss(
     old_logps = logps.detach() if old_logps is None else old_logps
     ratio = torch.exp(logps - old_logps)  # [b, T]
     clipped = torch.clamp(ratio, 1 - config.epsilon_low, 1 + config.epsilon_high)
-    adv = advantages.reshape(-1, 1).to(logps.dtype)  # [b, 1]
+    adv = advantages.reshape(-1, 1).to(logps.device, logps.dtype)  # [b, 1]; rewards are scored on the CPU
     per_token = -torch.min(ratio * adv, clipped * adv)  # [b, T]
     kl = None
     if config.beta != 0.0:

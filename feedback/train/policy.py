@@ -286,7 +286,9 @@ def sample_group(
 ) -> SampledGroup:
     """`group_size` completions of `prompt` [1, P]; temperature 0 decodes greedily (one row per copy).
     With `heal`, each completion's first tokens are held to those that regenerate that text. With a
-    `context`, the prompt continues its composed cache (as `ModelRuntime.generate(past=...)` does)."""
+    `context`, the prompt continues its composed cache (as `ModelRuntime.generate(past=...)` does).
+    The group's tensors are on the model's device (a prompt made on the CPU goes there)."""
+    prompt = prompt.to(model_device(model))
     eos = eos_token_ids(model, tokenizer)
     if temperature > 0:
         sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
@@ -367,8 +369,14 @@ def group_logprobs(model, group: SampledGroup, temperature: float) -> torch.Tens
     """Per-token log-probs [G, C] of the group's completions under `model` as it is now (after its
     context, composed by the weights active now)."""
     past, offset = group.past()
-    return shared_prompt_logprobs(model, group.prompt, group.completions, group.mask, temperature, past=past,
-                                  past_length=offset)
+    device = model_device(model)  # a group built by hand (supervised targets) may be on the CPU
+    return shared_prompt_logprobs(model, group.prompt.to(device), group.completions.to(device),
+                                  group.mask.to(device), temperature, past=past, past_length=offset)
+
+
+def model_device(model) -> torch.device:
+    """Where `model`'s weights are (the device every input of it must be on)."""
+    return next(model.parameters()).device
 
 
 @torch.no_grad()
