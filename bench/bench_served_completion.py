@@ -119,8 +119,43 @@ async def run_editors(config: CompletionConfig, editors: list[list[tuple[str, in
         await asyncio.gather(*(editor(p) for p in editors))
     finally:
         await server.aclose()
+    return summarize(times, prompt, cached)
+
+
+def summarize(times: list[float], prompt: int, cached: int) -> dict:
     return {"p50": percentile(times, 0.5), "p95": percentile(times, 0.95), "requests": len(times),
-            "cache_reuse": cached / prompt if prompt else 0.0}
+            "cache_reuse": cached / prompt if prompt else 0.0, "times": times, "prompt": prompt,
+            "cached": cached}
+
+
+def _editor_process(config: CompletionConfig, positions, barrier, results) -> None:
+    """One editor in a process of its own, as each developer's server is: its file read once, then,
+    when every editor is ready, its keystrokes."""
+    asyncio.run(run_editors(config, [positions[:1]]))
+    barrier.wait()
+    results.put(asyncio.run(run_editors(config, [positions])))
+
+
+def run_editor_processes(config: CompletionConfig, editors: list[list[tuple[str, int]]]) -> dict:
+    """`run_editors` with each editor in its own process (so that no editor waits on another's Python),
+    all starting together."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # this process holds torch's threads: no fork
+    barrier, results = context.Barrier(len(editors)), context.Queue()
+    processes = [context.Process(target=_editor_process, args=(config, positions, barrier, results))
+                 for positions in editors]
+    for process in processes:
+        process.start()
+    try:
+        rows = [results.get(timeout=900) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    return summarize([t for row in rows for t in row["times"]], sum(r["prompt"] for r in rows),
+                     sum(r["cached"] for r in rows))
 
 
 async def cancel_stop_times(url: str, config: CompletionConfig, tries: int) -> list[float]:
@@ -152,6 +187,9 @@ def main() -> int:
     parser.add_argument("--local-device", default="cpu",
                         help="where the local runtime runs, comma-separated for several (cpu,cuda); the "
                              "ratios are against the first")
+    parser.add_argument("--editor-processes", action="store_true",
+                        help="each editor in its own process (as each developer's server is), not all "
+                             "in this one's event loop")
     parser.add_argument("--gpu-layers", type=int, default=0,
                         help="llama-server's -ngl: layers on the GPU (needs a CUDA build of llama-server)")
     parser.add_argument("--out", type=Path, default=None)
@@ -161,6 +199,7 @@ def main() -> int:
     files = [typing_positions(stdlib / name, args.keystrokes) for name in SOURCES[: max(counts)]]
     config = CompletionConfig(debounce_ms=0)
     result = {"cpu": cpu_info(), "gpu": gpu_name(), "server_gpu_layers": args.gpu_layers,
+              "editor_processes": args.editor_processes,
               "keystrokes": args.keystrokes, "threads": args.threads, "date": time.strftime("%Y-%m-%d %H:%M")}
 
     result["locals"] = {}
@@ -181,6 +220,9 @@ def main() -> int:
                                       server_timeout_s=120.0)
             result["served"] = {}
             for n in counts:
+                if args.editor_processes:
+                    result["served"][n] = run_editor_processes(served, files[:n])
+                    continue
                 # As for the local runtime, each editor's file is read once before the clock runs
                 # (a file opened once costs a whole prefill, on either side).
                 asyncio.run(run_editors(served, [positions[:1] for positions in files[:n]]))
