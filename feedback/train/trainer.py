@@ -126,7 +126,9 @@ class GrpoTrainer:
         # No informative group anywhere: no step at all (Adam's momentum would still move the weights).
         updates = self.config.updates_per_batch if _all_reduce_sum(float(len(live))) > 0 else 0
         self.model.train()
-        for _ in range(updates):
+        for i in set(range(len(scored))) - set(live):
+            scored[i].group.context = None  # no loss reads this group's composition
+        for update in range(updates):
             # The loss reads the compositions made above (or composes again after an update):
             # the document caches they came from make room for the backward pass.
             release_memory(self.model)
@@ -134,6 +136,8 @@ class GrpoTrainer:
             for i in live:
                 loss, stats = self._group_loss(scored[i], advantages[i], tokens)
                 loss.backward()
+                if update == updates - 1:
+                    scored[i].group.context = None  # read for the last time: room for the next group's
                 release_freed_heap()  # this group's activations, before the next group's
                 loss_total += float(loss.detach())
                 kl_total += stats.kl / len(live)
