@@ -76,7 +76,7 @@ def start_server(threads: int, slots: int, log_path: Path,
     offload = ["-ngl", str(gpu_layers)] if gpu_layers else []
     proc = subprocess.Popen(
         [str(LLAMA_SERVER), "-m", str(locate_embedded_gguf()), "--host", "127.0.0.1", "--port", str(port),
-         "-t", str(threads), "-np", str(slots), "-c", str(2048 * slots), *offload],
+         "-t", str(threads), "-np", str(slots), "-c", str(2048 * slots), "--metrics", *offload],
         stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
@@ -88,6 +88,33 @@ def start_server(threads: int, slots: int, log_path: Path,
         time.sleep(0.2)
     proc.kill()
     raise SystemExit(f"llama-server did not start: {log_path.read_text()[-1500:]}")
+
+
+# The server's own counters (`--metrics`, Prometheus text), read before and after each run: how
+# its time went, and how many slots each of its decoding calls served.
+COUNTERS = ("prompt_tokens_total", "prompt_seconds_total", "tokens_predicted_total",
+            "tokens_predicted_seconds_total", "n_decode_total")
+
+
+def server_counters(url: str) -> dict[str, float]:
+    values = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.startswith("llamacpp:") and name[9:] in COUNTERS:
+            values[name[9:]] = float(value)
+    return values
+
+
+def server_share(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
+    """What the server did during a run of `wall_s` seconds: its decoding calls, the wall time per
+    call, the tokens each call carried, and its summed prompt and generation seconds (per request,
+    so overlapping requests count each)."""
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in COUNTERS}
+    calls = max(delta["n_decode_total"], 1.0)
+    return {"decode_calls": int(delta["n_decode_total"]), "wall_ms_per_decode": 1000 * wall_s / calls,
+            "tokens_per_decode": (delta["prompt_tokens_total"] + delta["tokens_predicted_total"]) / calls,
+            "prompt_s": delta["prompt_seconds_total"], "predicted_s": delta["tokens_predicted_seconds_total"],
+            "wall_s": wall_s}
 
 
 def run_local(runtime: ModelRuntime, config: CompletionConfig, positions) -> list[float]:
@@ -221,12 +248,16 @@ def main() -> int:
             result["served"] = {}
             for n in counts:
                 if args.editor_processes:
+                    before, began = server_counters(url), time.perf_counter()
                     result["served"][n] = run_editor_processes(served, files[:n])
-                    continue
-                # As for the local runtime, each editor's file is read once before the clock runs
-                # (a file opened once costs a whole prefill, on either side).
-                asyncio.run(run_editors(served, [positions[:1] for positions in files[:n]]))
-                result["served"][n] = asyncio.run(run_editors(served, files[:n]))
+                else:
+                    # As for the local runtime, each editor's file is read once before the clock
+                    # runs (a file opened once costs a whole prefill, on either side).
+                    asyncio.run(run_editors(served, [positions[:1] for positions in files[:n]]))
+                    before, began = server_counters(url), time.perf_counter()
+                    result["served"][n] = asyncio.run(run_editors(served, files[:n]))
+                result["served"][n]["server"] = server_share(before, server_counters(url),
+                                                             time.perf_counter() - began)
             result["cancel_stop_s"] = asyncio.run(cancel_stop_times(
                 url, replace_backend(served, url), args.cancel_tries))
         finally:
@@ -269,6 +300,16 @@ def markdown(result: dict) -> str:
     for n, row in result["served"].items():
         rows.append(f"| {n} | {server} | {row['requests']} | {row['p50']:.3f} s | {row['p95']:.3f} s | "
                     f"{row['p50'] / local['p50']:.2f} | {row['cache_reuse']:.0%} |")
+    rows.append("")
+    rows.append("| editors | server decoding calls | wall ms per call | tokens per call | prompt s | "
+                "generation s |")
+    rows.append("|---|---|---|---|---|---|")
+    for n, row in result["served"].items():
+        if "server" in row:
+            share = row["server"]
+            rows.append(f"| {n} | {share['decode_calls']} | {share['wall_ms_per_decode']:.1f} | "
+                        f"{share['tokens_per_decode']:.1f} | {share['prompt_s']:.2f} | "
+                        f"{share['predicted_s']:.2f} |")
     one = result["served"][min(result["served"])]
     worst = result["served"][max(result["served"])]
     stops = result["cancel_stop_s"]
