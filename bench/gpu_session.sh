@@ -6,7 +6,8 @@
 #   1. the Triton kernels against their torch references and the bytes-moved floor (gpu_kernels.sh);
 #   2. a team's completion server: llama.cpp's llama-server with every layer on the GPU, 1, 4 and 8
 #      simulated editors, against the local runtime on the CPU (an editor's own machine, two
-#      threads) and on the GPU (bench_served_completion.py);
+#      threads) and on the GPU, each editor in a process of its own, with the server's own counters
+#      (bench_served_completion.py);
 #   3. teaching the model its repository at a GPU's pace: GRPO on click's tasks, the held-out exact
 #      match scored every 25 steps (bench_repo_training.py --device cuda);
 #   4. the runtime in bfloat16 on the GPU, then the learning loop with the server and the trainer on
@@ -49,7 +50,7 @@ if [[ -x "${LLAMA_SERVER_DIR:-/nonexistent}/bin/llama-server" ]]; then
   export SQUIDCODE_LLAMA_SERVER_DIR="$LLAMA_SERVER_DIR"
   part served "$limit_served" \
     "$python" "$here/bench_served_completion.py" --gpu-layers 99 --threads 2 --local-device cpu,cuda \
-    --keystrokes 30 --editors 1,4,8 --out "$out/served.json"
+    --keystrokes 30 --editors 1,4,8 --editor-processes --out "$out/served.json"
 else
   summary+=("served: skipped (no LLAMA_SERVER_DIR with a CUDA llama-server)")
 fi
