@@ -310,11 +310,20 @@ async def complete_served(server, request: CompletionRequest, config: Completion
 _SERVER_CHARS_PER_TOKEN = 4
 
 
+# The server's window starts at a multiple of a quarter of its length: it keeps its start while
+# the next quarter is typed, so the server's prompt cache (a matching prefix) holds across keystrokes.
+_WINDOW_STEPS = 4
+
+
 def _server_window(prefix: str, chars: int) -> str:
-    """The last `chars` characters before the cursor, from the start of a line when there is one."""
+    """At most the last `chars` characters before the cursor (at least three quarters of them), from
+    the start of a line when there is one. Its start moves in steps of `chars // _WINDOW_STEPS`
+    characters, not at every keystroke: a window that slid with the cursor would begin at another
+    line every line or so, and the server would read the whole prompt again each time."""
     if len(prefix) <= chars:
         return prefix
-    window = prefix[-chars:]
+    step = max(chars // _WINDOW_STEPS, 1)
+    window = prefix[-(-(len(prefix) - chars) // step) * step:]
     newline = window.find("\n")
     return window[newline + 1:] if 0 <= newline < len(window) - 1 else window
 

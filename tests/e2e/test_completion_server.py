@@ -180,6 +180,39 @@ def test_openai_completions_with_a_key_and_a_wrong_key(openai_server, monkeypatc
         run(_ask(config, HoleRequest(PREFIX, "", max_tokens=2)))
 
 
+def test_typing_keeps_the_servers_prompt_cache_warm(openai_server, monkeypatch):
+    """Two hundred keystrokes through real code, each sent as the served path cuts its window: the
+    window's start holds between its steps, so the server reads almost every prompt from its cache
+    (a window that slid with the cursor began at another line every line, and missed each time)."""
+    import sysconfig
+
+    from agent.completion import _server_window
+
+    monkeypatch.setenv("SQUIDCODE_COMPLETION_KEY", KEY)
+    config = _config(backend="openai", server_url=openai_server, fim="off", server_model="smollm2",
+                     server_api_key_env="SQUIDCODE_COMPLETION_KEY")
+    text = (Path(sysconfig.get_paths()["stdlib"]) / "argparse.py").read_text()
+    chars, cursor = 512, 20_000
+
+    async def typing():
+        server = CompletionServer(config)
+        answers = []
+        try:
+            for typed in range(200):
+                window = _server_window(text[: cursor + typed], chars)
+                answers.append(await server.complete(HoleRequest(window, "", max_tokens=1, stop=()),
+                                                     lambda: False))
+        finally:
+            await server.aclose()
+        return answers
+
+    answers = run(typing())
+    missed = [i for i, a in enumerate(answers) if a.cached_tokens < a.prompt_tokens // 2]
+    lines = text[cursor: cursor + 200].count("\n")
+    # The first request, then at most one per 128 characters typed; five lines were typed.
+    assert len(missed) <= 3 < lines, (missed, lines)
+
+
 def test_a_server_that_is_down_or_never_answers_is_a_clear_error_in_time():
     down = _config(backend="llama-server", server_url=f"http://127.0.0.1:{_free_port()}")
     with pytest.raises(BackendConnectionError, match="cannot be reached"):
