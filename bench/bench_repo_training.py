@@ -81,7 +81,8 @@ def both(model, tokenizer, held, max_new_tokens: int, adapter: bool) -> dict:
             "refs_off": evaluate(model, tokenizer, bare, max_new_tokens, adapter)}
 
 
-def train_grpo(model, tokenizer, train, args, seed: int, run_dir: Path) -> tuple[float, list[dict]]:
+def train_grpo(model, tokenizer, train, held, args, seed: int,
+               run_dir: Path) -> tuple[float, list[dict], list[dict]]:
     from context.config import TrainConfig
     from feedback.train.service import task_reward
     from feedback.train.trainer import GrpoTrainer
@@ -98,7 +99,7 @@ def train_grpo(model, tokenizer, train, args, seed: int, run_dir: Path) -> tuple
         # take away whole. Its time is not training time.
         if args.eval_every and record.step % args.eval_every == 0 and record.step < args.steps:
             began = time.perf_counter()
-            point = evaluate(model, tokenizer, args.held, args.max_new_tokens, adapter=True)
+            point = evaluate(model, tokenizer, held, args.max_new_tokens, adapter=True)
             evaluating[0] += time.perf_counter() - began
             curve.append({"step": record.step, "exact": point["exact"], "es": point["es"],
                           "seconds": time.perf_counter() - started - evaluating[0]})
@@ -106,9 +107,8 @@ def train_grpo(model, tokenizer, train, args, seed: int, run_dir: Path) -> tuple
                   f"({curve[-1]['seconds']:.0f} s)", flush=True)
 
     history = trainer.run(args.steps, on_step=on_step)
-    args.curve = curve
     log = [{"step": r.step, "reward": r.mean_reward, "kl": r.kl} for r in history]
-    return time.perf_counter() - started - evaluating[0], log
+    return time.perf_counter() - started - evaluating[0], log, curve
 
 
 def sft_group(model, tokenizer, example):
@@ -194,10 +194,8 @@ def run_package(package: str, args, seeds: list[int], work: Path) -> dict:
                 took, log["sft"] = train_sft(model, tokenizer, train, args, seed)
                 seconds += took
             if kind.endswith("grpo"):
-                args.held = held
-                took, log["grpo"] = train_grpo(model, tokenizer, train, args, seed,
-                                               work / f"run-{package}-{seed}-{kind}")
-                log["curve"] = args.curve
+                took, log["grpo"], log["curve"] = train_grpo(model, tokenizer, train, held, args, seed,
+                                                             work / f"run-{package}-{seed}-{kind}")
                 seconds += took
             result = both(model, tokenizer, held, args.max_new_tokens, adapter=True)
             result.update(seconds=seconds, log=log)
