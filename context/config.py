@@ -127,7 +127,7 @@ class ModelConfig:
     # (kernels/cpu_decode.c, built with the machine's C compiler on first use; without one, or
     # for LoRA, quantized weights or other devices, the torch steps run). false = torch steps only.
     fused_step: bool = True
-    # The fused step reads the projections as 4-bit codes (a fifth of the bytes) where those give
+    # The fused step reads the projections as 4-bit codes (a sixth of the bytes) where those give
     # back the float32 weights exactly, as they do for the embedded model (dequantized from GGUF
     # Q4_1), and the output projection as exact 8-bit codes (Q8_0): the same weights and tokens,
     # faster. false = always the float32 tensors.
@@ -276,6 +276,11 @@ class TrainConfig:
     # one-line bug its tests catch, asked as the agent is asked), at most this many; they need the
     # workspace's tests to pass with pytest. 0: none.
     repair_tasks: int = field(default=0, metadata=_range(0, 10_000))
+    # Whose weights encode a completion's Squid reference documents for the adapter being trained
+    # (`feedback.train.references`): "round" = the adapter's as the round began, as the server held
+    # them while it served (encoded once a round); "step" = the weights of each step (encoded again
+    # after every optimizer step).
+    reference_weights: str = field(default="round", metadata=_choice("round", "step"))
     # A group whose samples all earn the same reward teaches nothing: for a task with a known answer
     # (a repair task's fix), its last sample is replaced by that answer. false: never.
     guide_flat_groups: bool = True

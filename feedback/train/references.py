@@ -9,16 +9,21 @@ served recovery, composed fresh (`fresh=True`: from the documents alone, never c
 composition of another example). The window's ids then run at the positions after it.
 
 Whose weights encode the documents: the server encodes a document with the model it generates with
-(the promoted adapter merged in; its cache key names the adapter), so the trainer does the same with
-the weights active when it reads them: the policy's current adapter for sampling and the loss, the
-base model for the KL reference (adapter disabled), another adapter in the gate. Document caches are
-kept in a small memory store, the base model's also on disk in the training run's folder (they hold
-for the whole round: an example trained again reads them instead of encoding its documents again);
-an optimizer step (`weights_changed`) drops the adapter's, which the new weights would encode
-otherwise, and the memory store is emptied before each loss (`release_memory`): the loss reads
-compositions already made, and the store's room is then the backward pass's. The composed prefix
-is a constant to the loss (no gradient flows into the documents' caches), as a served cache is
-encoded once and then only read.
+(the promoted adapter merged in; its cache key names the adapter) and keeps that cache until another
+adapter is promoted. The trainer's steps do the same (`train.reference_weights = "round"`, the
+default; `round_start`): the adapter's documents are encoded by the adapter's weights as the round
+began (the adapter in use, which served the round's newest episodes), however far the optimizer has
+moved it since, once a round, kept on disk in the training run's folder. With `"step"` they are
+encoded again after every optimizer step by the weights each step samples with: the documents as
+the trained weights would read them, at the cost of encoding them every step (about as long as
+sampling, on a CPU). Outside the steps (the gate, a benchmark's evaluation) the weights active at
+each compose encode them, as the server would once they were promoted; the base model encodes the
+KL reference's (adapter disabled). Document caches are kept in a small memory store, the base
+model's and the round start's also on disk; an optimizer step (`weights_changed`) drops those the
+live adapter encoded, and the memory store is emptied before each loss (`release_memory`): the loss
+reads compositions already made, and the store's room is then the backward pass's. The composed
+prefix is a constant to the loss (no gradient flows into the documents' caches), as a served cache
+is encoded once and then only read.
 
 A composition is `exact` when it holds the served tokens: every document's text still tokenizes to
 the ids its hash names, and the shared prefix is the served one. A document whose text redaction
@@ -28,6 +33,7 @@ which the model then reads in place of the secret, and the composition is approx
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from dataclasses import dataclass, fields, replace
@@ -42,13 +48,14 @@ from context.squid.service import ReferenceDocument, SquidService, recovery_from
 
 from .logprobs import unwrap_causal_lm
 
-__all__ = ["ReferenceComposer", "ReferencePrefix", "composer_for", "release_memory", "weights_changed"]
+__all__ = ["ReferenceComposer", "ReferencePrefix", "composer_for", "release_memory", "round_start",
+           "weights_changed"]
 
 log = logging.getLogger(__name__)
 
 # Memory for the document caches of the weights in use (fp32, 4 documents of 512 tokens of the
-# embedded model: ~95 MiB an example); least recently used ones are dropped beyond it. On disk, the
-# base model's, up to DISK_MB.
+# embedded model: ~95 MiB an example); least recently used ones are dropped beyond it. On disk, those
+# kept for the round (the base model's, and per round the adapter's), up to DISK_MB.
 CACHE_MB = 256
 DISK_MB = 4096
 _RECOVERY_FIELDS = {f.name for f in fields(Recovery)}
@@ -75,11 +82,12 @@ class _TrainedRuntime:
         self.device = next(self.model.parameters()).device.type
         self.source = str(getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__)
         self.version = 0  # bumped by each optimizer step
+        self.label: str | None = None  # the round start's weights encode the adapter's documents
 
     @property
     def adapter_id(self) -> str | None:
         active = _active_weights(self.model)
-        return None if active is None else f"{active}@{self.version}"
+        return None if active is None else f"{active}@{self.label or self.version}"
 
     def encode(self, text: str) -> list[int]:
         return self._codec.encode(text)
@@ -134,49 +142,102 @@ class ReferencePrefix:
 class ReferenceComposer:
     """Composes recorded reference documents with one model's weights (see the module docstring)."""
 
-    def __init__(self, model, tokenizer, disk_dir: Path | None = None, cache_mb: int = CACHE_MB):
+    def __init__(self, model, tokenizer, disk_dir: Path | None = None, cache_mb: int = CACHE_MB,
+                 per_round: bool = True):
+        """`per_round`: inside `round_start()` the adapter's documents are encoded by its weights as
+        they are now (the round's start: see the module docstring); elsewhere, and always when
+        false, by the weights active at each compose."""
         self.runtime = _TrainedRuntime(model, tokenizer)
         self.disk_dir = disk_dir
+        self.per_round = per_round
         # The documents were cut when they were served: no limit but the largest allowed here.
         config = SquidCacheConfig(document_tokens=4096, preencode=False, device_mb=cache_mb, cpu_mb=0,
                                   disk_mb=DISK_MB if disk_dir is not None else 0)
         self.service = SquidService(self.runtime, config, disk_dir, start_thread=False)
-        self._adapter_keys: set = set()  # stored caches the adapter's weights encoded
+        self._adapter_keys: set = set()  # stored caches the adapter's live weights encoded
+        self._start_keys: set = set()  # and those its weights at the round's start encoded
+        self._start: dict[str, torch.Tensor] = {}
+        self._starts = 0
+        self._take_start_weights()
 
-    def weights_changed(self) -> None:
-        """The adapter's weights changed (an optimizer step): its document caches are stale."""
+    def _take_start_weights(self) -> None:
+        """Keep a copy of the adapter's weights as they are now: the round's start."""
+        for key in self._start_keys:
+            self.service.store.invalidate(key)
+        self._start_keys.clear()
+        self._starts += 1
+        self._start = ({name: p.detach().clone() for name, p in self.runtime.model.named_parameters()
+                        if p.requires_grad} if self.per_round else {})
+
+    @contextlib.contextmanager
+    def round_start(self):
+        """Within: the adapter's documents as its weights at the round's start encode them (per
+        round; the trainer's steps run in here)."""
+        if not self.per_round or self.runtime.label is not None:
+            yield
+            return
+        self.runtime.label = f"start{self._starts}"
+        try:
+            yield
+        finally:
+            self.runtime.label = None
+
+    @contextlib.contextmanager
+    def _start_weights(self):
+        """The adapter's weights of the round's start in place while documents are encoded; the live
+        ones come back after, in place (the optimizer's tensors stay the same objects)."""
+        params = dict(self.runtime.model.named_parameters())
+        live = {name: params[name].detach().clone() for name in self._start}
+        with torch.no_grad():
+            for name, value in self._start.items():
+                params[name].copy_(value)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, value in live.items():
+                    params[name].copy_(value)
+
+    def _drop_adapter_caches(self) -> None:
         for key in self._adapter_keys:
             self.service.store.invalidate(key)
         self._adapter_keys.clear()
+
+    def weights_changed(self, *, restart: bool = False) -> None:
+        """The adapter's weights changed (an optimizer step): the caches its live weights encoded are
+        stale; the round start's stay. `restart`: these weights are a new start (a round resumed from
+        a checkpoint): the round's documents are encoded by them from now on."""
+        self._drop_adapter_caches()
         self.runtime.version += 1
+        if restart:
+            self._take_start_weights()
 
     def release_memory(self) -> int:
         """Let go of the document caches held in memory (the trainer does before the loss, whose
-        compositions are made): the base model's come back from disk when next needed, the adapter's
-        are about to be stale (the weights stay what they are: a composition of them still holds).
+        compositions are made): those on disk come back when next needed, the live adapter's are
+        about to be stale (the weights stay what they are: a composition of them still holds).
         Returns the bytes let go."""
-        for key in self._adapter_keys:
-            self.service.store.invalidate(key)
-        self._adapter_keys.clear()
+        self._drop_adapter_caches()
         return self.service.store.release_memory()
 
     def compose(self, served: ServedPrompt) -> ReferencePrefix | None:
-        """`served`'s reference documents composed by the weights active now; None when it names none
-        whose text is known."""
+        """`served`'s reference documents composed by the weights active now (the adapter's as the
+        round began, per round); None when it names none whose text is known."""
         documents = [ReferenceDocument(ref.text) for ref in served.references if ref.text]
         if not documents:
             return None
         adapter = self.runtime.adapter_id
-        with torch.no_grad():
+        started = adapter is not None and self.runtime.label is not None
+        with torch.no_grad(), self._start_weights() if started else contextlib.nullcontext():
             composed = self.service.context_for(documents, wait=True, recovery=_recovery(served), fresh=True,
-                                                persist=adapter is None)
+                                                persist=adapter is None or started)
         if composed is None:
             return None
         # Composed in inference mode, which autograd may not save: one copy outside it, held here,
         # so that every cache of it reads it in place (the inference tensors go).
         composed = replace(composed, keys=composed.keys.clone(), values=composed.values.clone())
         if adapter is not None:
-            self._adapter_keys.update(composed.document_keys)
+            (self._start_keys if started else self._adapter_keys).update(composed.document_keys)
         exact = _exact(composed, served)
         if not exact:
             log.debug("reference documents composed from %d of %d texts, some redacted or missing: the "
@@ -199,15 +260,25 @@ def _exact(composed: ComposedContext, served: ServedPrompt) -> bool:
 _COMPOSERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def composer_for(model, tokenizer, disk_dir: Path | None = None) -> ReferenceComposer:
+def composer_for(model, tokenizer, disk_dir: Path | None = None,
+                 per_round: bool | None = None) -> ReferenceComposer:
     """The composer of `model` (one per model object: its caches outlive a call); `disk_dir`: where
-    the base model's document caches go (the trainer names its run folder; None: the composer in
-    use, or one without a disk tier)."""
+    the document caches kept for the round go (the trainer names its run folder; None: the composer
+    in use, or one without a disk tier); `per_round` as `ReferenceComposer` (None: the composer in
+    use, or per round). A trainer asks at its start, so the adapter's weights then are the round's."""
     composer = _COMPOSERS.get(model)
     if (composer is None or composer.runtime.tokenizer is not tokenizer
-            or (disk_dir is not None and composer.disk_dir != disk_dir)):
-        composer = _COMPOSERS[model] = ReferenceComposer(model, tokenizer, disk_dir)
+            or (disk_dir is not None and composer.disk_dir != disk_dir)
+            or (per_round is not None and composer.per_round != per_round)):
+        composer = _COMPOSERS[model] = ReferenceComposer(
+            model, tokenizer, disk_dir, per_round=True if per_round is None else per_round)
     return composer
+
+
+def round_start(model):
+    """`ReferenceComposer.round_start` of `model`'s composer (nothing without one)."""
+    composer = _COMPOSERS.get(model)
+    return composer.round_start() if composer is not None else contextlib.nullcontext()
 
 
 def release_memory(model) -> int:
@@ -216,8 +287,9 @@ def release_memory(model) -> int:
     return composer.release_memory() if composer is not None else 0
 
 
-def weights_changed(model) -> None:
-    """Say that `model`'s adapter weights changed (after an optimizer step)."""
+def weights_changed(model, *, restart: bool = False) -> None:
+    """Say that `model`'s adapter weights changed (after an optimizer step; `restart`: loaded from a
+    checkpoint, see `ReferenceComposer.weights_changed`)."""
     composer = _COMPOSERS.get(model)
     if composer is not None:
-        composer.weights_changed()
+        composer.weights_changed(restart=restart)

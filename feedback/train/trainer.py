@@ -37,7 +37,7 @@ from .policy import (
     reference_logprobs,
     sample_example,
 )
-from .references import composer_for, release_memory, weights_changed
+from .references import composer_for, release_memory, round_start, weights_changed
 
 __all__ = ["GrpoTrainer", "RewardFn", "StepRecord"]
 
@@ -94,7 +94,7 @@ class GrpoTrainer:
         self._prompt_cache: dict[str, torch.Tensor] = {}
         # Completions served after Squid reference documents are trained after them (composed by
         # `feedback.train.references`); the base model's document caches are kept in the run folder.
-        composer_for(model, tokenizer, self.run_dir / "squid")
+        composer_for(model, tokenizer, self.run_dir / "squid", per_round=config.reference_weights == "round")
 
     # -- one step ------------------------------------------------------------------------------
 
@@ -113,6 +113,10 @@ class GrpoTrainer:
 
     def train_step(self) -> StepRecord:
         """Sample, score and take one optimizer step (or `updates_per_batch` of them)."""
+        with round_start(self.model):  # the reference documents as the round's weights encode them
+            return self._train_step()
+
+    def _train_step(self) -> StepRecord:
         started = time.perf_counter()
         scored = [self._sample_and_score(ex, slot) for slot, ex in self.batch_examples(self.step_count)]
         rewards = torch.stack([s.rewards for s in scored])  # [groups, G]
@@ -265,7 +269,7 @@ class GrpoTrainer:
         state = json.loads(state_path.read_text())
         weights = load_file(str(self.checkpoint_dir / "adapter" / "adapter_model.safetensors"))
         set_peft_model_state_dict(self.model, weights)
-        weights_changed(self.model)
+        weights_changed(self.model, restart=True)
         self.optimizer.load_state_dict(torch.load(self.checkpoint_dir / "optimizer.pt", weights_only=True))
         self.step_count = int(state["step"])
         self.history = [StepRecord(**r) for r in state["history"]]

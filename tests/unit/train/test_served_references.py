@@ -136,9 +136,9 @@ def test_a_secret_in_a_reference_document_never_reaches_the_store(runtime, tmp_p
 
 def test_each_training_step_composes_the_references_with_the_weights_it_reads_them_with(tmp_path,
                                                                                        monkeypatch):
-    """On the tiny model: the samples and the policy's log-probs read the documents as the adapter
-    being trained encodes them (again after each optimizer step), the KL reference as the base model
-    does."""
+    """On the tiny model, `train.reference_weights = "step"`: the samples and the policy's log-probs
+    read the documents as the adapter being trained encodes them (again after each optimizer step),
+    the KL reference as the base model does."""
     from context.config import TrainConfig
     from context.prompt_record import ReferenceIdentity, ServedPrompt
     from context.squid.keys import token_hash
@@ -166,7 +166,7 @@ def test_each_training_step_composes_the_references_with_the_weights_it_reads_th
     torch.manual_seed(0)
     model = attach_lora(tiny_model(), 4, 8)
     config = TrainConfig(group_size=4, prompts_per_step=1, max_new_tokens=4, temperature=1.0, lora_rank=4,
-                         lora_alpha=8, beta=0.04, checkpoint_every=100)
+                         lora_alpha=8, beta=0.04, checkpoint_every=100, reference_weights="step")
 
     def reward(text: str, _example) -> float:
         return len(text) / 16  # samples of different lengths: every group teaches something
@@ -203,3 +203,84 @@ def test_each_training_step_composes_the_references_with_the_weights_it_reads_th
     # Each loss began with the memory tier empty (its compositions made, their document caches let
     # go for the backward pass's room); the base model's stayed on disk, the adapter's went.
     assert held_at_loss == [0] * len(stepped)
+
+
+def test_per_round_the_adapter_encodes_the_references_once_as_the_round_began(tmp_path, monkeypatch):
+    """On the tiny model, by default: every step reads the documents as the adapter's weights at the
+    round's start encode them (as the server held them), encoded once and read from the run folder
+    after; the weights the optimizer moves are left as they are; outside the steps (the gate) the
+    trained weights encode them; a resumed round starts again from the checkpoint's weights."""
+    import copy
+
+    from context.config import TrainConfig
+    from context.prompt_record import ReferenceIdentity, ServedPrompt
+    from context.squid.keys import token_hash
+    from feedback.train.dataset import TrainingExample
+    from feedback.train.policy import attach_lora
+    from feedback.train.references import ReferenceComposer, composer_for
+    from feedback.train.trainer import GrpoTrainer
+    from tests.unit.train.conftest import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    texts = ["t3 t4 t5 t6 t7", "t8 t9 t7 t6"]
+    references = tuple(ReferenceIdentity(token_hash(tokenizer.encode(t, add_special_tokens=False)), None, 5,
+                                         t) for t in texts)
+    served = ServedPrompt(ids=(12, 13, 14), text="t12 t13 t14", references=references)
+    example = TrainingExample(id="e", created_at=0.0, instruction="", original="", kept_text="t5 t5",
+                              prompt_text=served.text, served=served)
+    torch.manual_seed(0)
+    model = attach_lora(tiny_model(), 4, 8)
+    with torch.no_grad():  # an adapter that already changes the model, as a promoted one does
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    start = copy.deepcopy(model)
+    config = TrainConfig(group_size=4, prompts_per_step=1, max_new_tokens=4, temperature=1.0, lora_rank=4,
+                         lora_alpha=8, beta=0.04, checkpoint_every=1, learning_rate=0.05)
+    assert config.reference_weights == "round"
+    composed_with: list[str | None] = []
+    original = ReferenceComposer.compose
+
+    def spy(self, record):
+        composed_with.append(self.runtime.adapter_id)
+        return original(self, record)
+
+    monkeypatch.setattr(ReferenceComposer, "compose", spy)
+    trainer = GrpoTrainer(model, tokenizer, config, [example], lambda text, _e: len(text) / 16,
+                          tmp_path / "run")
+    records = [trainer.train_step() for _ in range(3)]
+    assert any(r.skipped_groups == 0 for r in records), "no informative group in three steps"
+    moved = dict(model.named_parameters())
+    assert any(not torch.equal(p, moved[n]) for n, p in start.named_parameters() if p.requires_grad)
+    assert set(composed_with) <= {"default@start1", None} and "default@start1" in composed_with
+
+    composer = composer_for(model, tokenizer)
+    # The adapter's documents and the base model's, each pair encoded once in three steps.
+    assert composer.service.encoded == 4
+    assert composer.service.store.stats()["disk"]["entries"] == 4
+    trained = {n: p.detach().clone() for n, p in model.named_parameters()}
+    composer.service.store.release_memory()
+    with composer.round_start():
+        in_round = composer.compose(served)  # read from disk: encoded no more
+    assert composer.service.encoded == 4
+    after_round = composer.compose(served)  # as the gate reads them: by the trained weights
+
+    def composed_by(weights):
+        return ReferenceComposer(weights, tokenizer, per_round=False).compose(served).composed
+
+    as_started, as_now = composed_by(start), composed_by(copy.deepcopy(model))
+    assert torch.equal(in_round.composed.keys, as_started.keys)
+    assert torch.equal(in_round.composed.values, as_started.values)
+    assert torch.equal(after_round.composed.keys, as_now.keys)
+    assert not torch.equal(as_now.keys, as_started.keys)
+    # Composing swapped the start's weights in and the trained ones back: they are where they were.
+    assert all(torch.equal(p, trained[n]) for n, p in model.named_parameters())
+
+    # A round resumed from its checkpoint: the checkpoint's weights are the new start.
+    trainer.save_checkpoint()
+    resumed = GrpoTrainer(copy.deepcopy(start), tokenizer, config, [example], lambda text, _e: 0.0,
+                          tmp_path / "run")
+    assert resumed.resume()
+    with composer_for(resumed.model, tokenizer).round_start():
+        again = composer_for(resumed.model, tokenizer).compose(served)
+    assert torch.equal(again.composed.keys, as_now.keys)
