@@ -13,9 +13,10 @@ tensors and writes the caller's KV cache in place.
 
 Where every projection's weights are exactly `offset + step * q` in groups of 32 inputs with q in
 0..15 (the GGUF Q4_1 scheme: the embedded model's float32 weights were dequantized from it),
-`build(..., q4=True)` packs them into 4-bit codes (`pack_q4`) and the step reads those: the same
-weights, a fifth of the bytes per token. Packing is checked value by value and remembered per
-weight tensor (and its version), so engines built again on the same model do not pack again.
+`build(..., q4=True)` packs them into 4-bit codes (`pack_q4`, with float16 steps and offsets, as
+GGUF stores them) and the step reads those: the same weights, a sixth of the bytes per token.
+Packing is checked value by value and remembered per weight tensor (and its version), so engines
+built again on the same model do not pack again.
 """
 
 from __future__ import annotations
@@ -75,15 +76,15 @@ def _remembered(weight: torch.Tensor, scheme: str, pack):
 
 
 def pack_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(codes uint8 [out, in / 2], steps [out, in / 32], offsets [out, in / 32]) that give back
-    `weight` [out, in] exactly as offset + step * q, or None where some value is not on its
-    group's 16-step grid (weights that were never 4-bit)."""
+    """(codes uint8 [out, in / 2], steps [out, in / 32], offsets [out, in / 32], both float16) that
+    give back `weight` [out, in] exactly as offset + step * q, or None where some value is not on its
+    group's 16-step grid or a step or offset is not a float16 (weights that were never 4-bit)."""
     return _remembered(weight, "q4", _pack_q4)
 
 
 def pack_q8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(codes int8 [out, in], steps [out, in / 32]) that give back `weight` [out, in] exactly as
-    step * q with q in -127..127 (GGUF Q8_0), or None where that is not exact."""
+    """(codes int8 [out, in], steps [out, in / 32] float16) that give back `weight` [out, in] exactly
+    as step * q with q in -127..127 (GGUF Q8_0), or None where that is not exact."""
     return _remembered(weight, "q8", _pack_q8)
 
 
@@ -94,9 +95,9 @@ def _pack_q8(weight: torch.Tensor):
     groups = weight.contiguous().view(out, inputs // Q4_GROUP, Q4_GROUP)
     step = groups.abs().amax(-1, keepdim=True) / 127
     codes = torch.round(groups / step.clamp(min=torch.finfo(torch.float32).tiny)).clamp(-127, 127)
-    if not torch.equal(codes * step, groups):
+    if not torch.equal(codes * step, groups) or not _is_half(step):
         return None
-    return codes.to(torch.int8).reshape(out, inputs).contiguous(), step.reshape(out, -1).contiguous()
+    return codes.to(torch.int8).reshape(out, inputs).contiguous(), step.half().reshape(out, -1).contiguous()
 
 
 def _pack_q4(weight: torch.Tensor):
@@ -109,10 +110,17 @@ def _pack_q4(weight: torch.Tensor):
     codes = torch.round((groups - low) / step.clamp(min=torch.finfo(torch.float32).tiny)).clamp(0, 15)
     if not torch.equal(low + codes * step, groups):  # step * q is exact in float32, the sum rounds once
         return None
+    if not (_is_half(step) and _is_half(low)):
+        return None
     codes = codes.to(torch.uint8)
     half = Q4_GROUP // 2
     packed = (codes[..., :half] | (codes[..., half:] << 4)).reshape(out, inputs // 2).contiguous()
-    return packed, step.reshape(out, -1).contiguous(), low.reshape(out, -1).contiguous()
+    return packed, step.half().reshape(out, -1).contiguous(), low.half().reshape(out, -1).contiguous()
+
+
+def _is_half(values: torch.Tensor) -> bool:
+    """Every value is a float16 exactly (GGUF's scales are; recovered ones from other weights may not be)."""
+    return bool(torch.equal(values.half().float(), values))
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None

@@ -144,7 +144,8 @@ def test_4_bit_codes_give_back_the_embedded_models_weights_exactly(runtime):
     assert codes.dtype == torch.uint8 and codes.shape == (weight.shape[0], weight.shape[1] // 2)
     grouped = codes.view(weight.shape[0], -1, 16)  # byte j of a group: codes j (low) and j + 16 (high)
     q = torch.cat([grouped & 15, grouped >> 4], dim=-1).float()  # [out, in / 32, 32]
-    assert torch.equal(offsets[..., None] + q * steps[..., None], weight.view_as(q))
+    assert steps.dtype == offsets.dtype == torch.float16  # as GGUF stores them: a third of the bytes read
+    assert torch.equal(offsets[..., None].float() + q * steps[..., None].float(), weight.view_as(q))
     assert cpu_decode.pack_q4(weight) is cpu_decode.pack_q4(weight)  # packed once per tensor
 
 
@@ -154,8 +155,10 @@ def test_weights_off_the_4_bit_grid_are_not_packed():
     q[..., 0], q[..., 1] = 0, 15  # Q4_1 groups span their codes: minimum 0, maximum 15
     grid = (q.float() * 2.0**-7 - 0.0625).view(8, 64)
     codes, steps, offsets = cpu_decode.pack_q4(grid)
-    assert torch.equal(steps, torch.full((8, 2), 2.0**-7))
-    assert torch.equal(offsets, torch.full((8, 2), -0.0625))
+    assert torch.equal(steps.float(), torch.full((8, 2), 2.0**-7))
+    assert torch.equal(offsets.float(), torch.full((8, 2), -0.0625))
+    fine = (q.float() * 2.0**-7 - 0.0625 * (1 + 2.0**-20)).view(8, 64)  # on a grid, its offset no float16
+    assert cpu_decode.pack_q4(fine) is None
     grid[5, 40] += 1e-4  # one value between two steps of its group
     assert cpu_decode.pack_q4(grid) is None  # the changed tensor (a new version) is checked again
     assert cpu_decode.pack_q4(torch.zeros(4, 48)) is None  # 48 inputs: not whole groups of 32
@@ -165,8 +168,9 @@ def test_weights_off_the_4_bit_grid_are_not_packed():
 def test_the_8_bit_head_gives_the_float32_logits(runtime, kernel_cache):
     weight = runtime.model.lm_head.weight
     codes, steps = cpu_decode.pack_q8(weight)  # the embedded model's token embeddings are GGUF Q8_0
-    assert torch.equal((codes.float().view(codes.shape[0], -1, 32) * steps[..., None]).view_as(weight),
-                       weight.detach())
+    assert steps.dtype == torch.float16
+    grouped = codes.float().view(codes.shape[0], -1, 32)
+    assert torch.equal((grouped * steps[..., None].float()).view_as(weight), weight.detach())
     head = cpu_decode.FusedHead.build(weight)
     generator = torch.Generator().manual_seed(1)
     for rows in (1, 5):
