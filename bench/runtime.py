@@ -24,7 +24,7 @@ Measured in one run, interleaved, medians over `--runs`:
 
 Usage: python bench/runtime.py [--json] [--runs N] [--threads N] [--quick] [--save FILE]
        [--llama-python /tmp/llamavenv/bin/python] [--weights none|int8|int4] [--references N]
-       [--keystroke-threads N] [--tune auto|off]
+       [--keystroke-threads N] [--tune auto|off] [--edits stdlib|repo@REV] [--lookup-only]
 
 The settings `model.tune` chooses per machine (the draft length, the keystroke prefill budget,
 `context.tuning`) are measured first (or read from this machine's cache) and apply unless `--tune
@@ -64,8 +64,18 @@ KEYSTROKE_TOKENS = 24
 TYPED_FILE = Path(sysconfig.get_paths()["stdlib"]) / "ftplib.py"
 # Open beside it while typing, so their Squid caches are the completion's references (warm).
 REFERENCE_FILES = ("socket.py", "ssl.py", "netrc.py", "shlex.py")
-# Agent-style edits: a function from this repository, to be rewritten with one name changed.
+# Agent-style edits: a function of the standard library (code that stays the same from run to run
+# and from one day to the next), to be rewritten with one name changed.
 EDIT_SOURCES = [
+    ("textwrap.py", "def dedent(", ("margin", "indent")),
+    ("shutil.py", "def which(", ("cmd", "command")),
+    ("posixpath.py", "def relpath(", ("start", "base")),
+    ("glob.py", "def _iglob(", ("dironly", "dirs_only")),
+]
+# Until Dec 4 2026 the edits were functions of squidcode's own code, which changed under them: the
+# prompt-lookup figures of docs/benchmarks.md before then were measured on these, as they were at
+# the commit of each run (`--edits repo@REV` measures them again as they were at REV).
+REPO_EDIT_SOURCES = [
     ("context/boundary.py", "def cursor_context(", ("offset", "cursor")),
     ("context/index/store.py", "    def _connect(", ("conn", "connection")),
     ("context/config.py", "def _check_value(", ("value", "raw")),
@@ -282,15 +292,25 @@ def measure_keystrokes(runtime, sites: int, chars: int, references: int = 0) -> 
 # -- 3. prompt lookup -----------------------------------------------------------------------------
 
 
-def edit_prompts(runtime) -> list[tuple[str, str]]:
+def edit_source(path: str, edits: str) -> str:
+    """The text of an edit's source file: the standard library's (`edits` "stdlib"), or squidcode's
+    own as it was at a git revision ("repo@REV")."""
+    if edits == "stdlib":
+        return (Path(sysconfig.get_paths()["stdlib"]) / path).read_text()
+    revision = edits.removeprefix("repo@")
+    return subprocess.run(["git", "show", f"{revision}:{path}"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout
+
+
+def edit_prompts(runtime, edits: str = "stdlib") -> list[tuple[str, str]]:
     """(kind, prompt): rewrites of real code, answered up to their first rewritten line.
 
     "rename" asks for the function with one name changed; "copy" for the function again (an edit
     whose change lies further down: everything before it is a copy).
     """
     prompts = []
-    for path, start, (old, new) in EDIT_SOURCES:
-        text = (REPO / path).read_text()
+    for path, start, (old, new) in EDIT_SOURCES if edits == "stdlib" else REPO_EDIT_SOURCES:
+        text = edit_source(path, edits)
         at = text.index(start)
         body = text[at : text.rfind("\n", at, at + 1200)]  # whole lines, ~1,200 characters
         renamed = re.sub(rf"\b{old}\b", new, body)
@@ -301,12 +321,12 @@ def edit_prompts(runtime) -> list[tuple[str, str]]:
     return prompts
 
 
-def measure_speculative(runtime, new_tokens: int) -> dict:
+def measure_speculative(runtime, new_tokens: int, edits: str = "stdlib") -> dict:
     """Plain decoding (no drafts) against the runtime's prompt lookup as it runs by default (the
     draft length tuned for this machine, or the untuned default)."""
     rows = []
     speed_config = runtime.config
-    for kind, prompt in edit_prompts(runtime):
+    for kind, prompt in edit_prompts(runtime, edits):
         ids = runtime.encode(prompt)
         timings = {}
         for drafts in (0, None):
@@ -326,7 +346,7 @@ def measure_speculative(runtime, new_tokens: int) -> dict:
 
     return {"edits": rows, "speedup": speedup(("rename", "copy")), "rename_speedup": speedup(("rename",)),
             "copy_speedup": speedup(("copy",)), "identical": all(r["identical"] for r in rows),
-            "draft_tokens": runtime.settings.draft_tokens}
+            "draft_tokens": runtime.settings.draft_tokens, "sources": edits}
 
 
 # -- 4. quality -----------------------------------------------------------------------------------
@@ -408,6 +428,29 @@ def _versus(peer: dict | None) -> str:
     return f"{peer['decode_ratio']}x ({peer['decode_tok_s']} tok/s)"
 
 
+def lookup_only(args, record: dict) -> int:
+    """`--lookup-only`: prompt lookup against plain decoding, `--runs` times, on the default weights."""
+    runtime = runtime_for("none", args.threads, args.tune)
+    record["tuning"] = tuning_record(runtime)
+    runtime.config = dataclasses.replace(runtime.config, draft_tokens=None)  # as tuned, or the default
+    runs = []
+    for run in range(args.runs):
+        progress(f"prompt lookup {run + 1}/{args.runs} ({args.edits})")
+        runs.append(measure_speculative(runtime, 48 if args.quick else 128, args.edits))
+    record |= {"lookup_runs": runs, "load_after": loadavg()}
+    speedups = [r["speedup"] for r in runs]
+    result = {"speedup_median": round(statistics.median(speedups), 2),
+              "speedups": [round(x, 2) for x in speedups],
+              "rename": round(statistics.median(r["rename_speedup"] for r in runs), 2),
+              "copy": round(statistics.median(r["copy_speedup"] for r in runs), 2),
+              "identical": all(r["identical"] for r in runs), "edits": args.edits,
+              "draft_tokens": runs[0]["draft_tokens"]}
+    if args.save:
+        Path(args.save).write_text(json.dumps(record | {"result": result}, indent=2, default=str))
+    print(json.dumps(result))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true")
@@ -427,8 +470,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1 run, 2 typing sites, short edits")
     parser.add_argument("--tune", choices=("auto", "off"), default="auto",
                         help="model.tune: the per-machine settings (auto), or the fixed defaults (off)")
+    parser.add_argument("--edits", default="stdlib",
+                        help="prompt lookup's edits: functions of the standard library (stdlib), or of "
+                             "squidcode's own code as at a git revision (repo@REV: the edits of runs "
+                             "before Dec 4 2026)")
+    parser.add_argument("--lookup-only", action="store_true",
+                        help="measure prompt lookup alone (the default weights), nothing else")
     parser.add_argument("--save")
     args = parser.parse_args(argv)
+    if args.edits != "stdlib" and not args.edits.startswith("repo@"):
+        parser.error("--edits is stdlib or repo@REV")
     if args.weights not in args.detail:
         args.detail.append(args.weights)
     if args.quick:
@@ -441,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     record: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_before": loadavg(),
                     "threads": args.threads, "keystroke_threads": args.keystroke_threads,
                     "nproc": os.cpu_count(), "torch": torch.__version__, "cpu": cpu_info()}
+    if args.lookup_only:
+        return lookup_only(args, record)
     record["tuning"] = tuning_record(runtime_for("none", args.threads, args.tune))
     runtimes = {w: runtime_for(w, args.threads, args.tune) for w in WEIGHTS}
     # The float32 engine again with an exact output projection, with row-major weights, with the
@@ -494,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         runtime.config = speed_config
         torch.set_num_threads(args.threads)
         progress(f"prompt lookup ({weights})")
-        record[f"speculative_{weights}"] = measure_speculative(runtime, 48 if args.quick else 128)
+        record[f"speculative_{weights}"] = measure_speculative(runtime, 48 if args.quick else 128, args.edits)
     progress("quality")
     record["quality"] = measure_quality(runtimes["none"], 256 if args.quick else 512)
     record["load_after"] = loadavg()
