@@ -34,6 +34,7 @@ which the model then reads in place of the secret, and the composition is approx
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import weakref
 from dataclasses import dataclass, fields, replace
@@ -157,17 +158,23 @@ class ReferenceComposer:
         self._adapter_keys: set = set()  # stored caches the adapter's live weights encoded
         self._start_keys: set = set()  # and those its weights at the round's start encoded
         self._start: dict[str, torch.Tensor] = {}
-        self._starts = 0
+        self._start_label = ""
         self._take_start_weights()
 
     def _take_start_weights(self) -> None:
-        """Keep a copy of the adapter's weights as they are now: the round's start."""
+        """Keep a copy of the adapter's weights as they are now: the round's start. Its caches are
+        named by a digest of those weights: a process that resumes the round later (from another
+        checkpoint) never reads the disk caches of another start."""
         for key in self._start_keys:
             self.service.store.invalidate(key)
         self._start_keys.clear()
-        self._starts += 1
         self._start = ({name: p.detach().clone() for name, p in self.runtime.model.named_parameters()
                         if p.requires_grad} if self.per_round else {})
+        digest = hashlib.blake2b(digest_size=8)
+        for name, value in sorted(self._start.items()):
+            digest.update(name.encode())
+            digest.update(value.cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes())
+        self._start_label = f"start-{digest.hexdigest()}"
 
     @contextlib.contextmanager
     def round_start(self):
@@ -176,7 +183,7 @@ class ReferenceComposer:
         if not self.per_round or self.runtime.label is not None:
             yield
             return
-        self.runtime.label = f"start{self._starts}"
+        self.runtime.label = self._start_label
         try:
             yield
         finally:
