@@ -134,27 +134,25 @@ def test_a_secret_in_a_reference_document_never_reaches_the_store(runtime, tmp_p
     assert not any(ids[i : i + len(secret_ids)] == secret_ids for i in range(len(ids)))
 
 
-def test_each_training_step_composes_the_references_with_the_weights_it_reads_them_with(tmp_path,
-                                                                                       monkeypatch):
-    """On the tiny model, `train.reference_weights = "step"`: the samples and the policy's log-probs
-    read the documents as the adapter being trained encodes them (again after each optimizer step),
-    the KL reference as the base model does."""
-    from context.config import TrainConfig
+def _served_with_two_references(tokenizer):
+    """(served prompt, training example) of a tiny-model completion served after two documents."""
     from context.prompt_record import ReferenceIdentity, ServedPrompt
     from context.squid.keys import token_hash
     from feedback.train.dataset import TrainingExample
-    from feedback.train.policy import attach_lora
-    from feedback.train.references import ReferenceComposer, composer_for
-    from feedback.train.trainer import GrpoTrainer
-    from tests.unit.train.conftest import tiny_model, tiny_tokenizer
 
-    tokenizer = tiny_tokenizer()
     texts = ["t3 t4 t5 t6 t7", "t8 t9 t7 t6"]
     references = tuple(ReferenceIdentity(token_hash(tokenizer.encode(t, add_special_tokens=False)), None, 5,
                                          t) for t in texts)
     served = ServedPrompt(ids=(12, 13, 14), text="t12 t13 t14", references=references)
     example = TrainingExample(id="e", created_at=0.0, instruction="", original="", kept_text="t5 t5",
                               prompt_text=served.text, served=served)
+    return served, example
+
+
+def _record_composing_weights(monkeypatch) -> list[str | None]:
+    """The adapter id active at each `ReferenceComposer.compose`, in order (None: the base model)."""
+    from feedback.train.references import ReferenceComposer
+
     composed_with: list[str | None] = []
     original = ReferenceComposer.compose
 
@@ -163,6 +161,23 @@ def test_each_training_step_composes_the_references_with_the_weights_it_reads_th
         return original(self, record)
 
     monkeypatch.setattr(ReferenceComposer, "compose", spy)
+    return composed_with
+
+
+def test_each_training_step_composes_the_references_with_the_weights_it_reads_them_with(tmp_path,
+                                                                                       monkeypatch):
+    """On the tiny model, `train.reference_weights = "step"`: the samples and the policy's log-probs
+    read the documents as the adapter being trained encodes them (again after each optimizer step),
+    the KL reference as the base model does."""
+    from context.config import TrainConfig
+    from feedback.train.policy import attach_lora
+    from feedback.train.references import composer_for
+    from feedback.train.trainer import GrpoTrainer
+    from tests.unit.train.conftest import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    served, example = _served_with_two_references(tokenizer)
+    composed_with = _record_composing_weights(monkeypatch)
     torch.manual_seed(0)
     model = attach_lora(tiny_model(), 4, 8)
     config = TrainConfig(group_size=4, prompts_per_step=1, max_new_tokens=4, temperature=1.0, lora_rank=4,
@@ -213,21 +228,13 @@ def test_per_round_the_adapter_encodes_the_references_once_as_the_round_began(tm
     import copy
 
     from context.config import TrainConfig
-    from context.prompt_record import ReferenceIdentity, ServedPrompt
-    from context.squid.keys import token_hash
-    from feedback.train.dataset import TrainingExample
     from feedback.train.policy import attach_lora
     from feedback.train.references import ReferenceComposer, composer_for
     from feedback.train.trainer import GrpoTrainer
     from tests.unit.train.conftest import tiny_model, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
-    texts = ["t3 t4 t5 t6 t7", "t8 t9 t7 t6"]
-    references = tuple(ReferenceIdentity(token_hash(tokenizer.encode(t, add_special_tokens=False)), None, 5,
-                                         t) for t in texts)
-    served = ServedPrompt(ids=(12, 13, 14), text="t12 t13 t14", references=references)
-    example = TrainingExample(id="e", created_at=0.0, instruction="", original="", kept_text="t5 t5",
-                              prompt_text=served.text, served=served)
+    served, example = _served_with_two_references(tokenizer)
     torch.manual_seed(0)
     model = attach_lora(tiny_model(), 4, 8)
     with torch.no_grad():  # an adapter that already changes the model, as a promoted one does
@@ -238,14 +245,7 @@ def test_per_round_the_adapter_encodes_the_references_once_as_the_round_began(tm
     config = TrainConfig(group_size=4, prompts_per_step=1, max_new_tokens=4, temperature=1.0, lora_rank=4,
                          lora_alpha=8, beta=0.04, checkpoint_every=1, learning_rate=0.05)
     assert config.reference_weights == "round"
-    composed_with: list[str | None] = []
-    original = ReferenceComposer.compose
-
-    def spy(self, record):
-        composed_with.append(self.runtime.adapter_id)
-        return original(self, record)
-
-    monkeypatch.setattr(ReferenceComposer, "compose", spy)
+    composed_with = _record_composing_weights(monkeypatch)
     trainer = GrpoTrainer(model, tokenizer, config, [example], lambda text, _e: len(text) / 16,
                           tmp_path / "run")
     records = [trainer.train_step() for _ in range(3)]
