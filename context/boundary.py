@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 __all__ = [
     "CursorContext",
+    "Cut",
+    "boundary_cut",
     "bracket_at_cursor",
     "cursor_context",
     "cut_at_boundary",
@@ -125,17 +127,45 @@ def cut_at_boundary(raw: str, ctx: CursorContext, max_lines: int, truncated: boo
       a line that repeats the code after the cursor, or `max_lines`; when generation ran out of
       tokens (`truncated`), the unfinished last line is dropped.
     """
-    raw = raw.replace("\r\n", "\n")
+    return boundary_cut(raw, ctx, max_lines, truncated).text
+
+
+@dataclass(frozen=True)
+class Cut:
+    """`cut_at_boundary`'s text, and what ended it."""
+
+    text: str
+    # The length of the part of `raw` that decided the end: through the line break that ends a
+    # line-only suggestion, the first character of a line indented less than the block, the break
+    # ending a second blank line, the end of a line that repeats the code after the cursor; the
+    # whole of `raw` when the model ended it there itself (`truncated` false: an end-of-sequence
+    # token). None when the end was not the model's choice: the line limit, or tokens ran out.
+    decided: int | None
+
+
+def boundary_cut(raw: str, ctx: CursorContext, max_lines: int, truncated: bool = False) -> Cut:
+    """`cut_at_boundary`, saying where in `raw` the model's own text decided the end (`Cut`): the
+    trainer keeps those tokens in the loss, so a preference about where suggestions end is learnt
+    as a preference about their content is (an end-of-sequence token is learnt so)."""
+    if "\r\n" in raw:
+        return Cut(cut_at_boundary(raw.replace("\r\n", "\n"), ctx, max_lines, truncated), None)
     if is_mid_line(ctx) or not opens_block(ctx.line_prefix):
-        return raw.split("\n", 1)[0].rstrip()
+        line, newline, _ = raw.partition("\n")
+        decided = len(line) + 1 if newline else (None if truncated else len(raw))
+        return Cut(line.rstrip(), decided)
 
     lines = raw.split("\n")
+    starts = [0]  # starts[i]: the offset of lines[i] in `raw`
+    for line in lines[:-1]:
+        starts.append(starts[-1] + len(line) + 1)
     if truncated and len(lines) > 1:
         lines.pop()
+        starts.pop()
     if not ctx.line_prefix.strip():
         # The cursor sits on an empty line: blank lines before the code are noise.
         while len(lines) > 1 and not lines[0].strip():
             lines.pop(0)
+            starts.pop(0)
     prefix_lines = ctx.prefix.split("\n")
     previous = next((ln for ln in reversed(prefix_lines[:-1]) if ln.strip()), None)
     # Small models often restate the line they were given; drop that echo.
@@ -143,30 +173,38 @@ def cut_at_boundary(raw: str, ctx: CursorContext, max_lines: int, truncated: boo
         first_code = next((i for i, ln in enumerate(lines) if ln.strip()), None)
         if first_code is not None and (ctx.line_prefix + lines[first_code]).strip() == previous.strip():
             del lines[: first_code + 1]
+            del starts[: first_code + 1]
 
     upcoming = next((ln.strip() for ln in ctx.following_lines if ln.strip()), None)
     kept: list[str] = []
     base_indent: int | None = None
     blank_run = 0
+    decided: int | None = None if truncated else len(raw)
     for index, line in enumerate(lines):
         full = ctx.line_prefix + line if index == 0 else line
         if not line.strip():
             blank_run += 1
-            if blank_run >= 2 or (kept and index == len(lines) - 1):
+            if blank_run >= 2:
+                decided = starts[index] + len(line) + 1 if index + 1 < len(lines) else decided
+                break
+            if kept and index == len(lines) - 1:
                 break
             kept.append(line)
             continue
         blank_run = 0
         if upcoming is not None and line.strip() == upcoming:
+            decided = starts[index] + len(line)
             break
         if base_indent is None:
             base_indent = _indent(full)
         elif _indent(full) < base_indent:
+            decided = starts[index] + _indent(line) + 1
             break
         kept.append(line)
         if sum(1 for ln in kept if ln.strip()) >= max_lines:
+            decided = None
             break
-    return "\n".join(kept).rstrip()
+    return Cut("\n".join(kept).rstrip(), decided)
 
 
 _CLOSERS = {"(": ")", "[": "]", "{": "}"}

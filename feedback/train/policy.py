@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from context.boundary import is_mid_line, opens_block, suggestion
+from context.boundary import boundary_cut, is_mid_line, opens_block, suggestion
 from context.generation import healing_tokens
 from context.loading import model_loading
 from context.prompt_record import ServedPrompt, TokenizerCodec
@@ -129,7 +129,9 @@ def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: 
     """`sample_group` for a training example. A completion's samples are generated and cut as the
     completion path did it (`completion_prompt`, `context.boundary.suggestion` with the served
     settings and the text after the cursor), so the reward judges what a user would have seen; their
-    tokens past it are masked out of the loss. Each text starts with the example's `prompt_lead`, as
+    tokens past it are masked out of the loss, except those by which the sample itself decided where
+    it ends (a dedent, a second blank line, its end-of-sequence token: `_shown`), so that where a
+    suggestion ends is trained as what it says is. Each text starts with the example's `prompt_lead`, as
     its `kept_text` does. A completion gets at most the tokens it was served with (`max_tokens`)."""
     if example.chat_prompt is not None and example.verification.get("source") == NEXT_EDIT_SOURCE:
         return _next_edit_group(model, tokenizer, example, prompt, group_size, max_new_tokens, temperature)
@@ -154,10 +156,13 @@ def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: 
         ids = group.completions[row, :length].tolist()
         first_eos = next((i for i, token in enumerate(ids) if token in eos), None)
         generated = tokenizer.decode(ids, skip_special_tokens=True)[len(heal):]
-        shown = _shown(tokenizer, ids, first_eos, heal, max_new_tokens, finish, ctx, served.max_lines,
-                       example.language)
+        shown, decided = _shown(tokenizer, ids, first_eos, heal, max_new_tokens, finish, ctx,
+                                served.max_lines, example.language)
         # The text after `prompt_text`: the lead, then what the completion path would insert.
         texts.append(lead + shown)
+        if decided is not None:
+            group.mask[row, decided:] = 0
+            continue
         end = len(heal) + (generated.find(shown) + len(shown) if shown else 0)
         group.mask[row, _tokens_covering(tokenizer, ids, end):] = 0
     return SampledGroup(group.prompt, group.completions, group.mask, texts, context)
@@ -232,10 +237,12 @@ def guided_group(tokenizer, example, group: SampledGroup, guide: str) -> Sampled
 
 
 def _shown(tokenizer, ids: list[int], first_eos: int | None, heal: str, budget: int, finish: int,
-           ctx, max_lines: int, language: str) -> str:
+           ctx, max_lines: int, language: str) -> tuple[str, int | None]:
     """The suggestion the completion path would have made of one sampled row (`ids`, its first
     end-of-sequence token at `first_eos`): its first `budget` tokens, `finish` more when it ran
-    out inside something it opened."""
+    out inside something it opened; and, when the row's own tokens ended it (a line indented less
+    than the block, a second blank line, its end-of-sequence token: `boundary_cut`), how many of
+    them it took to decide that (those tokens stay in the loss), else None."""
 
     def text(count: int) -> str:
         return tokenizer.decode(ids[:count], skip_special_tokens=True)[len(heal):]
@@ -245,7 +252,14 @@ def _shown(tokenizer, ids: list[int], first_eos: int | None, heal: str, budget: 
         return text(total), first_eos is None or first_eos >= total
 
     ran_out = first_eos is None or first_eos >= budget
-    return suggestion(text(budget), ctx, max_lines, ran_out, language, more if finish else None)
+    raw = text(budget)
+    shown = suggestion(raw, ctx, max_lines, ran_out, language, more if finish else None)
+    cut = boundary_cut(raw, ctx, max_lines, ran_out)
+    if cut.decided is None or cut.text != shown or not shown.strip():
+        return shown, None
+    if cut.decided >= len(raw):
+        return shown, first_eos + 1  # not `ran_out`: the end-of-sequence token ended it
+    return shown, _tokens_covering(tokenizer, ids, len(heal) + cut.decided)
 
 
 def _tokens_covering(tokenizer, ids: list[int], end: int) -> int:

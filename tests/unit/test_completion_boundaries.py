@@ -86,3 +86,68 @@ def test_cursor_context_reads_lines_around_the_cursor():
 )
 def test_leaves_open(text, language, open_):
     assert leaves_open(text, language) is open_
+
+
+# What decided the end (`boundary_cut`): the trainer keeps those characters' tokens in the loss.
+
+def test_a_dedent_decides_the_end_at_the_dedented_lines_first_character():
+    from context.boundary import boundary_cut
+
+    ctx = ctx_at_end("def f(x):\n    ")
+    raw = "return x + 1\n\ndef g():\n    pass"
+    cut = boundary_cut(raw, ctx, max_lines=8)
+    assert cut.text == "return x + 1"
+    assert raw[: cut.decided] == "return x + 1\n\nd"
+
+
+def test_a_second_blank_line_decides_the_end_at_its_line_break():
+    from context.boundary import boundary_cut
+
+    ctx = ctx_at_end("def f(x):\n    ")
+    raw = "y = x * 2\n\n\n    z = y"
+    cut = boundary_cut(raw, ctx, max_lines=8)
+    assert cut.text == "y = x * 2" and raw[: cut.decided] == "y = x * 2\n\n\n"
+
+
+def test_repeating_the_code_after_the_cursor_decides_the_end_at_that_lines_end():
+    from context.boundary import boundary_cut
+
+    ctx = ctx_at_end("def f(x):\n    ", "\n    return y\n")
+    raw = "y = x\n    return y\n    print(y)"
+    cut = boundary_cut(raw, ctx, max_lines=8)
+    assert cut.text == "y = x" and raw[: cut.decided] == "y = x\n    return y"
+
+
+def test_a_line_only_suggestion_is_decided_by_its_line_break():
+    from context.boundary import boundary_cut
+
+    ctx = ctx_at_end("total = sum(", ")\nprint(total)")
+    cut = boundary_cut("values)\nprint(1)", ctx, max_lines=8)
+    assert cut.text == "values)" and cut.decided == len("values)\n")
+    # Without a line break it ended where the model stopped (its end-of-sequence token), unless
+    # tokens ran out: then nothing of the model's decided it.
+    assert boundary_cut("values)", ctx, max_lines=8).decided == len("values)")
+    assert boundary_cut("values)", ctx, max_lines=8, truncated=True).decided is None
+
+
+def test_the_line_limit_and_running_out_of_tokens_are_no_decision_of_the_model():
+    from context.boundary import boundary_cut
+
+    ctx = ctx_at_end("def f(x):\n    ")
+    limited = boundary_cut("a = 1\n    b = 2\n    c = 3\n", ctx, max_lines=2)
+    assert limited.text == "a = 1\n    b = 2" and limited.decided is None
+    # The unfinished last line dropped: the budget ended it, not the model.
+    ran_out = boundary_cut("a = 1\n    b = comp", ctx, max_lines=8, truncated=True)
+    assert ran_out.text == "a = 1" and ran_out.decided is None
+    # The same text ended by the model's end-of-sequence token: all of it decided the end.
+    ended = boundary_cut("a = 1\n    b = 2", ctx, max_lines=8)
+    assert ended.text == "a = 1\n    b = 2" and ended.decided == len("a = 1\n    b = 2")
+
+
+def test_a_leading_blank_line_and_an_echo_dropped_keep_the_offsets_in_the_raw_text():
+    from context.boundary import boundary_cut
+
+    ctx = ctx_at_end("def f(x):\n    y = x\n    ")
+    raw = "\ny = x\n    return y\nprint(f(1))"
+    cut = boundary_cut(raw, ctx, max_lines=8)
+    assert cut.text == "    return y" and raw[: cut.decided] == "\ny = x\n    return y\np"

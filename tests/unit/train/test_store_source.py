@@ -145,6 +145,50 @@ def test_the_trainer_samples_what_the_completion_path_would_have_shown(runtime, 
         assert shown is None and group.texts[0] == lead  # cut back to nothing: nothing offered
 
 
+ACCESSORS = "class Point:\n    def x(self):\n        return self._x\n\n    def y(self):\n        "
+
+
+def test_the_tokens_by_which_a_sample_ended_its_suggestion_stay_in_the_loss(runtime):
+    """A one-line body ended by the model's own dedent: the dedent is trained on with the line, as an
+    end-of-sequence token would be, so a user's preference for where suggestions end can be learnt."""
+    from feedback.train.dataset import TrainingExample
+    from feedback.train.policy import example_prompt_ids, sample_example
+
+    prompt_text = ACCESSORS.rstrip(" ")
+    lead = ACCESSORS[len(prompt_text):]
+    example = TrainingExample(id="p", created_at=1.0, instruction="", original="", prompt_text=prompt_text,
+                              prompt_lead=lead, kept_text=lead + "return self._y",
+                              served=ServedPrompt.from_text(ACCESSORS))
+    ids = example_prompt_ids(runtime.tokenizer, example)
+    group = sample_example(runtime.model, runtime.tokenizer, example, ids, 1, 32, temperature=0.0)
+    assert group.texts[0] == lead + "return self._y"
+    trained = runtime.tokenizer.decode(group.completions[0, : int(group.mask[0].sum())].tolist())
+    # Through the first character of the line indented less than the body, and no further.
+    assert trained.rstrip("ef") == "\n        return self._y\n\n    d"
+
+
+def test_what_ended_a_suggestion_is_trained_only_when_the_model_chose_it(runtime):
+    from context.boundary import cursor_context
+    from feedback.train.policy import _shown
+
+    tokenizer = runtime.tokenizer
+    ctx = cursor_context("def f(x):\n    ", len("def f(x):\n    "), 8)
+
+    def shown(body: str, budget: int = 32, eos: bool = False):
+        ids = tokenizer.encode(body, add_special_tokens=False) + ([tokenizer.eos_token_id] if eos else [])
+        return ids, _shown(tokenizer, ids, len(ids) - 1 if eos else None, "", budget, 0, ctx, 8, "python")
+
+    ids, (text, decided) = shown("return x + 1\n\ndef g():\n    pass")
+    assert text == "return x + 1"
+    assert tokenizer.decode(ids[:decided]).startswith("return x + 1\n\nd")
+    assert not tokenizer.decode(ids[: decided - 1]).startswith("return x + 1\n\nd")
+    ids, (text, decided) = shown("return x + 1", eos=True)  # its end-of-sequence token
+    assert text == "return x + 1" and decided == len(ids)
+    # Out of tokens in its second line: the budget ended it; only the shown line is trained.
+    assert shown("a = 1\n    b = compute(x, y, z)\n", budget=8)[1] == ("a = 1", None)
+    assert shown("a = 1\n    b = 2\n    c = 3\n", budget=32)[1][1] is None  # ran out (no eos)
+
+
 def test_a_completion_that_does_not_parse_earns_nothing_however_close_to_the_kept_code():
     from feedback.rewards import score_output
     from feedback.train.dataset import TrainingExample, reward_context
