@@ -130,9 +130,10 @@ def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: 
     completion path did it (`completion_prompt`, `context.boundary.suggestion` with the served
     settings and the text after the cursor), so the reward judges what a user would have seen; their
     tokens past it are masked out of the loss, except those by which the sample itself decided where
-    it ends (a dedent, a second blank line, its end-of-sequence token: `_shown`), so that where a
-    suggestion ends is trained as what it says is. Each text starts with the example's `prompt_lead`, as
-    its `kept_text` does. A completion gets at most the tokens it was served with (`max_tokens`)."""
+    it ends (a dedent, a second blank line, its end-of-sequence token: `shown_suggestion`), so that
+    where a suggestion ends is trained as what it says is. Each text starts with the example's
+    `prompt_lead`, as its `kept_text` does. A completion gets at most the tokens it was served with
+    (`max_tokens`)."""
     if example.chat_prompt is not None and example.verification.get("source") == NEXT_EDIT_SOURCE:
         return _next_edit_group(model, tokenizer, example, prompt, group_size, max_new_tokens, temperature)
     if example.chat_prompt is not None:
@@ -156,7 +157,7 @@ def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: 
         ids = group.completions[row, :length].tolist()
         first_eos = next((i for i, token in enumerate(ids) if token in eos), None)
         generated = tokenizer.decode(ids, skip_special_tokens=True)[len(heal):]
-        shown, decided = _shown(tokenizer, ids, first_eos, heal, max_new_tokens, finish, ctx,
+        shown, decided = shown_suggestion(tokenizer, ids, first_eos, heal, max_new_tokens, finish, ctx,
                                 served.max_lines, example.language)
         # The text after `prompt_text`: the lead, then what the completion path would insert.
         texts.append(lead + shown)
@@ -236,8 +237,8 @@ def guided_group(tokenizer, example, group: SampledGroup, guide: str) -> Sampled
     return SampledGroup(group.prompt, completions, mask, [*group.texts[:-1], guide], group.context)
 
 
-def _shown(tokenizer, ids: list[int], first_eos: int | None, heal: str, budget: int, finish: int,
-           ctx, max_lines: int, language: str) -> tuple[str, int | None]:
+def shown_suggestion(tokenizer, ids: list[int], first_eos: int | None, heal: str, budget: int,
+                     finish: int, ctx, max_lines: int, language: str) -> tuple[str, int | None]:
     """The suggestion the completion path would have made of one sampled row (`ids`, its first
     end-of-sequence token at `first_eos`): its first `budget` tokens, `finish` more when it ran
     out inside something it opened; and, when the row's own tokens ended it (a line indented less

@@ -169,14 +169,15 @@ def test_the_tokens_by_which_a_sample_ended_its_suggestion_stay_in_the_loss(runt
 
 def test_what_ended_a_suggestion_is_trained_only_when_the_model_chose_it(runtime):
     from context.boundary import cursor_context
-    from feedback.train.policy import _shown
+    from feedback.train.policy import shown_suggestion
 
     tokenizer = runtime.tokenizer
     ctx = cursor_context("def f(x):\n    ", len("def f(x):\n    "), 8)
 
     def shown(body: str, budget: int = 32, eos: bool = False):
         ids = tokenizer.encode(body, add_special_tokens=False) + ([tokenizer.eos_token_id] if eos else [])
-        return ids, _shown(tokenizer, ids, len(ids) - 1 if eos else None, "", budget, 0, ctx, 8, "python")
+        first_eos = len(ids) - 1 if eos else None
+        return ids, shown_suggestion(tokenizer, ids, first_eos, "", budget, 0, ctx, 8, "python")
 
     ids, (text, decided) = shown("return x + 1\n\ndef g():\n    pass")
     assert text == "return x + 1"
