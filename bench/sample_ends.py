@@ -61,7 +61,7 @@ def count(model, tokenizer, spots, group_size: int, max_new_tokens: int) -> coll
                                               served.finish_tokens, served.cursor_context(),
                                               served.max_lines, "python")
             lines = sum(1 for line in shown.split("\n") if line.strip())
-            counts[f"suggestions of {min(lines, 3)}{'+' if lines >= 3 else ''} lines"] += 1
+            counts[f"suggestions with {min(lines, 3)}{' or more' if lines >= 3 else ''} line(s)"] += 1
             if lines == 1:
                 singles += 1
                 counts["single lines ended by the model" if decided is not None
