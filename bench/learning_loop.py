@@ -284,16 +284,8 @@ def train_round(workspace: Path, steps: int) -> dict:
 
 
 def gate_metrics(data: Path) -> dict:
-    return _train_status(data).get("metrics") or {}
-
-
-def step_history(data: Path) -> list[dict]:
-    """The round's GRPO steps as the trainer recorded them (reward, KL, groups without signal)."""
-    return _train_status(data).get("history") or []
-
-
-def _train_status(data: Path) -> dict:
-    return json.loads((data / "train" / "status.json").read_text())
+    status = json.loads((data / "train" / "status.json").read_text())
+    return status.get("metrics") or {}
 
 
 async def wait_for_adapter(editor: Editor, adapter: str, timeout: float = 120.0) -> float:
@@ -400,7 +392,7 @@ async def run(plan: Plan, data: Path, device: str = "cpu", train_threads: int | 
             result = train_round(workspace, plan.steps)
             metrics = gate_metrics(data)
             entry = {"round": number, "session_keep_rate": keep_rate(session), "recorded": outcomes,
-                     "train": result, "gate": metrics, "steps": step_history(data), "session": session}
+                     "train": result, "gate": metrics, "session": session}
             _say(f"round {number}: {result['state']} in {result['seconds']} s (trainer peak RSS "
                  f"{result['peak_rss_mb']} MiB): {result['message']}")
             if result["state"] == "promoted":

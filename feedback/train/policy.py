@@ -255,11 +255,20 @@ def shown_suggestion(tokenizer, ids: list[int], first_eos: int | None, heal: str
     ran_out = first_eos is None or first_eos >= budget
     raw = text(budget)
     shown = suggestion(raw, ctx, max_lines, ran_out, language, more if finish else None)
-    cut = boundary_cut(raw, ctx, max_lines, ran_out)
-    if cut.decided is None or cut.text != shown or not shown.strip():
+    if not shown.strip():
         return shown, None
-    if cut.decided >= len(raw):
-        return shown, first_eos + 1  # not `ran_out`: the end-of-sequence token ended it
+    # The text it was cut from: the budget's, or the finished one's (it ran out inside something
+    # it opened); a suggestion cut back to what closes, or in other ways, is no cut of either.
+    for read, read_ran_out in ([(raw, ran_out), more()] if finish else [(raw, ran_out)]):
+        cut = boundary_cut(read, ctx, max_lines, read_ran_out)
+        if cut.text == shown:
+            break
+    else:
+        return shown, None
+    if cut.decided is None:
+        return shown, None
+    if cut.decided >= len(read):
+        return shown, first_eos + 1  # not out of tokens: the end-of-sequence token ended it
     return shown, _tokens_covering(tokenizer, ids, len(heal) + cut.decided)
 
 

@@ -52,6 +52,10 @@ def test_once_trains_gates_promotes_and_rolls_back(workspace, capsys):
     assert set(status["metrics"]) >= {"held_out", "regression", "held_out_baseline", "reasons"}
     version = workspace / "train" / "adapters" / "versions" / "v0001"
     assert (version / "adapter_model.safetensors").is_file() and (version / "meta.json").is_file()
+    steps = json.loads((version / "meta.json").read_text())["steps"]
+    # Each step with its groups, and those whose samples all scored alike (they teach nothing).
+    assert [s["step"] for s in steps] == [1, 2] and all(s["groups"] == 1 and 0 <= s["skipped"] <= 1
+                                                       for s in steps)
     assert not (workspace / "train" / "run").exists()  # the round is over: the next starts from v0001
     assert run_json(capsys, "train", "rollback", "--json") == {"promoted": None}
     capsys.readouterr()

@@ -188,6 +188,14 @@ def test_what_ended_a_suggestion_is_trained_only_when_the_model_chose_it(runtime
     # Out of tokens in its second line: the budget ended it; only the shown line is trained.
     assert shown("a = 1\n    b = compute(x, y, z)\n", budget=8)[1] == ("a = 1", None)
     assert shown("a = 1\n    b = 2\n    c = 3\n", budget=32)[1][1] is None  # ran out (no eos)
+    # Out of tokens inside a docstring it opened, finished with more: the dedent after the finished
+    # text ended it, and is trained.
+    body = '"""Add one\n    to x."""\n    return x + 1\n\ndef g():\n'
+    ids = tokenizer.encode(body, add_special_tokens=False)
+    text, decided = shown_suggestion(tokenizer, ids, None, "", 3, 40, ctx, 8, "python")
+    assert text == '"""Add one\n    to x."""\n    return x + 1'
+    assert tokenizer.decode(ids[:decided]).startswith(text + "\n\nd")
+    assert not tokenizer.decode(ids[: decided - 1]).startswith(text + "\n\nd")
 
 
 def test_a_completion_that_does_not_parse_earns_nothing_however_close_to_the_kept_code():
