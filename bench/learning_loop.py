@@ -537,9 +537,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--user", choices=sorted(USERS), nargs="+", default=["docstring"],
                         help="the simulated user's hidden preference (see bench/simulated_user.py); "
                              "several: a run for each")
-    parser.add_argument("--seeds", type=int,
-                        help="run the loop once per train.seed 0..N-1 (per user): each run and the mean "
-                             "gain with its min and max, in a table and a plot")
+    parser.add_argument("--seeds", type=seed_list,
+                        help="N: run the loop once per train.seed 0..N-1 (per user); or a list, 1,2: those "
+                             "seeds (one: 2,). Each run and the mean gain with its min and max, in a table "
+                             "and a plot")
+    parser.add_argument("--with", dest="earlier", type=Path, nargs="+", default=[],
+                        help="reports of earlier runs (this script's JSON, one run each) to join to the "
+                             "matrix's table and plot, so a matrix can be completed in parts")
     parser.add_argument("--task-set", type=Path,
                         help="train.task_set: verifiable tasks whose newest part is the gate's regression "
                              "set (default: the bundled set)")
@@ -552,13 +556,18 @@ def main(argv: list[str] | None = None) -> int:
                 plan.agent and not args.no_agent, args.learning_rate or plan.learning_rate,
                 args.max_new_tokens or plan.max_new_tokens, args.user[0],
                 task_set=str(args.task_set.resolve()) if args.task_set else None)
-    if args.seeds is None and len(args.user) == 1:
+    if args.seeds is None and len(args.user) == 1 and not args.earlier:
         return run_one(plan, args)
     # The matrix: every user with every seed, each run a fresh workspace, store and trainer.
-    seeds = list(range(args.seeds or 1))
-    reports, runs, ok = [], [], True
+    seeds = args.seeds if args.seeds is not None else ([] if args.earlier else [0])  # --with alone: a table
+    reports = [json.loads(path.read_text()) for path in args.earlier]
+    runs, ok = [str(path) for path in args.earlier], True
     name = f"learning-loop-matrix-{'full' if args.full else 'short'}-{time.strftime('%Y-%m-%d')}.json"
     out = args.out or ROOT / "bench" / "results" / name
+
+    def save() -> None:  # after each run: a matrix stopped part way keeps what it measured
+        out.write_text(json.dumps({"runs": [run_outcome(r) for r in reports], "reports": runs}, indent=1))
+
     for user in args.user:
         for seed in seeds:
             one = replace(plan, user=user, seed=seed, agent=plan.agent and not reports)
@@ -566,13 +575,23 @@ def main(argv: list[str] | None = None) -> int:
             ok = run_one(one, args, run_out) == 0 and ok
             reports.append(json.loads(run_out.read_text()))
             runs.append(str(run_out))
-            outcomes = [run_outcome(r) for r in reports]
-            out.write_text(json.dumps({"runs": outcomes, "reports": runs}, indent=1))
+            save()
+    save()
     print("\n" + matrix_summary([run_outcome(r) for r in reports]))
     if plot_matrix(reports, out.with_suffix(".png")):
         print(f"plot: {out.with_suffix('.png')}")
     print(f"matrix: {out}")
     return 0 if ok else 1
+
+
+def seed_list(text: str) -> list[int]:
+    """`--seeds`: "3" is seeds 0, 1, 2; "1,2" is seeds 1 and 2."""
+    try:
+        if "," not in text:
+            return list(range(int(text)))
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds are a count (3) or a list (1,2), not {text!r}") from None
 
 
 def run_one(plan: Plan, args, out: Path | None = None) -> int:

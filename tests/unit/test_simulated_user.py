@@ -120,3 +120,30 @@ def test_a_seeds_matrix_reports_each_run_and_the_mean_with_its_spread():
     assert "| oneline | 1 | 25% -> 30% | +5.0 | 10.0 -> 12.0 | 1 | 3001 |" in table
     log = [{"text": "ab", "retained": 2}, {"text": "", "retained": 0}, {"text": "cdef", "retained": 1}]
     assert retained_per_shown(log) == 1.5  # per suggestion shown: the empty one was not
+
+
+def test_a_matrix_is_completed_in_parts_from_earlier_runs_reports(tmp_path, capsys):
+    import argparse
+    import json
+
+    import pytest
+
+    from bench.learning_loop import main, seed_list
+
+    assert seed_list("3") == [0, 1, 2] and seed_list("1,2") == [1, 2] and seed_list("2,") == [2]
+    with pytest.raises(argparse.ArgumentTypeError):
+        seed_list("two")
+    earlier = []
+    for user, seed, keeps in (("docstring", 0, [0.325, 0.725]), ("oneline", 0, [0.225, 0.325])):
+        path = tmp_path / f"{user}-{seed}.json"
+        held = [{"keep_rate": k, "retained_per_shown": 10.0} for k in keeps]
+        path.write_text(json.dumps({"plan": {"user": user, "seed": seed}, "held_out": held,
+                                    "rounds": [{"train": {"peak_rss_mb": 1760}, "gate": {}}]}))
+        earlier.append(str(path))
+    out = tmp_path / "matrix.json"
+    # Earlier reports alone: no new run, their table and the matrix's JSON.
+    assert main(["--full", "--with", *earlier, "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| docstring | 0 | 32% -> 72% | +40.0 |" in table and "| oneline | mean of 1 | | +10.0" in table
+    saved = json.loads(out.read_text())
+    assert saved["reports"] == earlier and [r["user"] for r in saved["runs"]] == ["docstring", "oneline"]
