@@ -158,7 +158,7 @@ def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: 
         first_eos = next((i for i, token in enumerate(ids) if token in eos), None)
         generated = tokenizer.decode(ids, skip_special_tokens=True)[len(heal):]
         shown, decided = shown_suggestion(tokenizer, ids, first_eos, heal, max_new_tokens, finish, ctx,
-                                served.max_lines, example.language)
+                                          served.max_lines, example.language)
         # The text after `prompt_text`: the lead, then what the completion path would insert.
         texts.append(lead + shown)
         if decided is not None:
