@@ -15,6 +15,10 @@
            persistence, by model, language and day (`feedback stats --json`'s object);
            `/v1/report?format=html` the same as the HTML page `squidcode feedback report` writes
 
+An event's table is one of a member's shared tables (`feedback.store.TABLES`), or
+`reference_documents`: a document shared completions were composed with, its id its content hash,
+stored once per team and hash.
+
 Tokens map to team names; rows are stored with the team of the token that sent them, in SQLite, or
 in PostgreSQL when the store is given as a `postgresql://` URL (one transaction per batch; a row id
 already stored is skipped, so a retried batch is stored once). Either store turns its database's
@@ -42,7 +46,7 @@ import sqlite_utils
 from context.errors import AdapterError, FeedbackStoreError
 from context.sqlite_file import OpenedFile
 
-from .store import TABLES
+from .store import REFERENCE_TABLE, TABLES
 from .team_adapters import MAX_ADAPTER_BYTES, unpack_adapter, valid_version
 
 __all__ = [
@@ -77,6 +81,10 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 2: every read is one team's rows of some tables (training, stats, the report): an index, not a
     # scan of all teams' uploads.
     ("CREATE INDEX IF NOT EXISTS received_team_tbl ON received (team, tbl)",),
+    # 3: the reference documents (Squid) shared completions were composed with, one row per team and
+    # content hash: the same document uploaded by two teams is each team's own.
+    ("CREATE TABLE IF NOT EXISTS reference_documents (team TEXT NOT NULL, hash TEXT NOT NULL, "
+     "row TEXT NOT NULL, received_at {real} NOT NULL, PRIMARY KEY (team, hash))",),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 _PUT_ADAPTER = ("INSERT INTO adapters (team, version, sha256, size, meta, payload, created_at) "
@@ -85,6 +93,26 @@ _LATEST_ADAPTER = ("SELECT version, sha256, size, meta FROM adapters WHERE team 
                    "ORDER BY created_at DESC LIMIT 1")
 _GET_ADAPTER = "SELECT payload FROM adapters WHERE team = %s AND version = %s"
 _TEAM_ROWS = "SELECT tbl, row FROM received WHERE team = %s"
+_INSERT_RECEIVED = ("INSERT INTO received (id, team, tbl, row, received_at) VALUES (%s, %s, %s, %s, %s) "
+                    "ON CONFLICT (id) DO NOTHING")
+_INSERT_DOCUMENT = ("INSERT INTO reference_documents (team, hash, row, received_at) VALUES (%s, %s, %s, %s) "
+                    "ON CONFLICT (team, hash) DO NOTHING")
+_STATS = ("SELECT tbl, COUNT(*) FROM received WHERE team = %s GROUP BY tbl "
+          f"UNION ALL SELECT '{REFERENCE_TABLE}', COUNT(*) FROM reference_documents WHERE team = %s")
+
+
+def _rows_to_store(team: str, events: list[dict[str, Any]]) -> tuple[list[tuple], list[tuple]]:
+    """A validated batch as rows of `received` and of `reference_documents`."""
+    now = time.time()
+    received = [(e["id"], team, e["table"], json.dumps(e["row"]), now)
+                for e in events if e["table"] != REFERENCE_TABLE]
+    documents = [(team, e["id"], json.dumps(e["row"]), now) for e in events if e["table"] == REFERENCE_TABLE]
+    return received, documents
+
+
+def _counts(rows: list[tuple[str, int]]) -> dict[str, Any]:
+    counts = {table: n for table, n in rows if n}
+    return {"events": sum(counts.values()), "by_table": counts}
 _MIGRATION_LOCK = 0x5C0D_C011  # pg_advisory_xact_lock's key for the collector's migrations
 
 
@@ -150,22 +178,18 @@ class CollectorStore:
             self._open()
 
     def insert(self, team: str, events: list[dict[str, Any]]) -> tuple[int, int]:
-        now = time.time()
-        rows = [(e["id"], team, e["table"], json.dumps(e["row"]), now) for e in events]
+        received, documents = _rows_to_store(team, events)
         try:
             with self._lock:
                 self._follow_replacement()
                 with self._conn:
                     before = self._conn.total_changes
-                    # INSERT OR IGNORE: a row id already stored is skipped. Raw executemany, not
-                    # sqlite-utils' insert_all(ignore=True): on 10,000-event batches (half repeats) that
-                    # took 1.18x the CPU time and 2.1x the wall time (medians of 7 runs; 2-core Intel
-                    # Xeon, sqlite-utils 4.2.1, 2026-12-02).
-                    self._conn.executemany(
-                        "INSERT OR IGNORE INTO received (id, team, tbl, row, received_at) "
-                        "VALUES (?, ?, ?, ?, ?)",
-                        rows,
-                    )
+                    # A row id already stored is skipped. Raw executemany, not sqlite-utils'
+                    # insert_all(ignore=True): on 10,000-event batches (half repeats) that took 1.18x
+                    # the CPU time and 2.1x the wall time (medians of 7 runs; 2-core Intel Xeon,
+                    # sqlite-utils 4.2.1, 2026-12-02).
+                    self._conn.executemany(_INSERT_RECEIVED.replace("%s", "?"), received)
+                    self._conn.executemany(_INSERT_DOCUMENT.replace("%s", "?"), documents)
                     accepted = self._conn.total_changes - before
                 self._file.note_journals()
         except sqlite3.Error as exc:
@@ -211,12 +235,10 @@ class CollectorStore:
     def stats(self, team: str) -> dict[str, Any]:
         try:
             with self._lock:
-                rows = self._conn.execute(
-                    "SELECT tbl, COUNT(*) FROM received WHERE team = ? GROUP BY tbl", [team]
-                ).fetchall()
+                rows = self._conn.execute(_STATS.replace("%s", "?"), [team, team]).fetchall()
         except sqlite3.Error as exc:
             raise FeedbackStoreError(f"the collector database {self.path} cannot be read: {exc}") from exc
-        return {"events": sum(n for _, n in rows), "by_table": dict(rows)}
+        return _counts(rows)
 
     def close(self) -> None:
         self._conn.close()
@@ -279,15 +301,14 @@ class PostgresCollectorStore:
             self._pool.put(conn)
 
     def insert(self, team: str, events: list[dict[str, Any]]) -> tuple[int, int]:
-        now = time.time()
+        received, documents = _rows_to_store(team, events)
         try:
             with self._connection() as conn, conn.transaction(), conn.cursor() as cursor:
-                cursor.executemany(
-                    "INSERT INTO received (id, team, tbl, row, received_at) VALUES (%s, %s, %s, %s, %s) "
-                    "ON CONFLICT (id) DO NOTHING",
-                    [(e["id"], team, e["table"], json.dumps(e["row"]), now) for e in events],
-                )
-                accepted = max(cursor.rowcount, 0)
+                accepted = 0
+                for statement, rows in ((_INSERT_RECEIVED, received), (_INSERT_DOCUMENT, documents)):
+                    if rows:
+                        cursor.executemany(statement, rows)
+                        accepted += max(cursor.rowcount, 0)
         except self._psycopg_error as exc:
             raise FeedbackStoreError(f"the PostgreSQL collector store {self.path} cannot store events: "
                                      f"{exc}") from exc
@@ -331,13 +352,11 @@ class PostgresCollectorStore:
     def stats(self, team: str) -> dict[str, Any]:
         try:
             with self._connection() as conn, conn.transaction():
-                rows = conn.execute(
-                    "SELECT tbl, COUNT(*) FROM received WHERE team = %s GROUP BY tbl", [team]
-                ).fetchall()
+                rows = conn.execute(_STATS, [team, team]).fetchall()
         except self._psycopg_error as exc:
             raise FeedbackStoreError(f"the PostgreSQL collector store {self.path} cannot be read: "
                                      f"{exc}") from exc
-        return {"events": sum(n for _, n in rows), "by_table": dict(rows)}
+        return _counts(rows)
 
     def close(self) -> None:
         while not self._pool.empty():
@@ -378,11 +397,13 @@ def validate_batch(payload: Any) -> list[dict[str, Any]]:
             raise ValueError(f"event {index}: expected exactly the keys id, table, row")
         if not isinstance(event["id"], str) or not _ID.fullmatch(event["id"]):
             raise ValueError(f"event {index}: id must be 1-64 letters, digits, '-' or '_'")
-        if event["table"] not in TABLES:
-            raise ValueError(f"event {index}: table must be one of {', '.join(TABLES)}")
+        if event["table"] not in (*TABLES, REFERENCE_TABLE):
+            raise ValueError(f"event {index}: table must be one of {', '.join((*TABLES, REFERENCE_TABLE))}")
         row = event["row"]
         if not isinstance(row, dict) or row.get("id") != event["id"]:
             raise ValueError(f"event {index}: row must be an object whose id is the event's id")
+        if event["table"] == REFERENCE_TABLE and not isinstance(row.get("text"), str):
+            raise ValueError(f"event {index}: a reference document's row has its text")
     return events
 
 

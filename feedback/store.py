@@ -13,6 +13,7 @@ most the transaction under way, never one that returned.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import sqlite3
@@ -36,7 +37,9 @@ __all__ = [
     "SERVED_PROMPT_KEY",
     "TABLES",
     "EpisodeOutcomes",
+    "collector_key",
     "default_db_path",
+    "named_references",
     "translate_sqlite_error",
     "JSON_COLUMNS",
 ]
@@ -78,9 +81,14 @@ _MIGRATIONS: list[list[str]] = [
         # (`context.prompt_record.ReferenceIdentity.hash`, named by the episodes' served prompts):
         # their text redacted, and whether redaction changed it (then the text no longer tokenizes
         # to the hash's tokens, and a composition from it only approximates the served one).
-        # Local only: never queued for upload.
         """CREATE TABLE reference_documents (
             hash TEXT PRIMARY KEY, ts REAL NOT NULL, text TEXT NOT NULL, redacted INTEGER NOT NULL)""",
+    ],
+    [
+        # Reference documents are shared with the episodes that name them (a team trains on the
+        # prompt it was served): the collector a document was last delivered to (`collector_key`),
+        # so a document many shared episodes name is uploaded once per collector, not once each.
+        "ALTER TABLE reference_documents ADD COLUMN shared_with TEXT",
     ],
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -88,6 +96,7 @@ SCHEMA_VERSION = len(_MIGRATIONS)
 # without the window's text: that is the episode's `prompt_text`.
 SERVED_PROMPT_KEY = "served_prompt"
 TABLES = ("episodes", "events", "outcomes", "sessions", "model_switches")  # the ones that may be shared
+# Shared too, with the episodes that name them; keyed by `hash`, sent with it as the row's id.
 REFERENCE_TABLE = "reference_documents"
 JSON_COLUMNS = {"context_refs", "candidates", "extra", "data"}
 
@@ -194,8 +203,8 @@ class FeedbackStore:
     def write(self, rows: Iterable[tuple[str, dict[str, Any]]], *, share: bool = False) -> int:
         """Insert (table, row) pairs in one transaction; rows whose id exists are left as they are.
 
-        With `share`, each row of a shared table (`TABLES`) is also queued in the outbox for upload;
-        reference documents never are. Returns the rows written.
+        With `share`, each row of a shared table (`TABLES`) and each reference document is also
+        queued in the outbox for upload (a document by its hash). Returns the rows written.
         """
         batch = [(table, _encode(row)) for table, row in rows]
         if not batch:
@@ -214,7 +223,8 @@ class FeedbackStore:
                     now = time.time()
                     self.db.conn.executemany(
                         "INSERT OR IGNORE INTO outbox (id, tbl, created) VALUES (?, ?, ?)",
-                        [(row["id"], table, now) for table, row in batch if table in TABLES],
+                        [(row["hash"] if table == REFERENCE_TABLE else row["id"], table, now)
+                         for table, row in batch if table in TABLES or table == REFERENCE_TABLE],
                     )
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, self.path) from exc
@@ -233,18 +243,43 @@ class FeedbackStore:
 
     # -- the upload outbox ---------------------------------------------------------------------
 
-    def outbox_batch(self, limit: int) -> list[dict[str, Any]]:
-        """The oldest queued rows, each as {"id", "table", "row"}; rows since deleted are skipped."""
+    def outbox_batch(self, limit: int, collector: str | None = None) -> list[dict[str, Any]]:
+        """The oldest queued rows, each as {"id", "table", "row"}; rows since deleted are skipped, and
+        so are reference documents already delivered to `collector` (a `collector_key`). A
+        reference document's row is its hash (as `id`), time, redacted text and `redacted` flag."""
         queued = self.db.execute("SELECT id, tbl FROM outbox ORDER BY seq LIMIT ?", [limit]).fetchall()
-        batch = []
+        batch, settled = [], []
         for row_id, table in queued:
-            found = self.db.execute(f"SELECT * FROM {table} WHERE id = ?", [row_id]).fetchone()
+            key = "hash" if table == REFERENCE_TABLE else "id"
+            cursor = self.db.execute(f"SELECT * FROM {table} WHERE {key} = ?", [row_id])
+            found = cursor.fetchone()
             if found is None:
-                self.outbox_remove([row_id])
+                settled.append(row_id)
                 continue
-            names = [d[0] for d in self.db.execute(f"SELECT * FROM {table} LIMIT 0").description]
-            batch.append({"id": row_id, "table": table, "row": _decode(dict(zip(names, found, strict=True)))})
+            row = _decode(dict(zip([d[0] for d in cursor.description], found, strict=True)))
+            if table == REFERENCE_TABLE:
+                if collector is not None and row.get("shared_with") == collector:
+                    settled.append(row_id)
+                    continue
+                row = {"id": row["hash"], "ts": row["ts"], "text": row["text"], "redacted": row["redacted"]}
+            batch.append({"id": row_id, "table": table, "row": row})
+        if settled:
+            self.outbox_remove(settled)
         return batch
+
+    def outbox_delivered(self, ids: list[str], collector: str) -> None:
+        """The collector (a `collector_key`) stored these queued rows: they leave the outbox, and
+        the reference documents among them are not sent to that collector again."""
+        try:
+            with self.db.conn:
+                for start in range(0, len(ids), 500):
+                    part = ids[start : start + 500]
+                    marks = ", ".join("?" for _ in part)
+                    self.db.execute(f"UPDATE {REFERENCE_TABLE} SET shared_with = ? WHERE hash IN ({marks})",
+                                    [collector, *part])
+                self.db.conn.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, self.path) from exc
 
     def outbox_remove(self, ids: list[str]) -> None:
         try:
@@ -276,7 +311,7 @@ class FeedbackStore:
         for episode in self.rows("episodes", since, until):
             events = list(self._children("events", episode["id"]))
             outcomes = list(self._children("outcomes", episode["id"]))
-            yield EpisodeOutcomes(episode, events, outcomes, self.reference_texts(_named_references(episode)))
+            yield EpisodeOutcomes(episode, events, outcomes, self.reference_texts(named_references(episode)))
 
     def reference_texts(self, hashes: Iterable[str]) -> dict[str, str]:
         """The stored (redacted) texts of these reference documents, by content hash; those not
@@ -331,12 +366,17 @@ class FeedbackStore:
         return deleted
 
 
-def _named_references(episode: dict[str, Any]) -> list[str]:
+def named_references(episode: dict[str, Any]) -> list[str]:
     """The content hashes of the reference documents `episode`'s served prompt names."""
     extra = episode.get("extra")
     served = extra.get(SERVED_PROMPT_KEY) if isinstance(extra, dict) else None
     references = served.get("references") if isinstance(served, dict) else None
     return [str(ref["hash"]) for ref in references or () if isinstance(ref, dict) and ref.get("hash")]
+
+
+def collector_key(endpoint: str, token: str) -> str:
+    """Which collector and team a row was delivered to, without keeping the token."""
+    return hashlib.sha256(f"{endpoint.rstrip('/')}\n{token}".encode()).hexdigest()[:16]
 
 
 # The content hashes of the reference documents the stored episodes' served prompts name.

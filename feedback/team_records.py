@@ -2,8 +2,10 @@
 
 The collector (`feedback.collector`) keeps each uploaded row as it was sent (a row of a member's
 local `episodes`, `events`, `outcomes`, `sessions` or `model_switches` table, redacted before it
-was stored). `TeamRecords` joins one team's rows per episode as `feedback.store.FeedbackStore`
-does, for the team trainer (`feedback.train.team_source`) and the collector's report.
+was stored), and the reference documents shared completions were composed with. `TeamRecords` joins
+one team's rows per episode as `feedback.store.FeedbackStore` does, each completion with the texts
+of the reference documents it names, for the team trainer (`feedback.train.team_source`) and the
+collector's report.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
-from .store import EpisodeOutcomes
+from .store import REFERENCE_TABLE, EpisodeOutcomes, named_references
 
 __all__ = ["EPISODE_TABLES", "TeamRecords"]
 
@@ -26,12 +28,18 @@ class TeamRecords:
     def __init__(self, team: str, rows: Iterable[tuple[str, str]]):
         self.path = f"team {team}"  # what the report names as its source
         self._tables: dict[str, list[dict]] = defaultdict(list)
+        self._documents: dict[str, str] = {}  # reference documents' texts by content hash
         for table, text in rows:
             try:
                 row = json.loads(text)
             except json.JSONDecodeError:
                 continue  # the collector stores what it validated as JSON; a damaged row is skipped
-            if isinstance(row, dict) and "id" in row:
+            if not isinstance(row, dict) or "id" not in row:
+                continue
+            if table == REFERENCE_TABLE:
+                if isinstance(row.get("text"), str):
+                    self._documents[str(row["id"])] = row["text"]
+            else:
                 self._tables[table].append(row)
 
     def rows(self, table: str, since: float | None = None, until: float | None = None) -> Iterator[dict]:
@@ -50,7 +58,8 @@ class TeamRecords:
             events = sorted(children["events"][episode["id"]], key=lambda e: e.get("ts") or 0.0)
             outcomes = sorted(children["outcomes"][episode["id"]],
                               key=lambda o: (o.get("checkpoint_s") or 0.0, o.get("ts") or 0.0))
-            yield EpisodeOutcomes(episode, events, outcomes)
+            named = {h: self._documents[h] for h in named_references(episode) if h in self._documents}
+            yield EpisodeOutcomes(episode, events, outcomes, named)
 
 
 def _within(ts: float, since: float | None, until: float | None) -> bool:

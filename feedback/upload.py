@@ -3,6 +3,8 @@
 Only rows recorded while sharing was on are in the outbox (`FeedbackStore.write(share=True)`), and
 the outbox lives in the database, so it survives restarts and offline spells. Each row keeps its
 id, and the collector ignores ids it has, so a batch sent twice (a lost response) is stored once.
+The reference documents (Squid) a shared completion was composed with go with it, once per
+collector: the team trains on the prompt its members were served.
 
 The rules, per answer: 2xx: the batch leaves the outbox. 401/403: the token is wrong; uploads pause
 until the settings change. 413: the batch is halved (a single row too big is dropped). 408/429/5xx,
@@ -22,7 +24,7 @@ import httpx
 
 from context.errors import FeedbackStoreError, FeedbackUploadError
 
-from .store import FeedbackStore
+from .store import FeedbackStore, collector_key
 
 __all__ = ["Uploader", "UPLOAD_PATH", "MAX_BACKOFF_S", "collector_tls"]
 
@@ -126,7 +128,8 @@ class Uploader:
         """One round: send up to one batch; returns what happened (for logs and tests)."""
         config = self.recorder.config
         limit = self._batch_limit or config.upload_batch
-        batch = store.outbox_batch(limit)
+        delivered_to = collector_key(config.endpoint or "", config.token or "")
+        batch = store.outbox_batch(limit, delivered_to)
         if not batch:
             return "idle"
         url = config.endpoint.rstrip("/") + UPLOAD_PATH
@@ -139,7 +142,7 @@ class Uploader:
         code = response.status_code
         ids = [item["id"] for item in batch]
         if 200 <= code < 300:
-            store.outbox_remove(ids)
+            store.outbox_delivered(ids, delivered_to)
             self.sent += len(ids)
             self.failures, self._batch_limit = 0, None
             if len(batch) == limit:

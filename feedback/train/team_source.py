@@ -7,8 +7,10 @@ This reads one team's rows back, joins them per episode as the local store does
 (`feedback.store.EpisodeOutcomes`), and gives the trainer the same example fields as local
 training (`store_source.episode_as_example_fields`): the same dataset, rewards, GRPO and gate.
 
-Reference documents' texts are not uploaded, so a team's completion episodes train on their
-prompt windows without the references they were served with.
+The reference documents (Squid) a shared completion was composed with are uploaded with it (the
+collector's `reference_documents`, per team and content hash, redacted as the member stored them),
+so a team's completion episodes train on the references they were served with, as local ones do.
+A collector store older than that has none: its episodes train on their prompt windows alone.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from context.errors import FeedbackStoreError
+from feedback.store import REFERENCE_TABLE
 from feedback.team_records import EPISODE_TABLES, TeamRecords
 
 from .store_source import episode_as_example_fields
@@ -46,25 +49,31 @@ class CollectorSource:
                 yield fields
 
     def _rows(self) -> list[tuple[str, str]]:
+        """The team's episode rows, then its reference documents as (`reference_documents`, row)."""
         query = "SELECT tbl, row FROM received WHERE team = {0} AND tbl IN ({0}, {0}, {0})"
+        documents = f"SELECT '{REFERENCE_TABLE}', row FROM {REFERENCE_TABLE} WHERE team = {{0}}"
         if self.target.startswith(("postgresql://", "postgres://")):
-            return self._postgres(query.format("%s"))
-        return self._sqlite(query.format("?"))
+            return self._postgres(query.format("%s"), documents.format("%s"))
+        return self._sqlite(query.format("?"), documents.format("?"))
 
-    def _sqlite(self, query: str) -> list[tuple[str, str]]:
+    def _sqlite(self, query: str, documents: str) -> list[tuple[str, str]]:
         path = Path(self.target.removeprefix("sqlite:")).expanduser()
         if not path.is_file():
             raise FeedbackStoreError(f"no collector database at {path}")
         try:
             conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
             try:
-                return conn.execute(query, [self.team, *EPISODE_TABLES]).fetchall()
+                rows = conn.execute(query, [self.team, *EPISODE_TABLES]).fetchall()
+                if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                [REFERENCE_TABLE]).fetchone():
+                    rows += conn.execute(documents, [self.team]).fetchall()
+                return rows
             finally:
                 conn.close()
         except sqlite3.Error as exc:
             raise FeedbackStoreError(f"cannot read the collector database {path}: {exc}") from exc
 
-    def _postgres(self, query: str) -> list[tuple[str, str]]:
+    def _postgres(self, query: str, documents: str) -> list[tuple[str, str]]:
         try:
             import psycopg
         except ImportError as exc:
@@ -72,7 +81,10 @@ class CollectorSource:
                                      ) from exc
         try:
             with psycopg.connect(self.target) as conn:
-                return conn.execute(query, [self.team, *EPISODE_TABLES]).fetchall()
+                rows = conn.execute(query, [self.team, *EPISODE_TABLES]).fetchall()
+                if conn.execute("SELECT to_regclass(%s)", [REFERENCE_TABLE]).fetchone()[0] is not None:
+                    rows += conn.execute(documents, [self.team]).fetchall()
+                return rows
         except psycopg.Error as exc:
             where = self.target.split("@")[-1]
             raise FeedbackStoreError(f"cannot read the PostgreSQL collector store {where}: {exc}") from exc

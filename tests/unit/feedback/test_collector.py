@@ -1,6 +1,6 @@
 """The collector's SQLite store on real files: a file made by the earlier CREATE TABLE is migrated,
-a retried batch is stored once, and database errors become FeedbackStoreError, which the app
-answers with 503 (driven through its ASGI interface)."""
+a retried batch is stored once, reference documents once per team, and database errors become
+FeedbackStoreError, which the app answers with 503 (driven through its ASGI interface)."""
 
 from __future__ import annotations
 
@@ -45,11 +45,18 @@ def test_an_old_file_is_migrated_with_its_rows_and_a_new_one_has_the_same_layout
     CollectorStore(tmp_path / "new.db").close()
     store = CollectorStore(old)
     try:
-        assert store.schema_version() == SCHEMA_VERSION == 2
+        assert store.schema_version() == SCHEMA_VERSION == 3
         assert store.stats("team") == {"events": 1, "by_table": {"episodes": 1}}
     finally:
         store.close()
     assert layout(tmp_path / "new.db") == layout(old)
+    conn = sqlite3.connect(old)
+    try:  # version 3: the shared completions' reference documents, one per team and hash
+        assert [tuple(c[1:]) for c in conn.execute("PRAGMA table_info(reference_documents)")] == [
+            ("team", "TEXT", 1, None, 1), ("hash", "TEXT", 1, None, 2), ("row", "TEXT", 1, None, 0),
+            ("received_at", "REAL", 1, None, 0)]
+    finally:
+        conn.close()
     # Version 2: reads of one team's tables use an index, not a scan of every team's uploads.
     assert ("received_team_tbl", 0, "c") in layout(old)[2]
     conn = sqlite3.connect(old)
@@ -87,6 +94,39 @@ def test_a_retried_batch_is_stored_once(tmp_path):
         assert store.stats("other") == {"events": 0, "by_table": {}}
     finally:
         store.close()
+
+
+def test_reference_documents_are_stored_once_per_team_and_read_back_with_that_teams_episodes(tmp_path):
+    from feedback.collector import validate_batch
+    from feedback.store import REFERENCE_TABLE, SERVED_PROMPT_KEY
+    from feedback.team_records import TeamRecords
+
+    named = {SERVED_PROMPT_KEY: {"references": [{"hash": "d1", "path": "/w/a.py", "tokens": 3},
+                                                {"hash": "d2", "path": "/w/b.py", "tokens": 3}]}}
+    batch = [{"id": "e1", "table": "episodes", "row": {"id": "e1", "kind": "completion", "ts": 1.0,
+                                                         "extra": named}},
+             *({"id": h, "table": REFERENCE_TABLE, "row": {"id": h, "ts": 1.0, "text": f"{h} = 1\n",
+                                                          "redacted": 0}} for h in ("d1", "d2"))]
+    assert validate_batch({"events": batch}) == batch
+    with pytest.raises(ValueError, match="has its text"):
+        validate_batch({"events": [{"id": "d3", "table": REFERENCE_TABLE, "row": {"id": "d3"}}]})
+    store = CollectorStore(tmp_path / "collector.db")
+    try:
+        assert store.insert("team", batch) == (3, 0)
+        assert store.insert("team", batch[1:]) == (0, 2)  # sent again: stored once
+        # The same document from another team is that team's own, not a duplicate of this one's.
+        assert store.insert("other", batch[1:2]) == (1, 0)
+        assert store.stats("team") == {"events": 3, "by_table": {"episodes": 1, REFERENCE_TABLE: 2}}
+        assert store.stats("other") == {"events": 1, "by_table": {REFERENCE_TABLE: 1}}
+    finally:
+        store.close()
+    from feedback.train.team_source import CollectorSource
+
+    rows = CollectorSource(f"sqlite:{tmp_path / 'collector.db'}", "team")._rows()
+    (record,) = TeamRecords("team", rows).episodes_with_outcomes()
+    assert record.reference_texts == {"d1": "d1 = 1\n", "d2": "d2 = 1\n"}
+    other = CollectorSource(f"sqlite:{tmp_path / 'collector.db'}", "other")._rows()
+    assert other == [(REFERENCE_TABLE, json.dumps(batch[1]["row"]))]
 
 
 def test_a_database_deleted_while_serving_stores_later_events_in_a_new_file(tmp_path, caplog):

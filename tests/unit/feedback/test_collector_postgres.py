@@ -54,6 +54,7 @@ def test_a_teams_uploaded_episodes_are_read_back_for_training(tmp_path, postgres
     import time
 
     from context.config import FeedbackConfig
+    from context.prompt_record import ReferenceIdentity, ServedPrompt
     from feedback.recorder import FeedbackRecorder
     from feedback.tracking import TextChange
     from feedback.train.dataset import examples_from_source
@@ -67,9 +68,10 @@ def test_a_teams_uploaded_episodes_are_read_back_for_training(tmp_path, postgres
         uploader = Uploader(recorder)
         uploader.start()
         after = "def add(a, b):\n    return a + b\n"
+        served = ServedPrompt(ids=(1, 2), text="def add(a, b):\n    ", reference_tokens=4,
+                              references=(ReferenceIdentity("pg1", "/w/ops.py", 4, "PLUS = '+'\n"),))
         episode = recorder.record_completion_episode(
-            uri="file:///w/a.py", position=(1, 4), output="return a + b", prompt_text="def add(a, b):\n    ",
-            model_id="m")
+            uri="file:///w/a.py", position=(1, 4), output="return a + b", served=served, model_id="m")
         recorder.on_did_change("file:///w/a.py", [TextChange((1, 4), (1, 4), "return a + b")], after)
         recorder.accept_completion(episode, None, after)
         time.sleep(0.1)
@@ -82,6 +84,8 @@ def test_a_teams_uploaded_episodes_are_read_back_for_training(tmp_path, postgres
         collector.stop()
     (example,) = examples_from_source(CollectorSource(postgres_url, "acme"))
     assert example.id == episode and example.kept_text == "    return a + b" and not example.reverted
+    # The reference document it was served with came along, and is composed for training as served.
+    assert [(ref.hash, ref.text) for ref in example.served.references] == [("pg1", "PLUS = '+'\n")]
     assert examples_from_source(CollectorSource(postgres_url, "other-team")) == []
 
 

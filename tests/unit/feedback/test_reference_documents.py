@@ -1,6 +1,6 @@
 """The feedback store's table of reference documents (Squid): once per content hash, read back with
-the episodes that name them, never shared, redacted again when the rules change, and forgotten with
-the last episode that names them."""
+the episodes that name them, shared with them once per collector, redacted again when the rules
+change, and forgotten with the last episode that names them."""
 
 from __future__ import annotations
 
@@ -34,10 +34,32 @@ def test_each_episode_reads_the_texts_it_names(tmp_path):
     assert second.reference_texts == {"b": "# b.py\nx = 1\n"}  # "gone" was never stored
 
 
-def test_reference_documents_are_never_queued_for_upload(tmp_path):
+def test_reference_documents_go_with_shared_episodes_once_per_collector(tmp_path):
     store = FeedbackStore(tmp_path / "f.db")
     store.write([("episodes", episode(1, 100.0, "a")), (REFERENCE_TABLE, document("a", 100.0))], share=True)
-    assert [item["table"] for item in store.outbox_batch(10)] == ["episodes"]
+    store.write([("episodes", episode(2, 100.0, "p")), (REFERENCE_TABLE, document("p", 100.0))])  # private
+    batch = store.outbox_batch(10, "team-1")
+    assert [(item["table"], item["id"]) for item in batch] == [("episodes", "ep1"), (REFERENCE_TABLE, "a")]
+    # Sent by its hash, with its redacted text and whether redaction changed it: nothing else.
+    assert batch[1]["row"] == {"id": "a", "ts": 100.0, "text": "# a.py\nx = 1\n", "redacted": 0}
+    store.outbox_delivered([item["id"] for item in batch], "team-1")
+    assert store.outbox_size() == 0
+    # A later shared episode naming it: the collector that has the document does not get it again.
+    store.write([("episodes", episode(3, 200.0, "a")), (REFERENCE_TABLE, document("a", 200.0))], share=True)
+    assert [item["id"] for item in store.outbox_batch(10, "team-1")] == ["ep3"]
+    assert store.outbox_size() == 1  # the document's entry is settled, the episode waits for its answer
+    # Another collector (a new endpoint or token: another team) has not got it.
+    store.write([("episodes", episode(4, 300.0, "a")), (REFERENCE_TABLE, document("a", 300.0))], share=True)
+    assert [item["id"] for item in store.outbox_batch(10, "team-2")] == ["ep3", "ep4", "a"]
+    # A failed or dropped batch marks nothing delivered.
+    store.outbox_remove(["ep3", "ep4", "a"])
+    store.write([("episodes", episode(5, 400.0, "a")), (REFERENCE_TABLE, document("a", 400.0))], share=True)
+    assert [item["id"] for item in store.outbox_batch(10, "team-2")] == ["ep5", "a"]
+    # A document gone while queued (its episodes forgotten) is not sent, and leaves the outbox.
+    store.db.execute(f"DELETE FROM {REFERENCE_TABLE}")
+    store.db.conn.commit()
+    assert [item["id"] for item in store.outbox_batch(10, "team-2")] == ["ep5"]
+    assert store.outbox_size() == 1
 
 
 def test_forgetting_an_episode_forgets_the_documents_only_it_named(tmp_path):
@@ -63,7 +85,7 @@ def test_an_old_store_gets_the_table_and_a_new_rule_redacts_its_texts(tmp_path, 
     connection.commit()
     connection.close()
     store = FeedbackStore(path)
-    assert store.schema_version() == SCHEMA_VERSION == 2 and REFERENCE_TABLE in store.db.table_names()
+    assert store.schema_version() == SCHEMA_VERSION == 3 and REFERENCE_TABLE in store.db.table_names()
     # A raw write (a test double for a text a later rule catches) stays until the rules change.
     store.write([(REFERENCE_TABLE, document("a", 1.0, f'KEY = "{SECRET}"\n'))])
     store.close()

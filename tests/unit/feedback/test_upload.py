@@ -142,6 +142,31 @@ def test_uploads_reach_the_collector_and_resending_stores_nothing_twice(tmp_path
     recorder.close()
 
 
+def test_reference_documents_reach_the_collector_once_with_the_completions_naming_them(tmp_path, collector):
+    from context.prompt_record import ReferenceIdentity, ServedPrompt
+
+    before = collector.stats()["by_table"]
+    recorder = sharing_recorder(tmp_path, collector.url)
+    uploader = Uploader(recorder)
+    uploader.start()
+    documents = tuple(ReferenceIdentity(f"{tmp_path.name[-8:]}{i}", f"/w/m{i}.py", 4, f"M{i} = {i}\n")
+                      for i in range(2))
+    served = ServedPrompt(ids=(1, 2), text="x = ", references=documents, reference_tokens=8)
+    for round_ in range(2):  # the same two documents named by three completions each time
+        for i in range(3):
+            recorder.record_completion_episode(uri=f"file:///w/r{round_}{i}.py", position=(0, 4), output="1",
+                                               served=served, model_id="m")
+        recorder.flush()
+        wait(lambda: outbox(recorder.db_path) == 0)
+        after = collector.stats()["by_table"]
+        assert after["episodes"] - before.get("episodes", 0) == 3 * (round_ + 1)
+        assert after["reference_documents"] - before.get("reference_documents", 0) == 2
+        # Sent once, not sent again and ignored: 3 episodes and their "shown" events a round, 2 documents.
+        assert uploader.sent == 6 * (round_ + 1) + 2
+    uploader.stop()
+    recorder.close()
+
+
 def test_rows_recorded_before_sharing_was_on_stay_local(tmp_path, collector):
     recorder = FeedbackRecorder(
         FeedbackConfig(endpoint=collector.url, token=TOKEN), db_path=tmp_path / "f.db"

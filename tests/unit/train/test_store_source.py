@@ -213,6 +213,45 @@ def test_a_completion_that_does_not_parse_earns_nothing_however_close_to_the_kep
     assert score_output("    return [x * 2 for x in xs if x and y", reward_context(reverted)).total < 0
 
 
+def test_a_teams_completions_train_with_the_reference_documents_they_were_served_with(tmp_path):
+    """What a member's uploader sends (its outbox), stored by a real collector store, read back by
+    the team trainer's source: the same served prompt, references' texts included, as local training."""
+    from context.prompt_record import ReferenceIdentity
+    from feedback.collector import CollectorStore
+    from feedback.store import FeedbackStore
+    from feedback.train.team_source import CollectorSource
+
+    secret = "sk_live_4eC39HqLyjWDarjtT1zdp7dc"
+    references = (ReferenceIdentity("r1", "/w/util.py", 4, "def add(a, b):\n    return a + b\n"),
+                  ReferenceIdentity("r2", "/w/keys.py", 9, f'KEY = "{secret}"\n'))
+    served = ServedPrompt(ids=(1, 2, 3), text="total = ", references=references, reference_tokens=13)
+    clock = Clock()
+    recorder = FeedbackRecorder(FeedbackConfig(checkpoints_s=(30.0,), share=True, endpoint="http://c",
+                                               token="t"), db_path=tmp_path / "f.db", monotonic=clock)
+    episode = recorder.record_completion_episode(uri="file:///w/a.py", position=(0, 8), output="add(1, 2)",
+                                                 served=served, model_id="m", language="python")
+    after = "total = add(1, 2)\n"
+    recorder.on_did_change("file:///w/a.py", [TextChange((0, 8), (0, 8), "add(1, 2)")], after)
+    recorder.accept_completion(episode, None, after)
+    clock.now += 31
+    recorder.tick()
+    assert recorder.flush()
+    recorder.close()
+    local = FeedbackStore(tmp_path / "f.db")
+    batch = local.outbox_batch(100, "acme")
+    local.close()
+    collector = CollectorStore(tmp_path / "collector.db")
+    collector.insert("acme", batch)
+    collector.close()
+    (mine,) = examples_from_source(FeedbackStoreSource(tmp_path / "f.db"))
+    (pooled,) = examples_from_source(CollectorSource(f"sqlite:{tmp_path / 'collector.db'}", "acme"))
+    assert pooled.id == mine.id == episode and pooled.kept_text == mine.kept_text
+    assert pooled.served == mine.served
+    texts = [ref.text for ref in pooled.served.references]
+    assert texts[0] == "def add(a, b):\n    return a + b\n"
+    assert secret not in texts[1] and "[REDACTED" in texts[1]  # redacted before it was stored or sent
+
+
 def test_a_teams_pooled_episodes_in_the_collector_train_as_the_local_ones_do(tmp_path):
     """The rows a member uploaded (a real collector store) read back for that team only."""
     from context.errors import FeedbackStoreError
