@@ -259,7 +259,8 @@ def shown_suggestion(tokenizer, ids: list[int], first_eos: int | None, heal: str
         return shown, None
     # The text it was cut from: the budget's, or the finished one's (it ran out inside something
     # it opened); a suggestion cut back to what closes, or in other ways, is no cut of either.
-    for read, read_ran_out in ([(raw, ran_out), more()] if finish else [(raw, ran_out)]):
+    for source in ((lambda: (raw, ran_out)), *((more,) if finish else ())):
+        read, read_ran_out = source()  # the finished text is decoded only when the budget's is not it
         cut = boundary_cut(read, ctx, max_lines, read_ran_out)
         if cut.text == shown:
             break
