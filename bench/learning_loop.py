@@ -1,7 +1,7 @@
 """squidcode's learning loop end to end, with a simulated user: does the assistant get better?
 
     python bench/learning_loop.py            # the short version (`./dev demo` runs it): ~5 minutes
-    python bench/learning_loop.py --full     # the measurement: 3 rounds, ~55 minutes on 2 cores
+    python bench/learning_loop.py --full     # the measurement: 2 rounds, ~40 minutes on 2 cores
 
 Everything runs as the product runs it. `squidcode serve` is started as a subprocess on a copy of
 a few standard-library modules (`bench/simulated_user.py`), and a pygls client drives it over LSP.
@@ -83,8 +83,9 @@ class Plan:
 
 
 SHORT = Plan(rounds=1, train_spots=12, eval_spots=12, steps=4, agent=True)
-# The settings of the measured runs in docs/benchmarks.md (`./dev demo --full` runs them).
-FULL = Plan(rounds=3, train_spots=48, eval_spots=40, steps=30, agent=False, learning_rate=2e-4)
+# The settings of the measured runs in docs/benchmarks.md, the user-by-seed matrix's (`./dev demo
+# --full` runs them).
+FULL = Plan(rounds=2, train_spots=48, eval_spots=40, steps=30, agent=False, learning_rate=2e-4)
 
 
 def _say(message: str) -> None:
@@ -520,7 +521,7 @@ def plot(report: dict, path: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--full", action="store_true", help="the long measurement (3 rounds)")
+    parser.add_argument("--full", action="store_true", help="the long measurement (2 rounds)")
     parser.add_argument("--rounds", type=int, help="override the number of rounds")
     parser.add_argument("--steps", type=int, help="override GRPO steps per round")
     parser.add_argument("--learning-rate", type=float, help="override train.learning_rate")

@@ -11,6 +11,7 @@ path (`agent.completion`) and the trainer, which judges its samples by the text 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -296,6 +297,60 @@ def _cut_back_to_closed(text: str, language: str | None = None) -> str:
     return "\n".join(lines).rstrip()
 
 
+_DOCSTRING_OPENER = re.compile(r"""[rRuU]?(\"\"\"|''')""")
+_SENTENCE_END = (".", "!", "?")
+# What starts a docstring's fields or sections rather than continuing its summary (reST, Google, NumPy).
+_DOCSTRING_SECTION = re.compile(
+    r"(:(param|parameter|arg|type|returns?|rtype|raises?|yields?)\b|@\w+\b|"
+    r"(Args|Arguments|Parameters|Returns|Yields|Raises|Examples?|Notes?|Attributes)\s*:?\s*$|-{3,}\s*$)")
+
+
+def _docstring_summary(text: str, ctx: CursorContext, max_lines: int, truncated: bool) -> str:
+    """A docstring that opens `text` and is not closed in it (the tokens ran out in its body),
+    closed after its summary, as PEP 257 writes one: the docstring's first paragraph (up to a blank
+    line, or a line that starts its fields or sections: `:param`, `Args:`), when it is complete (such
+    a line follows it, or its last line ends a sentence), then the closing quotes on
+    the summary's own line (`\"\"\"Return the total.\"\"\"`) or on a line of their own at the
+    docstring's indentation. "" when there is no complete summary: a guess at one is not offered.
+
+    The model's work is not thrown away when it writes a long docstring the budget cannot hold,
+    and what is offered is its own text with only the closing quotes added."""
+    lines = text.split("\n")
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is None or (truncated and len(lines) == 1):
+        return ""  # nothing, or a single line the budget cut in its middle
+    opener = _DOCSTRING_OPENER.match(lines[first].lstrip(" \t"))
+    if opener is None:
+        return ""
+    quote = opener.group(1)
+    indent = (ctx.line_prefix if first == 0 else "") + lines[first][: _indent(lines[first])]
+    head = lines[first].lstrip(" \t")[opener.end() :]
+    body = [head.rstrip(), *(line.rstrip() for line in lines[first + 1 :])]
+    summary: list[str] = []
+    complete = False
+    for line in body:
+        if not line.strip() or _DOCSTRING_SECTION.match(line.strip()):
+            if any(part.strip() for part in summary):
+                complete = True  # a blank line, or a field list or section, ends the first paragraph
+                break
+            if line.strip():
+                return ""  # the docstring opens with its fields: no summary
+            summary.append(line)
+            continue
+        summary.append(line)
+    while summary and not summary[-1].strip():
+        summary.pop()
+    if not summary or not (complete or summary[-1].endswith(_SENTENCE_END)):
+        return ""
+    if len(summary) == 1 and summary[0].strip():  # the summary on the opening line: one line
+        kept = [*lines[:first], lines[first].rstrip() + quote]
+    else:
+        kept = [*lines[:first], lines[first].rstrip(), *summary[1:], indent + quote]
+    if sum(1 for line in kept if line.strip()) > max_lines:
+        return ""
+    return "\n".join(kept)
+
+
 def _starts_next_line(raw: str) -> bool:
     first, newline, _ = raw.replace("\r\n", "\n").partition("\n")
     return bool(newline) and not first.strip()
@@ -418,5 +473,8 @@ def suggestion(raw: str, ctx: CursorContext, max_lines: int, truncated: bool, la
         return text
     more = finish() if truncated and finish is not None else None
     if more is not None:
-        text = cut_at_boundary(more[0], ctx, max_lines, truncated=more[1])
-    return _cut_back_to_closed(text, language)
+        text, truncated = cut_at_boundary(more[0], ctx, max_lines, truncated=more[1]), more[1]
+    closed = _cut_back_to_closed(text, language)
+    if not closed and language in (None, "python"):
+        return _docstring_summary(text, ctx, max_lines, truncated)
+    return closed

@@ -164,8 +164,7 @@ def sample_example(model, tokenizer, example, prompt: torch.Tensor, group_size: 
         if decided is not None:
             group.mask[row, decided:] = 0
             continue
-        end = len(heal) + (generated.find(shown) + len(shown) if shown else 0)
-        group.mask[row, _tokens_covering(tokenizer, ids, end):] = 0
+        group.mask[row, _tokens_covering(tokenizer, ids, len(heal) + _shown_end(generated, shown)):] = 0
     return SampledGroup(group.prompt, group.completions, group.mask, texts, context)
 
 
@@ -271,6 +270,17 @@ def shown_suggestion(tokenizer, ids: list[int], first_eos: int | None, heal: str
     if cut.decided >= len(read):
         return shown, first_eos + 1  # not out of tokens: the end-of-sequence token ended it
     return shown, _tokens_covering(tokenizer, ids, len(heal) + cut.decided)
+
+
+def _shown_end(generated: str, shown: str) -> int:
+    """Where in `generated` the part of `shown` the model wrote ends: after the longest leading part
+    of `shown` found there (all of it, but for the closing quotes `context.boundary.suggestion`
+    adds to a docstring's summary). 0 when nothing is shown."""
+    for size in range(len(shown), 0, -1):
+        at = generated.find(shown[:size])
+        if at >= 0:
+            return at + size
+    return 0
 
 
 def _tokens_covering(tokenizer, ids: list[int], end: int) -> int:

@@ -151,3 +151,56 @@ def test_a_leading_blank_line_and_an_echo_dropped_keep_the_offsets_in_the_raw_te
     raw = "\ny = x\n    return y\nprint(f(1))"
     cut = boundary_cut(raw, ctx, max_lines=8)
     assert cut.text == "    return y" and raw[: cut.decided] == "\ny = x\n    return y\np"
+
+
+METHOD = ("class Matcher:\n    def set_seq2(self, b):\n        ", "\n        if b is self.b:\n            return\n")
+
+
+@pytest.mark.parametrize(("raw", "shown"), [
+    # The summary on the opening line, a blank line after it: closed on that line.
+    ('"""Set the second sequence.\n\n        The first is\n        kept as', '"""Set the second sequence."""'),
+    # A summary of two lines ending a sentence, then the tokens ran out: the quotes on a line of their own.
+    ('"""Set the second sequence to b, and clear\n        the caches that depend on it.\n        The fir',
+     '"""Set the second sequence to b, and clear\n        the caches that depend on it.\n        """'),
+    # The summary on the line after the quotes, the model's own indentation kept.
+    ("'''\n            Sets the second sequence.\n\n            This is a special case of set_seqs() that",
+     "'''\n            Sets the second sequence.\n        '''"),
+    ('r"""Match b\\s. And more.\n\n        Args:\n            b: the', 'r"""Match b\\s. And more."""'),
+    # A field list right after the summary ends it, as a blank line does.
+    ('"""\n        Set the second sequence\n        :param b: the sequence.\n        :retu',
+     '"""\n        Set the second sequence\n        """'),
+])
+def test_a_docstring_the_budget_cut_is_offered_as_its_summary_closed(raw, shown):
+    from context.boundary import suggestion
+
+    ctx = ctx_at_end(*METHOD)
+    offered = suggestion(raw, ctx, max_lines=8, truncated=True, language="python")
+    assert offered == shown and not leaves_open(offered)
+    # The budget ran out inside the docstring, then the tokens to finish it too: the same.
+    assert suggestion(raw[:12], ctx, 8, True, "python", finish=lambda: (raw, True)) == shown
+
+
+@pytest.mark.parametrize("raw", [
+    '"""Set the second sequence to b, and clear\n        the caches that depend on',  # no complete summary
+    '"""Return the value of self.',  # one line the budget cut: "self." is no sentence's end
+    '"""\n\n',  # no summary at all
+    '"""\n        :param url: URL for the new object.\n        :param data: D',  # its fields first
+    'b = list(b)\n        """Not a docstring: code came first.\n\n        More',
+    '"""' + "".join(f"\n        Line {i} of a summary that goes on" for i in range(9)) + ".\n\n        x",
+])
+def test_no_complete_summary_no_docstring_or_too_long_is_not_offered(raw):
+    from context.boundary import suggestion
+
+    ctx = ctx_at_end(*METHOD)
+    assert suggestion(raw, ctx, max_lines=8, truncated=True, language="python") in ("", "b = list(b)")
+    # Other languages' strings are cut back as before; prose is not code.
+    assert suggestion(raw, ctx, max_lines=8, truncated=True, language="javascript") in ("", "b = list(b)")
+
+
+def test_the_trainer_masks_after_the_part_of_a_summary_the_model_wrote():
+    from feedback.train.policy import _shown_end
+
+    generated = '"""Set the second sequence.\n\n        The first is'
+    assert _shown_end(generated, '"""Set the second sequence."""') == len('"""Set the second sequence.')
+    assert _shown_end("\n    x = 1\n", "x = 1") == len("\n    x = 1")
+    assert _shown_end("anything", "") == 0
