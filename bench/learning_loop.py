@@ -543,7 +543,8 @@ def main(argv: list[str] | None = None) -> int:
                              "seeds (one: 2,). Each run and the mean gain with its min and max, in a table "
                              "and a plot")
     parser.add_argument("--with", dest="earlier", type=Path, nargs="+", default=[],
-                        help="reports of earlier runs (this script's JSON, one run each) to join to the "
+                        help="reports of earlier runs (this script's JSON, one run each, or a matrix's, "
+                             "standing for its runs) to join to the "
                              "matrix's table and plot, so a matrix can be completed in parts")
     parser.add_argument("--task-set", type=Path,
                         help="train.task_set: verifiable tasks whose newest part is the gate's regression "
@@ -561,8 +562,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_one(plan, args)
     # The matrix: every user with every seed, each run a fresh workspace, store and trainer.
     seeds = args.seeds if args.seeds is not None else ([] if args.earlier else [0])  # --with alone: a table
-    reports = [json.loads(path.read_text()) for path in args.earlier]
-    runs, ok = [str(path) for path in args.earlier], True
+    runs, ok = earlier_reports(args.earlier), True
+    reports = [json.loads(Path(path).read_text()) for path in runs]
     name = f"learning-loop-matrix-{'full' if args.full else 'short'}-{time.strftime('%Y-%m-%d')}.json"
     out = args.out or ROOT / "bench" / "results" / name
 
@@ -583,6 +584,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plot: {out.with_suffix('.png')}")
     print(f"matrix: {out}")
     return 0 if ok else 1
+
+
+def earlier_reports(paths: list[Path]) -> list[str]:
+    """`--with`: the run reports named, a matrix's JSON standing for the reports it lists; checked
+    before anything runs (a wrong file found after a 40-minute run would cost the run's table)."""
+    found = []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"--with {path}: not a readable JSON report ({exc})") from None
+        if isinstance(data, dict) and isinstance(data.get("reports"), list) and "runs" in data:
+            found += earlier_reports([Path(p) for p in data["reports"]])
+        elif isinstance(data, dict) and {"plan", "held_out", "rounds"} <= data.keys():
+            found.append(str(path))
+        else:
+            raise SystemExit(f"--with {path}: neither a run's report nor a matrix of them")
+    return list(dict.fromkeys(found))
 
 
 def seed_list(text: str) -> list[int]:

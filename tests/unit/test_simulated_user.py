@@ -147,3 +147,10 @@ def test_a_matrix_is_completed_in_parts_from_earlier_runs_reports(tmp_path, caps
     assert "| docstring | 0 | 32% -> 72% | +40.0 |" in table and "| oneline | mean of 1 | | +10.0" in table
     saved = json.loads(out.read_text())
     assert saved["reports"] == earlier and [r["user"] for r in saved["runs"]] == ["docstring", "oneline"]
+    # A matrix's JSON stands for the runs it lists (each once); anything else is refused before a run.
+    again = tmp_path / "again.json"
+    assert main(["--full", "--with", str(out), earlier[0], "--out", str(again)]) == 0
+    assert json.loads(again.read_text())["reports"] == earlier
+    (tmp_path / "other.json").write_text('{"rows": []}')
+    with pytest.raises(SystemExit, match="neither a run's report nor a matrix"):
+        main(["--full", "--seeds", "1,", "--with", str(tmp_path / "other.json")])
