@@ -466,6 +466,9 @@ def matrix_summary(outcomes: list[dict]) -> str:
     return "\n".join(rows)
 
 
+NO_PLOT = "no plot: matplotlib is not installed (pip install -e '.[bench]')"
+
+
 def _pyplot():
     """matplotlib's pyplot without a display, or None when matplotlib is not installed."""
     try:
@@ -582,6 +585,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + matrix_summary([run_outcome(r) for r in reports]))
     if plot_matrix(reports, out.with_suffix(".png")):
         print(f"plot: {out.with_suffix('.png')}")
+    else:
+        print(NO_PLOT)
     print(f"matrix: {out}")
     return 0 if ok else 1
 
@@ -628,8 +633,8 @@ def run_one(plan: Plan, args, out: Path | None = None) -> int:
     out = out or args.out or ROOT / "bench" / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
-    if args.full and plot(report, out.with_suffix(".png")):
-        print(f"plot: {out.with_suffix('.png')}")
+    if args.full:
+        print(f"plot: {out.with_suffix('.png')}" if plot(report, out.with_suffix(".png")) else NO_PLOT)
     print(f"report: {out}; {report['seconds'] / 60:.1f} min in all")
     if not args.keep_data:
         import shutil
