@@ -153,12 +153,14 @@ def test_a_leading_blank_line_and_an_echo_dropped_keep_the_offsets_in_the_raw_te
     assert cut.text == "    return y" and raw[: cut.decided] == "\ny = x\n    return y\np"
 
 
-METHOD = ("class Matcher:\n    def set_seq2(self, b):\n        ", "\n        if b is self.b:\n            return\n")
+METHOD = ("class Matcher:\n    def set_seq2(self, b):\n        ",
+          "\n        if b is self.b:\n            return\n")
 
 
 @pytest.mark.parametrize(("raw", "shown"), [
     # The summary on the opening line, a blank line after it: closed on that line.
-    ('"""Set the second sequence.\n\n        The first is\n        kept as', '"""Set the second sequence."""'),
+    ('"""Set the second sequence.\n\n        The first is\n        kept as',
+     '"""Set the second sequence."""'),
     # A summary of two lines ending a sentence, then the tokens ran out: the quotes on a line of their own.
     ('"""Set the second sequence to b, and clear\n        the caches that depend on it.\n        The fir',
      '"""Set the second sequence to b, and clear\n        the caches that depend on it.\n        """'),
