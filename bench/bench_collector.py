@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.bench_foundation import cpu_info  # noqa: E402
+from feedback.redact import RULES_VERSION  # noqa: E402
 from tests.unit.feedback.test_upload import TOKEN, Collector, free_port  # noqa: E402
 
 
@@ -34,7 +35,9 @@ def upload(url: str, uploader: int, episodes: int, times: list[float], lock: thr
     rows = [{"id": f"u{uploader}-e{i}", "table": "episodes",
              "row": {"id": f"u{uploader}-e{i}", "kind": "completion", "ts": float(i), "output": "x" * 200}}
             for i in range(episodes)]
-    bodies = [json.dumps({"events": rows[start : start + 100]}).encode() for start in range(0, episodes, 100)]
+    # As the uploader sends them: naming the redaction rules its rows were redacted under.
+    bodies = [json.dumps({"events": rows[start : start + 100], "redaction_rules": RULES_VERSION}).encode()
+              for start in range(0, episodes, 100)]
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
     with httpx.Client(timeout=60) as client:
         for body in bodies:

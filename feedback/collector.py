@@ -1,6 +1,7 @@
 """The team collector: an ASGI app (served by uvicorn) that receives uploaded feedback.
 
-    POST /v1/events   Authorization: Bearer TOKEN   {"events": [{"id", "table", "row"}, ...]}
+    POST /v1/events   Authorization: Bearer TOKEN   {"events": [{"id", "table", "row"}, ...],
+                                                     "redaction_rules": N}
         -> 200 {"accepted": n, "duplicates": m}; 400 bad JSON, 401 bad token, 413 too large,
            422 a malformed event (the whole batch is refused; nothing is stored); 429 (with
            Retry-After) for a team over its requests a minute, on any route
@@ -18,6 +19,13 @@
 An event's table is one of a member's shared tables (`feedback.store.TABLES`), or
 `reference_documents`: a document shared completions were composed with, its id its content hash,
 stored once per team and hash.
+
+Rows arrive redacted by the member's squidcode (`feedback.recorder.sanitize_row`), under the rules
+version the batch names (`redaction_rules`; none named: older than any). A batch redacted under
+older rules than this collector's is redacted again before it is stored, and when the collector
+starts with newer rules than its stored rows were redacted under, it redacts them all again once
+(`feedback.store.redact_again`): a secret an older rule let through does not stay in the team's
+store.
 
 Tokens map to team names; rows are stored with the team of the token that sent them, in SQLite, or
 in PostgreSQL when the store is given as a `postgresql://` URL (one transaction per batch; a row id
@@ -46,7 +54,8 @@ import sqlite_utils
 from context.errors import AdapterError, FeedbackStoreError
 from context.sqlite_file import OpenedFile
 
-from .store import REFERENCE_TABLE, TABLES
+from .redact import RULES_VERSION
+from .store import REFERENCE_TABLE, TABLES, redact_again
 from .team_adapters import MAX_ADAPTER_BYTES, unpack_adapter, valid_version
 
 __all__ = [
@@ -85,6 +94,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # content hash: the same document uploaded by two teams is each team's own.
     ("CREATE TABLE IF NOT EXISTS reference_documents (team TEXT NOT NULL, hash TEXT NOT NULL, "
      "row TEXT NOT NULL, received_at {real} NOT NULL, PRIMARY KEY (team, hash))",),
+    # 4: settings of the store itself: the redaction rules its rows were last redacted under.
+    ("CREATE TABLE IF NOT EXISTS collector_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 _PUT_ADAPTER = ("INSERT INTO adapters (team, version, sha256, size, meta, payload, created_at) "
@@ -97,6 +108,10 @@ _INSERT_RECEIVED = ("INSERT INTO received (id, team, tbl, row, received_at) VALU
                     "ON CONFLICT (id) DO NOTHING")
 _INSERT_DOCUMENT = ("INSERT INTO reference_documents (team, hash, row, received_at) VALUES (%s, %s, %s, %s) "
                     "ON CONFLICT (team, hash) DO NOTHING")
+_RULES = "SELECT value FROM collector_meta WHERE key = 'redaction_rules'"
+_SET_RULES = ("INSERT INTO collector_meta (key, value) VALUES ('redaction_rules', %s) "
+              "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+_REDACTION_BATCH = 500
 _STATS = ("SELECT tbl, COUNT(*) FROM received WHERE team = %s GROUP BY tbl "
           f"UNION ALL SELECT '{REFERENCE_TABLE}', COUNT(*) FROM reference_documents WHERE team = %s")
 
@@ -108,6 +123,53 @@ def _rows_to_store(team: str, events: list[dict[str, Any]]) -> tuple[list[tuple]
                 for e in events if e["table"] != REFERENCE_TABLE]
     documents = [(team, e["id"], json.dumps(e["row"]), now) for e in events if e["table"] == REFERENCE_TABLE]
     return received, documents
+
+
+def _redacted_row(table: str, text: str) -> str | None:
+    """A stored row's JSON redacted under the current rules; None when they change nothing."""
+    try:
+        row = json.loads(text)
+    except ValueError:
+        return None  # stored only after validation as JSON: not a row of ours
+    return json.dumps(row) if isinstance(row, dict) and redact_again(table, row) else None
+
+
+def _redact_events(events: list[dict[str, Any]]) -> int:
+    """A batch's rows redacted in place under this collector's rules; how many changed."""
+    return sum(redact_again(event["table"], event["row"]) for event in events)
+
+
+def _redact_stored(execute) -> int:
+    """Every stored row redacted again under the current rules, once per `RULES_VERSION` (in the
+    caller's transaction); the number of rows changed. `execute(query, params)` runs one statement
+    (`%s` placeholders) and returns its rows."""
+    found = execute(_RULES, [])
+    if found and str(found[0][0]).isdigit() and int(found[0][0]) >= RULES_VERSION:
+        return 0
+    changed, last = 0, ""
+    while batch := execute("SELECT id, tbl, row FROM received WHERE id > %s ORDER BY id LIMIT %s",
+                           [last, _REDACTION_BATCH]):
+        for last, table, text in batch:
+            if (clean := _redacted_row(table, text)) is not None:
+                execute("UPDATE received SET row = %s WHERE id = %s", [clean, last])
+                changed += 1
+    team = digest = ""
+    while batch := execute("SELECT team, hash, row FROM reference_documents WHERE team > %s OR "
+                           "(team = %s AND hash > %s) ORDER BY team, hash LIMIT %s",
+                           [team, team, digest, _REDACTION_BATCH]):
+        for team, digest, text in batch:
+            if (clean := _redacted_row(REFERENCE_TABLE, text)) is not None:
+                execute("UPDATE reference_documents SET row = %s WHERE team = %s AND hash = %s",
+                        [clean, team, digest])
+                changed += 1
+    execute(_SET_RULES, [str(RULES_VERSION)])
+    if changed:
+        log.info("collector store: %d stored rows redacted again (rules version %d)", changed, RULES_VERSION)
+    return changed
+
+
+def _rows_of(cursor) -> list[tuple]:
+    return cursor.fetchall() if cursor.description else []
 
 
 def _counts(rows: list[tuple[str, int]]) -> dict[str, Any]:
@@ -166,6 +228,9 @@ class CollectorStore:
                 # PRAGMA takes no parameters; the value is an int computed here.
                 self._conn.execute(f"PRAGMA user_version = {target + 1}")
             log.info("collector database %s migrated to schema %d", self.path, target + 1)
+        with self._conn:
+            _redact_stored(lambda query, params: _rows_of(self._conn.execute(query.replace("%s", "?"),
+                                                                             params)))
 
     def _follow_replacement(self) -> None:
         """Under the lock: a file deleted or replaced since it was opened is let go of (SQLite would
@@ -290,6 +355,7 @@ class PostgresCollectorStore:
             conn.execute("INSERT INTO collector_schema (version) VALUES (%s)", [SCHEMA_VERSION])
         elif version < SCHEMA_VERSION:
             conn.execute("UPDATE collector_schema SET version = %s", [SCHEMA_VERSION])
+        _redact_stored(lambda query, params: _rows_of(conn.execute(query, params)))
 
     @contextlib.contextmanager
     def _connection(self):
@@ -390,6 +456,9 @@ def validate_batch(payload: Any) -> list[dict[str, Any]]:
     if not isinstance(payload, dict) or not isinstance(payload.get("events"), list):
         raise ValueError('expected {"events": [...]}')
     events = payload["events"]
+    rules = payload.get("redaction_rules", 0)
+    if isinstance(rules, bool) or not isinstance(rules, int) or rules < 0:
+        raise ValueError("redaction_rules, where given, is the version of the rules that redacted the rows")
     if not 0 < len(events) <= MAX_EVENTS:
         raise ValueError(f"a batch holds 1 to {MAX_EVENTS} events, got {len(events)}")
     for index, event in enumerate(events):
@@ -502,6 +571,12 @@ async def _receive_events(receive, store, team: str) -> tuple[int, dict]:
         events = validate_batch(payload)
     except ValueError as exc:
         return 422, {"error": str(exc)}
+    if payload.get("redaction_rules", 0) < RULES_VERSION:
+        # Redacted by an older squidcode (or one that does not say): this collector's rules apply.
+        redacted = await asyncio.to_thread(_redact_events, events)
+        if redacted:
+            log.info("team %s: %d uploaded rows redacted under rules version %d", team, redacted,
+                     RULES_VERSION)
     try:
         accepted, duplicates = await asyncio.to_thread(store.insert, team, events)
     except FeedbackStoreError as exc:

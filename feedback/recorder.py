@@ -35,6 +35,7 @@ from context.sqlite_file import OpenedFile
 from .consent import Consent
 from .redact import for_storage, redact
 from .store import (
+    EXTRA_CODE_KEYS,
     JSON_COLUMNS,
     REFERENCE_TABLE,
     SERVED_PROMPT_KEY,
@@ -57,11 +58,6 @@ _SESSION_TOUCH_S = 60.0
 
 def new_id() -> str:
     return uuid.uuid4().hex
-
-
-# Code an episode's `extra` may hold (a next edit's replaced text, the region the model path rewrote
-# and its rewrite): redacted, and kept or dropped per storage mode, as the episode's own texts are.
-EXTRA_CODE_KEYS = ("replaces", "region_before", "region_after", "rewrite")
 
 
 def sanitize_row(table: str, row: dict[str, Any], mode: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -34,12 +35,14 @@ __all__ = [
     "FeedbackStore",
     "REFERENCE_TABLE",
     "SCHEMA_VERSION",
+    "EXTRA_CODE_KEYS",
     "SERVED_PROMPT_KEY",
     "TABLES",
     "EpisodeOutcomes",
     "collector_key",
     "default_db_path",
     "named_references",
+    "redact_again",
     "translate_sqlite_error",
     "JSON_COLUMNS",
 ]
@@ -422,22 +425,104 @@ def _decode(row: dict[str, Any]) -> dict[str, Any]:
 
 # -- redacting what is stored under the current rules ----------------------------------------------
 
-# The code texts of each table and the column of each one's hash (None: not hashed), as the recorder
-# writes them; JSON columns are read by `_redact_json_fields`.
-_CODE_TEXTS: dict[str, dict[str, str | None]] = {
-    "episodes": {"instruction": None, "prompt_text": "prompt_hash", "output": "output_hash"},
-    "events": {},
-    "outcomes": {"kept_text": "kept_hash"},
-    REFERENCE_TABLE: {"text": None},
-}
+# Code an episode's `extra` may hold (a next edit's replaced text, the region the model path rewrote
+# and its rewrite): redacted, and kept or dropped per storage mode, as the episode's own texts are.
+EXTRA_CODE_KEYS = ("replaces", "region_before", "region_after", "rewrite")
+_HASH = re.compile(r"[0-9a-f]{64}")  # what `text_hash` writes: a value stored as its hash
 _REDACTION_BATCH = 500
+
+
+def redact_again(table: str, row: dict[str, Any]) -> bool:
+    """Redact, in place, every code text a stored row of `table` keeps (its JSON columns decoded)
+    under the current rules; True when anything changed. A hash follows its changed text; a value
+    kept only as its hash (the `hashed` storage mode) is left alone, and so is everything that is
+    not code (ids, times, statuses, numbers).
+
+    What the recorder writes (`recorder.sanitize_row`) is already redacted; this is for rows
+    redacted under older rules: a store that opens after the rules changed, and the collector with
+    rows a member's older squidcode redacted."""
+    changed = False
+
+    def text(holder: Any, key: str, hash_key: str | None = None) -> None:
+        nonlocal changed
+        value = holder.get(key) if isinstance(holder, dict) else None
+        if not isinstance(value, str):
+            return
+        clean = redact(value).text
+        if clean != value:
+            holder[key], changed = clean, True
+            if hash_key and holder.get(hash_key) is not None:
+                holder[hash_key] = text_hash(clean)
+
+    if table == "episodes":
+        extra = row.get("extra") if isinstance(row.get("extra"), dict) else {}
+        served = extra.get(SERVED_PROMPT_KEY)
+        if isinstance(served, dict):
+            changed |= _redact_served_prompt(extra, served, row.get("prompt_text"))
+        for key, hash_key in (("prompt_text", "prompt_hash"), ("output", "output_hash")):
+            text(row, key, hash_key)
+        text(row, "instruction")
+        for ref in _items(row.get("context_refs")):
+            for key in [k for k, v in ref.items() if isinstance(v, str) and k != "hash"]:
+                text(ref, key)
+        for candidate in _items(row.get("candidates")):
+            text(candidate, "diff", "diff_hash")
+            text(candidate, "checks")
+        for key in EXTRA_CODE_KEYS:
+            text(extra, key)
+        if isinstance(extra.get("steps"), list):
+            steps = [_redact_step_texts(step) for step in extra["steps"]]
+            if steps != extra["steps"]:
+                extra["steps"], changed = steps, True
+    elif table == "events":
+        for key in ("new_text", "old_text"):
+            text(row.get("data"), key, f"{key}_hash")
+    elif table == "outcomes":
+        text(row, "kept_text", "kept_hash")
+    elif table == REFERENCE_TABLE:
+        before = row.get("text")
+        text(row, "text")
+        if row.get("text") != before:
+            row["redacted"] = 1  # its text no longer spells the tokens its hash names
+    return changed
+
+
+def _items(value: Any) -> list[dict]:
+    """The objects of a JSON column that holds one object or a list of them."""
+    return [item for item in (value if isinstance(value, list) else [value]) if isinstance(item, dict)]
+
+
+def _redact_served_prompt(extra: dict[str, Any], served: dict[str, Any], window: Any) -> bool:
+    """The episode's served prompt (`SERVED_PROMPT_KEY`) under the current rules: its token ids go
+    when the rules change the window (ids of a secret spell it). Its code is kept where the episode
+    kept its window's text."""
+    from context.prompt_record import ServedPrompt
+
+    keep = isinstance(window, str)
+    record = ServedPrompt.from_json(served, text=window if keep else "")
+    again = record.for_storage(lambda t: redact(t).text, keep_code=keep).to_json(with_text=False)
+    if again == served:
+        return False
+    extra[SERVED_PROMPT_KEY] = again
+    return True
+
+
+def _redact_step_texts(value: Any) -> Any:
+    """An agent step (`recorder._sanitize_step`'s) with its texts redacted; its tool name, its
+    outcome and values kept as hashes as they are."""
+    if isinstance(value, str):
+        return value if _HASH.fullmatch(value) else redact(value).text
+    if isinstance(value, dict):
+        return {k: (v if k in ("tool", "ok") else _redact_step_texts(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact_step_texts(v) for v in value]
+    return value
 
 
 def _redact_stored_texts(conn: sqlite3.Connection, path: Path | str = "") -> int:
     """Redact every stored code text again, once per `RULES_VERSION`; the number of rows changed.
 
-    A text kept in full gets the current rules and its hash is recomputed from the result; a row of
-    the `hashed` mode holds only hashes, which are left alone. One transaction, read in batches.
+    One transaction, read in batches (`redact_again` says what is code and what is left alone).
     """
     if _rules_version(conn) >= RULES_VERSION:
         return 0
@@ -445,7 +530,8 @@ def _redact_stored_texts(conn: sqlite3.Connection, path: Path | str = "") -> int
         conn.execute("BEGIN IMMEDIATE")
         if _rules_version(conn) >= RULES_VERSION:
             return 0  # another process did it while this one waited for the lock
-        changed = sum(_redact_table(conn, table) for table in _CODE_TEXTS)
+        tables = ("episodes", "events", "outcomes", REFERENCE_TABLE)
+        changed = sum(_redact_table(conn, table) for table in tables)
         conn.execute(
             "INSERT OR REPLACE INTO meta (key, value) VALUES ('redaction_rules', ?)", [str(RULES_VERSION)]
         )
@@ -478,50 +564,32 @@ def _rules_version(conn: sqlite3.Connection) -> int:
     return int(row[0]) if row and str(row[0]).isdigit() else 0
 
 
-def _redacted_columns(table: str, row: dict[str, Any]) -> dict[str, Any]:
-    """The columns of `row` that the current rules change (a hash follows its text)."""
-    updates = {column: row[column] for column in _redact_fields(row, _CODE_TEXTS[table])}
-    if table == REFERENCE_TABLE and updates:
-        updates["redacted"] = 1  # its text no longer spells the tokens its hash names
-    json_fields = {
-        "episodes": [("context_refs", None), ("candidates", {"diff": "diff_hash", "checks": None})],
-        "events": [("data", {"new_text": "new_text_hash", "old_text": "old_text_hash"})],
-    }.get(table, [])
-    for column, fields in json_fields:
-        clean = _redact_json_fields(row.get(column), fields)
-        if clean is not None:
-            updates[column] = clean
+def _redacted_columns(table: str, stored: dict[str, Any]) -> dict[str, Any]:
+    """The columns of a stored row that the current rules change, as they are to be written."""
+    row, text_columns = {}, set()
+    for column, value in stored.items():
+        if column in JSON_COLUMNS and isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                text_columns.add(column)  # not JSON after all: redacted as text
+        row[column] = value
+    updates = {}
+    for column in text_columns:
+        clean = redact(row[column]).text
+        if clean != row[column]:
+            updates[column] = row[column] = clean
+    if redact_again(table, row):
+        updates.update({column: json.dumps(value) if column in JSON_COLUMNS and column not in text_columns
+                        else value for column, value in row.items() if value != _decoded(stored, column)})
     return updates
 
 
-def _redact_fields(item: dict[str, Any], fields: dict[str, str | None]) -> list[str]:
-    """Redact `item`'s text fields in place and set their hashes; the keys that changed."""
-    changed = []
-    for field, hash_field in fields.items():
-        text = item.get(field)
-        clean = redact(text).text if isinstance(text, str) else text
-        if clean != text:
-            item[field] = clean
-            changed.append(field)
-            if hash_field and item.get(hash_field) is not None:
-                item[hash_field] = text_hash(clean)
-                changed.append(hash_field)
-    return changed
-
-
-def _redact_json_fields(stored: Any, fields: dict[str, str | None] | None) -> str | None:
-    """A JSON column (one object or a list of them) with `fields` of each object redacted (every
-    string but "hash" when `fields` is None); None when nothing changed."""
-    if not isinstance(stored, str):
-        return None
-    try:
-        value = json.loads(stored)
-    except ValueError:
-        clean = redact(stored).text  # not JSON after all: redact it as text
-        return clean if clean != stored else None
-    changed = False
-    for item in value if isinstance(value, list) else [value]:
-        if isinstance(item, dict):
-            names = fields or {k: None for k, v in item.items() if isinstance(v, str) and k != "hash"}
-            changed |= bool(_redact_fields(item, names))
-    return json.dumps(value) if changed else None
+def _decoded(stored: dict[str, Any], column: str) -> Any:
+    value = stored[column]
+    if column in JSON_COLUMNS and isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value

@@ -24,6 +24,7 @@ import httpx
 
 from context.errors import FeedbackStoreError, FeedbackUploadError
 
+from .redact import RULES_VERSION
 from .store import FeedbackStore, collector_key
 
 __all__ = ["Uploader", "UPLOAD_PATH", "MAX_BACKOFF_S", "collector_tls"]
@@ -135,7 +136,8 @@ class Uploader:
         url = config.endpoint.rstrip("/") + UPLOAD_PATH
         try:
             response = client.post(
-                url, json={"events": batch}, headers={"Authorization": f"Bearer {config.token}"}
+                url, json={"events": batch, "redaction_rules": RULES_VERSION},
+                headers={"Authorization": f"Bearer {config.token}"},
             )
         except httpx.HTTPError as exc:
             return self._retry(FeedbackUploadError(f"collector {config.endpoint} unreachable: {exc}"))

@@ -45,7 +45,7 @@ def test_an_old_file_is_migrated_with_its_rows_and_a_new_one_has_the_same_layout
     CollectorStore(tmp_path / "new.db").close()
     store = CollectorStore(old)
     try:
-        assert store.schema_version() == SCHEMA_VERSION == 3
+        assert store.schema_version() == SCHEMA_VERSION == 4
         assert store.stats("team") == {"events": 1, "by_table": {"episodes": 1}}
     finally:
         store.close()

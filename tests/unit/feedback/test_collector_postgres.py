@@ -118,3 +118,32 @@ def test_an_unversioned_store_is_migrated_with_its_rows_and_a_newer_one_refused(
         conn.execute("UPDATE collector_schema SET version = 9")
     with pytest.raises(FeedbackStoreError, match="schema version 9, newer than this squidcode knows"):
         PostgresCollectorStore(url)
+
+
+def test_a_store_redacted_under_older_rules_is_redacted_again_when_the_collector_opens(postgres_url):
+    """As `test_collector_redaction` does it for SQLite: the same statements, on PostgreSQL."""
+    import json
+
+    from feedback.collector import PostgresCollectorStore
+    from feedback.redact import RULES_VERSION
+    from tests.unit.feedback.test_collector_redaction import assert_redacted, old_rows
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE older_rules")
+    url = postgres_url.rsplit("/", 1)[0] + "/older_rules"
+    PostgresCollectorStore(url).close()
+    with psycopg.connect(url) as conn:  # rows a collector of older rules stored
+        conn.execute("DELETE FROM collector_meta")
+        for event in old_rows():
+            if event["table"] == "reference_documents":
+                conn.execute("INSERT INTO reference_documents VALUES ('acme', %s, %s, 1.0)",
+                             [event["id"], json.dumps(event["row"])])
+            else:
+                conn.execute("INSERT INTO received VALUES (%s, 'acme', %s, %s, 1.0)",
+                             [event["id"], event["table"], json.dumps(event["row"])])
+    PostgresCollectorStore(url).close()
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT id, row FROM received UNION ALL "
+                            "SELECT hash, row FROM reference_documents")
+        assert_redacted({row_id: json.loads(text) for row_id, text in rows})
+        assert conn.execute("SELECT value FROM collector_meta").fetchall() == [(str(RULES_VERSION),)]

@@ -13,8 +13,9 @@ import sqlite3
 import pytest
 
 import feedback.store as store_module
+from context.prompt_record import ServedPrompt
 from feedback.redact import RULES_VERSION, text_hash
-from feedback.store import FeedbackStore
+from feedback.store import SERVED_PROMPT_KEY, FeedbackStore
 
 # The schema as version 1 of the store created it.
 SCHEMA_V1 = [
@@ -49,6 +50,9 @@ CURL = "curl -u deploy:Tr0ub4dor-77x https://ci.example.net/api\n"
 SHOPIFY = "shpat_" + "4f0c9e1a7b3d5e2f8a6c0b9d1e3f5a7c"
 AGE = "AGE-SECRET-KEY-1" + "QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L" * 2
 NETRC = "machine api.example.net login me password Hx8vN2qL5tR9\n"
+# The columns that hold code or its hash (JSON columns: somewhere inside); the rest must not change.
+CODE_COLUMNS = {"instruction", "prompt_text", "prompt_hash", "output", "output_hash", "context_refs",
+                "candidates", "extra", "data", "kept_text", "kept_hash"}
 SECRETS = ["Zq9#xLp2vR7k", "Kx7mQ2#pW9zL4v", "Tr0ub4dor-77x", SHOPIFY, AGE[16:], "Hx8vN2qL5tR9"]
 
 
@@ -129,8 +133,7 @@ def test_opening_an_old_store_redacts_every_stored_text_and_keeps_the_rest(tmp_p
     # everything that is not a code text is untouched
     for table, rows in after.items():
         for old, new in zip(before[table], rows, strict=True):
-            untouched = {k for k in old if k not in store_module._CODE_TEXTS.get(table, {})}
-            untouched -= {"prompt_hash", "output_hash", "kept_hash", "context_refs", "candidates", "data"}
+            untouched = set(old) - CODE_COLUMNS
             assert {k: new[k] for k in untouched} == {k: old[k] for k in untouched}, table
 
 
@@ -181,3 +184,37 @@ def test_large_stores_are_read_in_batches(tmp_path, rows):
     kept = [row["kept_text"] for row in stored(path)["outcomes"]]
     assert len(kept) == rows + 1 and not any("Zq9#xLp2vR7k" in text for text in kept)
     assert sum("x = " in text for text in kept) == rows
+
+
+def test_what_an_episodes_extra_holds_is_redacted_again_and_hashes_are_left_alone(tmp_path):
+    """The served prompt (its window's ids go with a changed window), a next edit's replaced text,
+    an agent's steps; a hashed-mode agent episode's step values are hashes and stay as they were."""
+    path = tmp_path / "feedback.db"
+    conn = old_store(path)
+    window = f"import redis\nr = redis.from_url('{REDIS}')\n"
+    served = ServedPrompt(ids=(1, 2, 3), text=window, line_suffix=f"  # {ENV.strip()}",
+                          following_lines=(NETRC.strip(), "x = 1"), suffix=CURL).to_json(with_text=False)
+    step_hash = text_hash("read .netrc")
+    extra = {SERVED_PROMPT_KEY: served, "replaces": ENV, "position": [3, 4],
+             "steps": [{"tool": "read_file", "ok": True, "args": {"path": ".netrc", "why": CURL},
+                        "answer": f"found {SHOPIFY}"}]}
+    hashed_extra = {"steps": [{"tool": "read_file", "ok": False, "args": {"path": step_hash}}]}
+    conn.executemany(
+        "INSERT INTO episodes (id, kind, ts, prompt_text, prompt_hash, extra) VALUES (?, ?, ?, ?, ?, ?)",
+        [("ep-extra", "completion", 3.0, window, text_hash(window), json.dumps(extra)),
+         ("ep-steps-hashed", "agent", 4.0, None, "prompt-hash-4", json.dumps(hashed_extra))])
+    conn.commit()
+    conn.close()
+
+    FeedbackStore(path).close()
+    rows = {row["id"]: row for row in stored(path)["episodes"]}
+
+    assert [s for s in SECRETS if s in json.dumps(rows["ep-extra"])] == []
+    again = json.loads(rows["ep-extra"]["extra"])
+    record = ServedPrompt.from_json(again[SERVED_PROMPT_KEY], text=rows["ep-extra"]["prompt_text"])
+    assert record.ids is None  # ids of the old window would spell the secret
+    assert record.following_lines[1] == "x = 1" and "[REDACTED:" in record.line_suffix
+    assert "[REDACTED:" in again["replaces"] and again["position"] == [3, 4]
+    assert again["steps"][0]["tool"] == "read_file" and again["steps"][0]["ok"] is True
+    assert again["steps"][0]["args"]["path"] == ".netrc"
+    assert json.loads(rows["ep-steps-hashed"]["extra"]) == hashed_extra

@@ -17,6 +17,7 @@ import pytest
 from context.config import FeedbackConfig
 from feedback.collector import MAX_BODY_BYTES
 from feedback.recorder import FeedbackRecorder
+from feedback.redact import RULES_VERSION
 from feedback.store import FeedbackStore
 from feedback.upload import Uploader
 
@@ -248,9 +249,12 @@ class ScriptedCollector(httpx.BaseTransport):
     def __init__(self, *statuses: int):
         self.statuses = list(statuses)
         self.batches: list[int] = []
+        self.rules: list[int | None] = []  # the redaction rules each batch says it was redacted under
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        self.batches.append(len(json.loads(request.content)["events"]))
+        payload = json.loads(request.content)
+        self.batches.append(len(payload["events"]))
+        self.rules.append(payload.get("redaction_rules"))
         return httpx.Response(self.statuses.pop(0), json={})
 
 
@@ -270,8 +274,11 @@ def round_with(tmp_path, *statuses: int, rows: int = 4):
 
 
 def test_server_errors_are_retried_with_growing_backoff(tmp_path):
-    results, uploader, _, left = round_with(tmp_path, 500, 503, 200)
+    results, uploader, transport, left = round_with(tmp_path, 500, 503, 200)
     assert results == ["retry", "retry", "sent 4"] and left == 0 and uploader.failures == 0
+    # Each batch names the rules its rows were redacted under: the collector redacts again only
+    # what older rules redacted.
+    assert transport.rules == [RULES_VERSION] * 3
 
 
 def test_backoff_doubles_and_is_capped(tmp_path):
