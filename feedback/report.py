@@ -4,7 +4,9 @@
 wholly or in part, over completions shown), persistence at each checkpoint (share of tracked regions
 in each status, and the kept share: unchanged + mostly unchanged), revert rate (regions whose last
 checkpoint found them reverted), the same per model and per language, per day, and the churn signals
-(sessions per active day, days since the last session, model switches right after an output).
+(sessions per active day, days since the last session, model switches right after an output), and
+completions split by their context: composed with the repository's reference documents (Squid) or
+not, so a team sees whether the repository context is what its members accept.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from context.config import FeedbackConfig
 
-from .store import FeedbackStore
+from .store import FeedbackStore, named_references
 from .tracking import STATUSES
 
 __all__ = ["compute_stats", "export_jsonl", "render_html", "checkpoint_label"]
@@ -92,8 +94,9 @@ def compute_stats(
 ) -> dict[str, Any]:
     """The `feedback stats --json` object."""
     now = time.time() if now is None else now
-    overall, by_model, by_language, by_day = (
+    overall, by_model, by_language, by_day, by_context = (
         _Tally(),
+        defaultdict(_Tally),
         defaultdict(_Tally),
         defaultdict(_Tally),
         defaultdict(_Tally),
@@ -103,6 +106,9 @@ def compute_stats(
         by_model[item.episode["model_id"] or "unknown"].add(item)
         by_language[item.episode["language"] or "unknown"].add(item)
         by_day[datetime.fromtimestamp(item.episode["ts"]).strftime("%Y-%m-%d")].add(item)
+        if item.episode["kind"] == "completion":
+            with_references = bool(named_references(item.episode))
+            by_context["with reference documents" if with_references else "without"].add(item)
     sessions = list(store.rows("sessions", since, until))
     days = {s["day"] for s in sessions}
     last_seen = max((s["last_seen"] for s in sessions), default=None)
@@ -113,6 +119,8 @@ def compute_stats(
         **overall.summary(),
         "by_model": {name: tally.summary() for name, tally in sorted(by_model.items())},
         "by_language": {name: tally.summary() for name, tally in sorted(by_language.items())},
+        # Completions composed with reference documents (Squid) and without.
+        "by_context": {name: tally.summary() for name, tally in sorted(by_context.items())},
         "over_time": [{"day": day, **_day(tally)} for day, tally in sorted(by_day.items())],
         "sessions": {
             "count": len(sessions),
@@ -176,6 +184,7 @@ table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 3
 <p id="legend"></p><div id="persistence"></div>
 <h2>By model</h2><div id="by_model"></div>
 <h2>By language</h2><div id="by_language"></div>
+<h2>Completions with and without reference documents</h2><div id="by_context"></div>
 <script id="stats" type="application/json">__DATA__</script>
 <script>
 "use strict";
@@ -226,7 +235,7 @@ drawn += barChart("over_time", stats.over_time.filter(d => d.acceptance_rate !==
   .map(d => ({label: d.day, parts: [["value", d.acceptance_rate]]})));
 drawn += barChart("persistence", Object.entries(stats.persistence)
   .map(([cp, p]) => ({label: `${cp} (n=${p.n})`, parts: statuses.map(s => [s, p[s]])})));
-for (const group of ["by_model", "by_language"]) {
+for (const group of ["by_model", "by_language", "by_context"]) {
   drawn += barChart(group, Object.entries(stats[group]).filter(([, s]) => s.acceptance_rate !== null)
     .map(([name, s]) => ({label: name.slice(-24), parts: [["value", s.acceptance_rate]]})));
 }

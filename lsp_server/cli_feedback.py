@@ -133,6 +133,9 @@ def _stats_text(stats: dict) -> str:
         )
     for model, s in stats["by_model"].items():
         lines.append(f"model {model}: acceptance {pct(s['acceptance_rate'])}, revert {pct(s['revert_rate'])}")
+    for context, s in stats.get("by_context", {}).items():
+        lines.append(f"completions {context}: {s['shown']} shown, acceptance {pct(s['acceptance_rate'])}, "
+                     f"revert {pct(s['revert_rate'])}")
     sessions = stats["sessions"]
     lines.append(
         f"sessions: {sessions['count']} on {sessions['active_days']} days;"

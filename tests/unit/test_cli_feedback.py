@@ -32,6 +32,8 @@ def test_stats_text(db, capsys):
     assert main(["feedback", "stats", "--db", str(db)]) == 0
     out = capsys.readouterr().out
     assert "acceptance rate: 50.0%" in out and "model m1: acceptance 75.0%" in out
+    assert "completions with reference documents: 2 shown, acceptance 100.0%" in out
+    assert "completions without: 4 shown, acceptance 25.0%" in out
 
 
 def test_export_and_report_write_files(db, tmp_path, capsys):

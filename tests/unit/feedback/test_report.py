@@ -11,14 +11,19 @@ import time
 import pytest
 
 from feedback.report import compute_stats, export_jsonl, render_html
-from feedback.store import FeedbackStore
+from feedback.store import SERVED_PROMPT_KEY, FeedbackStore
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DAY = 86400.0
 
 
+# A served prompt composed with one reference document (Squid), as a completion's `extra` holds it.
+WITH_REFERENCES = {SERVED_PROMPT_KEY: {"references": [{"hash": "doc-1", "path": "/w/a.py", "tokens": 40}]}}
+
+
 def fill(store: FeedbackStore, now: float) -> None:
-    """Two models over two days: m1 shown 4 times, 3 accepted; m2 shown twice, none accepted."""
+    """Two models over two days: m1 shown 4 times, 3 accepted; m2 shown twice, none accepted. The
+    first and third (both accepted) were composed with a reference document."""
     rows = []
     for i, (model, accepted, statuses) in enumerate(
         [
@@ -40,6 +45,7 @@ def fill(store: FeedbackStore, now: float) -> None:
                     "ts": ts,
                     "model_id": model,
                     "language": "python" if i < 5 else "go",
+                    "extra": WITH_REFERENCES if i in (0, 2) else {"position": [i, 0]},
                 },
             )
         )
@@ -95,6 +101,11 @@ def test_stats_figures(store):
         1 / 48, abs=1e-3
     )
     assert stats["model_switches"] == {"count": 1, "right_after_output": 1}
+    context = stats["by_context"]
+    assert set(context) == {"with reference documents", "without"}
+    assert context["with reference documents"]["shown"] == 2 and context["without"]["shown"] == 4
+    assert context["with reference documents"]["acceptance_rate"] == 1.0
+    assert context["without"]["acceptance_rate"] == 0.25
 
 
 def test_export_is_one_json_object_a_line(store):
@@ -133,7 +144,8 @@ def test_the_html_report_draws_its_charts_in_a_real_browser(store, tmp_path):
         timeout=120,
     )
     dom = result.stdout
-    assert 'data-charts-drawn="4"' in dom, result.stderr[-2000:]
-    # over_time: 2 days; persistence: 2 checkpoints x 5 statuses; by_model: 2; by_language: 2.
-    assert len(re.findall(r"<rect ", dom)) == 2 + 10 + 2 + 2
+    assert 'data-charts-drawn="5"' in dom, result.stderr[-2000:]
+    # over_time: 2 days; persistence: 2 checkpoints x 5 statuses; by_model: 2; by_language: 2;
+    # by_context: 2.
+    assert len(re.findall(r"<rect ", dom)) == 2 + 10 + 2 + 2 + 2
     assert "acceptance 50.0%" in dom

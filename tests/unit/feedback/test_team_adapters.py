@@ -129,6 +129,8 @@ def test_the_collector_reports_what_a_team_uploaded_to_that_team_only(tmp_path, 
     report = httpx.get(f"{collector.url}/v1/report", headers=auth(TOKEN)).json()
     assert report["db"] == "team acme" and report["episodes"] == 3 and report["shown"] == 3
     assert report["accepted"] == 2 and report["revert_rate"] == 0.5  # one kept, one undone
+    # None was composed with reference documents: all three are the "without" share.
+    assert {name: part["shown"] for name, part in report["by_context"].items()} == {"without": 3}
     assert httpx.get(f"{collector.url}/v1/report", headers=auth(OTHER)).json()["episodes"] == 0
     page = httpx.get(f"{collector.url}/v1/report?format=html", headers=auth(TOKEN))
     assert page.headers["content-type"].startswith("text/html") and "team acme" in page.text
