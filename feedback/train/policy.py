@@ -68,8 +68,13 @@ class SampledGroup:
         return context.cache(1), context.length
 
 
-def attach_lora(model, rank: int, alpha: int, adapter_path: str | None = None):
-    """`model` wrapped by peft with a fresh (or the saved, trainable) LoRA adapter named default."""
+def attach_lora(model, rank: int, alpha: int, adapter_path: str | None = None, seed: int = 0):
+    """`model` wrapped by peft with a fresh (or the saved, trainable) LoRA adapter named default.
+
+    A fresh adapter's random half (LoRA's A; B starts at zero) is drawn from `seed` (`train.seed`),
+    not from whatever state torch's generator is in: the same seed gives the same adapter in every
+    process (each data-parallel worker, a round run again), and the caller's generator is left as
+    it was."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     if adapter_path is not None:
@@ -77,7 +82,9 @@ def attach_lora(model, rank: int, alpha: int, adapter_path: str | None = None):
             return PeftModel.from_pretrained(model, adapter_path, is_trainable=True)
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
                         task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(model, config)
 
 
 def prompt_ids(tokenizer, messages: list[dict[str, str]]) -> torch.Tensor:

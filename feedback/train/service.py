@@ -241,7 +241,7 @@ def run_round(
     reward_fn = episode_reward(fit, cfg.preference_weight)
     promoted = registry.current()
     model = attach_lora(runtime.model, cfg.lora_rank, cfg.lora_alpha,
-                        adapter_path=str(promoted.path) if promoted else None)
+                        adapter_path=str(promoted.path) if promoted else None, seed=cfg.seed)
     trainer = GrpoTrainer(model, runtime.tokenizer, cfg, train, reward_fn, paths.run_dir)
     resumed = trainer.resume()
     target = (trainer.step_count if resumed else 0) + (steps or cfg.steps)

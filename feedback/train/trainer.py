@@ -91,6 +91,7 @@ class GrpoTrainer:
         self.step_count = 0
         self.history: list[StepRecord] = []
         self.rank, self.world_size = _dist_rank_world()
+        self._broadcast_weights()
         self._prompt_cache: dict[str, torch.Tensor] = {}
         # Completions served after Squid reference documents are trained after them (composed by
         # `feedback.train.references`); the base model's document caches are kept in the run folder.
@@ -201,6 +202,17 @@ class GrpoTrainer:
             logps, item.old_logps, item.ref_logps, advantages, item.group.mask, self.loss_config,
             grad_accum=self.config.prompts_per_step, num_items_in_batch=tokens, world_size=self.world_size,
         )
+
+    def _broadcast_weights(self) -> None:
+        """Every process starts from process 0's trainable weights: averaged gradients keep the
+        processes' copies equal only if they start equal (a fresh adapter drawn in each process,
+        or an adapter file that changed between their reads, would not)."""
+        if self.world_size == 1:
+            return
+        import torch.distributed as dist
+
+        for param in self.trainable:
+            dist.broadcast(param.data, src=0)
 
     def _average_gradients(self) -> None:
         if self.world_size == 1:

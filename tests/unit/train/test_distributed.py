@@ -32,7 +32,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        trainer = make_trainer(Path(out) / f"rank{rank}", replace(CONFIG, prompts_per_step=1), length_reward)
+        # Each process draws another fresh adapter (as two processes whose generators differ would):
+        # the trainer starts them all from process 0's.
+        trainer = make_trainer(Path(out) / f"rank{rank}", replace(CONFIG, prompts_per_step=1), length_reward,
+                               lora_seed=rank)
         assert (trainer.rank, trainer.world_size) == (rank, world)
         trainer.run(STEPS)
         torch.save({"lora": lora_state(trainer.model), "rewards": [r.mean_reward for r in trainer.history]},

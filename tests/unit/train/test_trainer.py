@@ -33,8 +33,7 @@ def lora_state(model) -> dict[str, torch.Tensor]:
 
 def make_trainer(tmp_path, config=CONFIG, reward=share_of_t5, lora_seed=0):
     base = tiny_model()
-    torch.manual_seed(lora_seed)  # LoRA's A matrices start random
-    model = attach_lora(base, config.lora_rank, config.lora_alpha)
+    model = attach_lora(base, config.lora_rank, config.lora_alpha, seed=lora_seed)  # LoRA's A: random
     return GrpoTrainer(model, tiny_tokenizer(), config, EXAMPLES, reward, tmp_path / "run")
 
 
@@ -120,3 +119,18 @@ def test_next_edit_examples_train_through_their_own_sampling_and_reward(tmp_path
     first = sum(r.mean_reward for r in records[:5]) / 5
     last = sum(r.mean_reward for r in records[-5:]) / 5
     assert last > first + 0.15, (first, last)
+
+
+def test_a_fresh_adapter_is_drawn_from_the_seed_and_leaves_the_callers_generator_alone():
+    models = [tiny_model() for _ in range(3)]  # (each seeds the generator itself)
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    first = lora_state(attach_lora(models[0], 4, 8, seed=7))
+    assert torch.equal(torch.rand(3), expected_next)  # the caller's generator went on as before
+    torch.manual_seed(999)  # whatever state the generator is in: the seed decides
+    again = lora_state(attach_lora(models[1], 4, 8, seed=7))
+    other = lora_state(attach_lora(models[2], 4, 8, seed=8))
+    a_matrices = [k for k in first if "lora_A" in k]
+    assert a_matrices and all(torch.equal(first[k], again[k]) for k in first)
+    assert all(not torch.equal(first[k], other[k]) for k in a_matrices)
