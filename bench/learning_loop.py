@@ -289,6 +289,21 @@ def gate_metrics(data: Path) -> dict:
     return status.get("metrics") or {}
 
 
+async def wait_for_index(editor: Editor, timeout: float = 300.0) -> float:
+    """Seconds until the server's index is built (`squidcode.status`); at once when it has none."""
+    started = time.perf_counter()
+    while True:
+        status = await editor.command("squidcode.status", {})
+        state = ((status or {}).get("index") or {}).get("state", "off")
+        if state in ("ready", "error", "off", "stopped"):
+            if state == "error":
+                _say(f"the index failed ({status['index'].get('error')}): completions go without references")
+            return time.perf_counter() - started
+        if time.perf_counter() - started > timeout:
+            raise SystemExit(f"the index was not ready after {timeout:.0f} s")
+        await asyncio.sleep(0.25)
+
+
 async def wait_for_adapter(editor: Editor, adapter: str, timeout: float = 120.0) -> float:
     """Seconds until the running server generates with `adapter` (its pointer watcher swaps it in)."""
     started = time.perf_counter()
@@ -373,6 +388,10 @@ async def run(plan: Plan, data: Path, device: str = "cpu", train_threads: int | 
             workspace_folders=[types.WorkspaceFolder(uri=workspace.as_uri(), name="stdlib-copy")]))
         client.initialized(types.InitializedParams())
         editor = Editor(client, workspace)
+        # Squid composes references only from a ready index: measured before it is, the base model's
+        # first spots would go without the references every later measurement has.
+        report["index_wait_s"] = round(await wait_for_index(editor), 1)
+        _say(f"index ready after {report['index_wait_s']} s")
         _say(f"held-out: {len(eval_spots)} completions in {len(HELD_OUT_MODULES)} files the user never "
              "trains on (recording off)")
         base = await run_spots(editor, eval_spots, record=False, user=plan.user)

@@ -37,6 +37,9 @@ def test_the_loop_records_the_users_decisions_trains_on_them_and_swaps_the_adapt
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
+    # The base model was measured once the index was built (Squid composes only from a ready one).
+    assert report["index_wait_s"] >= 0 and "index ready after" in proc.stderr + proc.stdout
+    assert report["status"]["index"]["state"] == "ready"
     (entry,) = report["rounds"]
     actions = [e["action"] for e in entry["session"]]
     assert len(actions) == 9 and set(actions) <= {"keep", "modify", "revert", "none"}
