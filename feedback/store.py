@@ -499,8 +499,13 @@ def _redact_served_prompt(extra: dict[str, Any], served: dict[str, Any], window:
     from context.prompt_record import ServedPrompt
 
     keep = isinstance(window, str)
-    record = ServedPrompt.from_json(served, text=window if keep else "")
-    again = record.for_storage(lambda t: redact(t).text, keep_code=keep).to_json(with_text=False)
+    try:
+        record = ServedPrompt.from_json(served, text=window if keep else "")
+        again = record.for_storage(lambda t: redact(t).text, keep_code=keep).to_json(with_text=False)
+    except (TypeError, ValueError, KeyError, AttributeError):
+        # Not a record this squidcode can read (another version's, or damaged): every text in it
+        # redacted as an agent step's are, and no token ids (they could spell what was redacted).
+        again = {k: _redact_step_texts(v) for k, v in served.items() if k != "ids"}
     if again == served:
         return False
     extra[SERVED_PROMPT_KEY] = again

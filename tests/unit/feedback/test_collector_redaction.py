@@ -146,3 +146,18 @@ def test_a_large_store_is_redacted_in_batches(tmp_path, monkeypatch):
     finally:
         conn.close()
     assert len(texts) == 20 and not any("Hx8vN2qL5tR9" in text for text in texts)
+
+
+async def test_a_served_prompt_this_squidcode_cannot_read_is_redacted_as_text_and_loses_its_ids(tmp_path):
+    store = CollectorStore(tmp_path / "collector.db")
+    app = create_app(store, {TOKEN: "team"})
+    try:
+        served = {"ids": [5, 6, 7], "references": "not a list", "line_suffix": f"# {ENV}", "start": 0}
+        row = {"id": "ep-odd", "kind": "completion", "ts": 1.0, "prompt_text": PROMPT,
+               "extra": {"served_prompt": served}}
+        body = json.dumps({"events": [{"id": "ep-odd", "table": "episodes", "row": row}]}).encode()
+        assert await call(app, "POST", "/v1/events", body) == (200, {"accepted": 1, "duplicates": 0})
+        kept = stored(tmp_path / "collector.db")["ep-odd"]["extra"]["served_prompt"]
+        assert "ids" not in kept and "Kx7mQ2#pW9zL4v" not in json.dumps(kept) and kept["start"] == 0
+    finally:
+        store.close()
