@@ -82,7 +82,9 @@ def attach_lora(model, rank: int, alpha: int, adapter_path: str | None = None, s
             return PeftModel.from_pretrained(model, adapter_path, is_trainable=True)
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
                         task_type="CAUSAL_LM")
-    with torch.random.fork_rng(devices=[]):
+    # `manual_seed` seeds every device; a model on a GPU draws there, so that generator is saved too.
+    gpus = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    with torch.random.fork_rng(devices=gpus):
         torch.manual_seed(seed)
         return get_peft_model(model, config)
 
