@@ -20,9 +20,9 @@ plus the share of candidates that followed the format, applied, parsed, linted c
     python bench/bench_agent.py --language-servers off,on ...   # both arms, task by task, one run
 
 `--language-servers off,on` runs every task once without and once with the language-server tools
-(`agent.language_servers`: basedpyright's and ruff's diagnostics in the edit gate, definition,
-references, hover), one after the other on the same copy of the task, and reports each arm apart
-(issue 25 item 5).
+(`agent.language_servers`: the type checker's (`agent.type_checker`) and ruff's diagnostics in the
+edit gate, definition, references, hover), one after the other on the same copy of the task, and
+reports each arm apart (issue 25 item 5).
 """
 
 from __future__ import annotations

@@ -330,10 +330,13 @@ class AgentConfig:
     forge_api_url: str = ""  # "" = https://api.github.com or the GitLab host of the origin remote
     forge_token_env: str = ""  # e.g. "GITHUB_TOKEN" or "GITLAB_TOKEN"; "" = never call the API
     # Real language servers as the agent's tools (`agent/lsp_client`): diagnostics, definition,
-    # references, hover, document symbols, rename, and new type errors in the edit gate. Python:
-    # basedpyright and `ruff server` (the `lsp` extra); other languages: "language=command" entries,
+    # references, hover, document symbols, rename, and new type errors in the edit gate. Python: a
+    # type checker and `ruff server` (the `lsp` extra); other languages: "language=command" entries,
     # e.g. "go=gopls", "typescript=typescript-language-server --stdio".
     language_servers: bool = False
+    # Python's type checker: "ty" (`ty server`), "basedpyright", or "auto" (ty when installed: about a
+    # tenth of basedpyright's time for diagnostics of an edit, docs/benchmarks.md).
+    type_checker: str = field(default="auto", metadata=_choice("auto", "ty", "basedpyright"))
     type_errors_block: bool = True  # new type errors fail the edit gate (false: a note to the model)
     lsp_timeout_s: float = field(default=10.0, metadata=_range(1.0, 600.0))
     language_server_commands: tuple[str, ...] = ()

@@ -219,21 +219,27 @@ def check_semantic_search(config: SquidConfig) -> Check:
 
 
 def check_language_servers(config: SquidConfig) -> Check:
-    """Which language servers the agent's tools can start (agent.lsp_client): Python's built in, the
-    configured ones, and the usual ones for other languages."""
-    from agent.lsp_client.specs import find_servers, parse_server_commands
+    """Which language servers the agent's tools can start (agent.lsp_client): Python's built in (the
+    type checker `agent.type_checker` picks), the configured ones, and the usual ones for other languages."""
+    from agent.lsp_client.specs import find_servers, parse_server_commands, python_servers
 
     commands, problems = parse_server_commands(config.agent.language_server_commands)
     servers = find_servers(commands)
     found = [f"{s.name} ({s.language})" for s in servers if s.found]
     missing = [f"{s.name} ({s.language})" for s in servers if not s.found]
-    python_missing = [s.name for s in servers if s.language == "python" and not s.found]
     enabled = "on" if config.agent.language_servers else "off (agent.language_servers)"
-    detail = "; ".join([f"found: {', '.join(found) or 'none'}", f"not found: {', '.join(missing) or 'none'}",
-                        f"agent tools {enabled}", *problems])
-    fix = "pip install basedpyright (or squidcode[lsp]); other languages: install the server and name its " \
-          "command in agent.language_server_commands"
-    return Check("language servers", not python_missing, detail, fix, required=False)
+    parts = [f"found: {', '.join(found) or 'none'}", f"not found: {', '.join(missing) or 'none'}"]
+    ok = True
+    if "python" not in commands:
+        checker, ruff = python_servers(config.agent.type_checker)
+        have = {s.name for s in servers if s.found}
+        chosen = config.agent.type_checker
+        parts.append(f"Python type checker: {checker.name} (agent.type_checker = {chosen})")
+        ok = checker.name in have and ruff.name in have
+    detail = "; ".join([*parts, f"agent tools {enabled}", *problems])
+    fix = "pip install ty (or basedpyright, or squidcode[lsp]); other languages: install the server and " \
+          "name its command in agent.language_server_commands"
+    return Check("language servers", ok, detail, fix, required=False)
 
 
 def collect_checks(load_model: bool = True, workspace: Path | None = None,

@@ -23,7 +23,17 @@ from .queries import (
     rename_edit,
 )
 from .servers import LanguageServers, close_shared_language_servers, shared_language_servers
-from .specs import KNOWN_COMMANDS, PYTHON_SERVERS, ServerFound, ServerSpec, find_servers, server_specs
+from .specs import (
+    KNOWN_COMMANDS,
+    PYTHON_SERVERS,
+    TY,
+    TYPE_CHECKERS,
+    ServerFound,
+    ServerSpec,
+    find_servers,
+    python_servers,
+    server_specs,
+)
 
 __all__ = [
     "LanguageServerClient",
@@ -33,6 +43,9 @@ __all__ = [
     "ServerSpec",
     "ServerFound",
     "PYTHON_SERVERS",
+    "TY",
+    "TYPE_CHECKERS",
+    "python_servers",
     "KNOWN_COMMANDS",
     "server_specs",
     "find_servers",

@@ -120,6 +120,7 @@ class LanguageServerClient:
             self._home = tempfile.mkdtemp(prefix="squidcode-lsp-home-")
             argv = contained_server_command(argv, [self.root], Path(self._home), self.contain)
             env = scrubbed_env(Path(self._home))
+        env.update(self.spec.env)
         try:
             self.process = subprocess.Popen(
                 argv,

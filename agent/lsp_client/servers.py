@@ -58,6 +58,7 @@ class LanguageServers:
         timeout_s: float = 10.0,
         max_restarts: int = 2,
         allow_unisolated: bool = False,
+        type_checker: str = "auto",
     ):
         self.root = Path(root).resolve()
         self.timeout_s = timeout_s
@@ -65,7 +66,7 @@ class LanguageServers:
         # Servers run contained as the workspace's tests do (`agent.contain`); where this machine
         # cannot contain them, only with `agent.allow_unisolated`.
         self.allow_unisolated = allow_unisolated
-        chosen = list(specs) if specs is not None else server_specs(commands)
+        chosen = list(specs) if specs is not None else server_specs(commands, type_checker=type_checker)
         self._states = [ServerState(spec) for spec in chosen]
         self._lock = threading.Lock()
 
@@ -221,17 +222,20 @@ _SHARED_LOCK = threading.Lock()
 
 
 def shared_language_servers(
-    root: Path, commands: Mapping[str, Any] | None, timeout_s: float, allow_unisolated: bool = False
+    root: Path, commands: Mapping[str, Any] | None, timeout_s: float, allow_unisolated: bool = False,
+    type_checker: str = "auto",
 ) -> LanguageServers:
     """One pool per workspace root and configuration for the whole process, so servers stay warm
     across episodes; all are shut down at exit."""
     key = (Path(root).resolve(), tuple(sorted((k, str(v)) for k, v in (commands or {}).items())), timeout_s,
-           allow_unisolated)
+           allow_unisolated, type_checker)
     with _SHARED_LOCK:
         pool = _SHARED.get(key)
         if pool is None:
-            pool = _SHARED[key] = LanguageServers(key[0], commands, timeout_s=timeout_s,
-                                                  allow_unisolated=allow_unisolated)
+            pool = _SHARED[key] = LanguageServers(
+                key[0], commands, timeout_s=timeout_s, allow_unisolated=allow_unisolated,
+                type_checker=type_checker,
+            )
         return pool
 
 

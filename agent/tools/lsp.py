@@ -3,7 +3,8 @@
 The settings are read from the agent's configuration with defaults, so that they work before the
 configuration names them: `language_servers` (off by default), `type_errors_block` (new errors of a
 type checker reject an edit; false: they are shown and the edit goes through), `lsp_timeout_s`, and
-`language_server_commands` (language -> command, e.g. {"go": "gopls"}).
+`language_server_commands` (language -> command, e.g. {"go": "gopls"}) and `type_checker` (Python's:
+"auto", "ty" or "basedpyright").
 
 Without a server (turned off, not installed, crashed too often, hanging) the tools fall back to what
 the agent checked before (the parser and ruff) and say so in one line: never an error.
@@ -52,6 +53,7 @@ class LspSettings:
     type_errors_block: bool = True
     timeout_s: float = 10.0
     commands: tuple[tuple[str, Any], ...] = ()
+    type_checker: str = "auto"
 
 
 def lsp_settings(config: Any) -> LspSettings:
@@ -63,6 +65,7 @@ def lsp_settings(config: Any) -> LspSettings:
         config.type_errors_block,
         config.lsp_timeout_s,
         tuple(sorted((k, v if isinstance(v, str) else tuple(v)) for k, v in commands.items())),
+        config.type_checker,
     )
 
 
@@ -74,7 +77,7 @@ def servers_for(ctx: ToolContext) -> LanguageServers | None:
     if not settings.enabled:
         return None
     return shared_language_servers(ctx.workspace.root, dict(settings.commands), settings.timeout_s,
-                                   ctx.config.allow_unisolated)
+                                   ctx.config.allow_unisolated, settings.type_checker)
 
 
 def notes_text(notes: list[str]) -> str:

@@ -93,6 +93,7 @@ def test_valid_values_are_applied():
         ({"model": {"device": "tpu"}}, "model.device", "must be one of auto, cpu, cuda, mps"),
         ({"model": {"dtype": "int4"}}, "model.dtype", "must be one of"),
         ({"log_level": "verbose"}, "log_level", "must be one of debug, info, warning, error"),
+        ({"agent": {"type_checker": "mypy"}}, "agent.type_checker", "must be one of auto, ty, basedpyright"),
         # sections that are not tables
         ({"completion": 5}, "completion", "must be a table"),
         ({"model": "big"}, "model", "must be a table"),

@@ -1,4 +1,4 @@
-"""agent.lsp_client against real servers: basedpyright and `ruff server` on a tiny workspace.
+"""agent.lsp_client against real servers: basedpyright, ty and `ruff server` on a tiny workspace.
 
 One basedpyright is started for the whole module (its first analysis costs about 2 s); ruff's server
 starts in milliseconds, so the crash tests restart it freely. Two stand-ins, named for what they
@@ -18,6 +18,7 @@ import pytest
 from agent.errors import LanguageServerError, LanguageServerTimeout
 from agent.lsp_client import (
     PYTHON_SERVERS,
+    TY,
     LanguageServerClient,
     LanguageServers,
     ServerSpec,
@@ -26,6 +27,7 @@ from agent.lsp_client import (
     file_diagnostics,
     find_servers,
     lsp_position,
+    python_servers,
     server_specs,
 )
 from agent.lsp_client.jsonrpc import encode_message, read_message
@@ -218,7 +220,7 @@ def test_client_raises_named_errors(workspace):
 
 
 def test_specs_and_doctor_say_which_servers_are_found():
-    specs = server_specs({"go": "gopls", "rust": ["rust-analyzer"]})
+    specs = server_specs({"go": "gopls", "rust": ["rust-analyzer"]}, type_checker="basedpyright")
     assert [s.name for s in specs] == ["basedpyright", "ruff", "gopls", "rust-analyzer"]
     assert specs[2].handles(Path("x.go")) and not specs[2].handles(Path("x.py"))
     assert parse_server_commands(["go=gopls", "typescript = tsserver --stdio", "nonsense"]) == (
@@ -229,8 +231,77 @@ def test_specs_and_doctor_say_which_servers_are_found():
     assert found["basedpyright"].found and found["ruff"].found
     assert not found["squidcode-no-such-gopls"].found
 
-    from context.config import SquidConfig
+    from context.config import AgentConfig, SquidConfig
     from lsp_server.doctor import check_language_servers
 
-    check = check_language_servers(SquidConfig())
+    check = check_language_servers(SquidConfig(agent=AgentConfig(type_checker="basedpyright")))
     assert check.ok and "basedpyright (python)" in check.detail and not check.required
+    assert "Python type checker: basedpyright (agent.type_checker = basedpyright)" in check.detail
+
+
+def test_auto_picks_ty_when_it_is_installed_and_basedpyright_otherwise(monkeypatch):
+    from agent.lsp_client import specs as specs_module
+    from context.config import AgentConfig, SquidConfig
+    from lsp_server.doctor import check_language_servers
+
+    if find_command("ty") is None:
+        pytest.skip("ty is not installed (pip install ty, or the test extra)")
+    assert [s.name for s in python_servers("auto")] == ["ty", "ruff"]
+    assert [s.name for s in server_specs()] == ["ty", "ruff"]
+    assert [s.name for s in python_servers("basedpyright")] == ["basedpyright", "ruff"]
+    with pytest.raises(ValueError, match="unknown type checker 'mypy'"):
+        python_servers("mypy")
+    check = check_language_servers(SquidConfig())
+    assert check.ok and "Python type checker: ty (agent.type_checker = auto)" in check.detail
+
+    # ty not installed here: auto falls back to basedpyright; asking for ty by name fails the check.
+    real = specs_module.find_command
+    monkeypatch.setattr(specs_module, "find_command", lambda prog: None if prog == "ty" else real(prog))
+    assert [s.name for s in python_servers("auto")] == ["basedpyright", "ruff"]
+    check = check_language_servers(SquidConfig(agent=AgentConfig(type_checker="ty")))
+    assert not check.ok and "ty (python)" in check.detail.split("not found:")[1]
+
+
+@pytest.fixture(scope="module")
+def ty_servers(workspace):
+    if find_command("ty") is None:
+        pytest.skip("ty is not installed (pip install ty, or the test extra)")
+    pool = LanguageServers(workspace, specs=[TY], timeout_s=30)
+    yield pool
+    pool.close()
+
+
+def test_ty_checks_the_overlay_and_its_errors_are_type_errors(ty_servers, overlay, workspace):
+    """ty answers pulled diagnostics (it registers them after `initialized` and publishes none) of
+    the text the agent proposes, not the disk's, and finds definitions across files."""
+    main = workspace / "main.py"
+    notes: list[str] = []
+    assert [d for d in file_diagnostics(ty_servers, overlay, main, notes) if d.is_error] == [], notes
+    overlay.write(main, MAIN + 'label: str = add(1, 2)\n')
+    errors = [d for d in file_diagnostics(ty_servers, overlay, main, notes) if d.is_error]
+    assert notes == []
+    assert len(errors) == 1 and errors[0].line == 4 and "str" in errors[0].message, errors
+    assert errors[0].server == "ty" and errors[0].type_check
+    text = overlay.read(main)
+    found = definition(ty_servers, overlay, main, lsp_position(text, 3, 9), notes)
+    assert [(loc.path.name, loc.line) for loc in found] == [("calc.py", 1)], notes
+    on_disk = file_diagnostics(ty_servers, Overlay(overlay.workspace), main, notes)
+    assert [d for d in on_disk if d.is_error] == []
+
+
+@pytest.mark.parametrize("checker", ["ty", "basedpyright"])
+def test_the_type_checker_resolves_what_the_tests_can_import(checker, workspace, overlay):
+    """The workspace's tests run under squidcode's interpreter, so its packages resolve for the type
+    checker too (contained as it is): importing an installed package is no error, a missing one is."""
+    spec = python_servers(checker)[0]
+    if find_command(spec.argv[0]) is None:
+        pytest.skip(f"{checker} is not installed")
+    pool = LanguageServers(workspace, specs=[spec], timeout_s=30)
+    try:
+        main = workspace / "main.py"
+        overlay.write(main, "import httpx\nimport squidcode_no_such_module\n\nclient: int = httpx.Client\n")
+        notes: list[str] = []
+        errors = [d for d in file_diagnostics(pool, overlay, main, notes) if d.is_error]
+        assert notes == [] and sorted({d.line for d in errors}) == [2, 4], errors
+    finally:
+        pool.close()

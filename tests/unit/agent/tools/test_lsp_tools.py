@@ -1,5 +1,5 @@
 """The language-server tools (diagnostics, definition, references, hover, document_symbols, rename)
-and the edit gate, with real basedpyright and `ruff server` shared by the whole module."""
+and the edit gate, with real basedpyright (and ty) and `ruff server` shared by the whole module."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.lsp_client import PYTHON_SERVERS, LanguageServers, ServerSpec, close_shared_language_servers
+from agent.lsp_client import (
+    PYTHON_SERVERS,
+    LanguageServers,
+    ServerSpec,
+    close_shared_language_servers,
+    python_servers,
+)
 from agent.lsp_client.specs import find_command
 from agent.overlay import Overlay
 from agent.sandbox import Workspace
@@ -180,5 +186,50 @@ def test_the_configuration_turns_on_a_shared_pool(workspace):
         ctx.overlay.write(workspace / "main.py", "import os\n" + MAIN)
         result = REGISTRY.call(ctx, "diagnostics", {"path": "main.py"})
         assert "F401 (ruff)" in result.output and "fallback" not in result.data, result.output
+    finally:
+        close_shared_language_servers()
+
+
+@pytest.fixture(scope="module")
+def ty_servers(workspace):
+    if find_command("ty") is None:
+        pytest.skip("ty is not installed (pip install ty, or the test extra)")
+    pool = LanguageServers(workspace, specs=python_servers("ty"), timeout_s=30)
+    yield pool
+    pool.close()
+
+
+def test_the_tools_and_the_gate_with_ty(workspace, ty_servers):
+    """The same tools with ty as the type checker (`agent.type_checker`, what "auto" picks when
+    ty is installed): its errors count in the gate as basedpyright's do."""
+    ctx = make_ctx(workspace, ty_servers)
+    ctx.overlay.write(workspace / "main.py", "import os\n" + MAIN + 'label: str = add(1, 2)\n')
+    result = REGISTRY.call(ctx, "diagnostics", {"path": "main.py"})
+    assert result.ok and result.data["errors"] == 1 and "(ruff, ty)" in result.output, result.output
+    assert "line 5: error invalid-assignment (ty)" in result.output
+
+    ctx = make_ctx(workspace, ty_servers)
+    edit = {"path": "main.py", "blocks": [{"search": "total: int", "replace": "total: str"}]}
+    rejected = REGISTRY.call(ctx, "edit", edit)
+    assert not rejected.ok and rejected.data["types"] and "invalid-assignment (ty)" in rejected.output
+    assert ctx.overlay.edited() == {}
+    refs = REGISTRY.call(ctx, "references", {"path": "calc.py", "line": 4, "symbol": "add"})
+    assert refs.data["count"] == 4 and "main.py:3:14" in refs.output, refs.output
+    hover = REGISTRY.call(ctx, "hover", {"path": "main.py", "line": 3, "symbol": "add"})
+    assert "def add(" in hover.output and "Add two numbers." in hover.output, hover.output
+    rename = {"path": "calc.py", "line": 4, "symbol": "add", "new_name": "plus"}
+    renamed = REGISTRY.call(ctx, "rename", rename)
+    assert renamed.ok and "checked by ruff, ty: no new errors" in renamed.output, renamed.output
+    assert "from calc import plus" in ctx.overlay.read(workspace / "main.py")
+
+
+def test_the_configuration_names_the_type_checker(workspace):
+    config = AgentConfig(language_servers=True, type_checker="basedpyright")
+    try:
+        pool = servers_for(make_ctx(workspace, None, config))
+        assert [s.spec.name for s in pool.states()] == ["basedpyright", "ruff"]
+        if find_command("ty") is not None:
+            auto = servers_for(make_ctx(workspace, None, AgentConfig(language_servers=True)))
+            assert auto is not pool and [s.spec.name for s in auto.states()] == ["ty", "ruff"]
     finally:
         close_shared_language_servers()
