@@ -18,11 +18,13 @@ plus the share of candidates that followed the format, applied, parsed, linted c
         [--model NAME] [--tool-protocol text] ...     # a model behind an OpenAI-compatible server
     python bench/bench_agent.py --check-suite
     python bench/bench_agent.py --language-servers off,on ...   # both arms, task by task, one run
+    python bench/bench_agent.py --language-servers off,ty,basedpyright ...   # each type checker
 
 `--language-servers off,on` runs every task once without and once with the language-server tools
-(`agent.language_servers`: the type checker's (`agent.type_checker`) and ruff's diagnostics in the
-edit gate, definition, references, hover), one after the other on the same copy of the task, and
-reports each arm apart (issue 25 item 5).
+(`agent.language_servers`: the type checker's and ruff's diagnostics in the edit gate, definition,
+references, hover), one after the other on the same copy of the task, and reports each arm apart
+(issue 25 item 5). An arm named for a type checker (ty, basedpyright) is "on" with that checker
+(`agent.type_checker`); "on" is the checker "auto" picks.
 """
 
 from __future__ import annotations
@@ -172,7 +174,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the full results here")
     parser.add_argument("--check-suite", action="store_true")
     parser.add_argument("--language-servers", default="off",
-                        help="agent.language_servers per arm, comma-separated: off, on, or off,on (both)")
+                        help="agent.language_servers per arm, comma-separated: off, on, ty, basedpyright "
+                             "(on with that type checker), e.g. off,on or off,ty,basedpyright")
     args = parser.parse_args()
     if args.check_suite:
         return check_suite()
@@ -201,8 +204,8 @@ def main() -> int:
     else:
         runtime = get_runtime(ModelConfig(threads=args.threads))
     arms = [arm.strip() for arm in args.language_servers.split(",")]
-    if not arms or set(arms) - {"off", "on"}:
-        parser.error("--language-servers takes off, on, or off,on")
+    if not arms or set(arms) - set(ARMS):
+        parser.error(f"--language-servers takes a comma-separated list of {', '.join(ARMS)}")
     rows: dict[str, list[dict]] = {arm: [] for arm in arms}
     for name, spec in load_tasks(args.tasks.split(",") if args.tasks else None):
         for arm in arms:
@@ -210,10 +213,10 @@ def main() -> int:
             backend = served if args.backend == "openai" else LocalBackend(
                 runtime, squid=None if args.no_squid else SquidCacheConfig()
             )
-            row = run_task(backend, name, spec, replace(config, language_servers=arm == "on"), args.k)
+            row = run_task(backend, name, spec, replace(config, **ARMS[arm]), args.k)
             rows[arm].append(row)
             print(
-                f"{name:32} servers {arm:3} pass@1 {row['pass@1']!s:5} pass@4 {row['pass@4']!s:5} "
+                f"{name:32} servers {arm:12} pass@1 {row['pass@1']!s:5} pass@4 {row['pass@4']!s:5} "
                 f"pass@8 {row['pass@8']!s:5} {row['stop_reason']:12} {row['seconds']:7.1f}s",
                 flush=True,
             )
@@ -223,6 +226,15 @@ def main() -> int:
     for arm, arm_rows in rows.items():
         print(f"language servers {arm}: " + json.dumps(summarise(arm_rows), indent=1))
     return 0
+
+
+# Each `--language-servers` arm: the agent settings it runs with.
+ARMS = {
+    "off": {"language_servers": False},
+    "on": {"language_servers": True, "type_checker": "auto"},
+    "ty": {"language_servers": True, "type_checker": "ty"},
+    "basedpyright": {"language_servers": True, "type_checker": "basedpyright"},
+}
 
 
 if __name__ == "__main__":
