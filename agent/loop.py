@@ -213,7 +213,7 @@ class AgentLoop:
             k,
             temperature=temperature,
             max_tokens=max_tokens,
-            seed=1000 * step,
+            seed=self.config.seed + 1000 * step,
             should_stop=self.should_stop,
         )
         if not samples:

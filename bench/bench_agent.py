@@ -171,6 +171,7 @@ def main() -> int:
     parser.add_argument("--model", default="", help="for --backend openai; default: the one the server lists")
     parser.add_argument("--tool-protocol", choices=("native", "text"), default="native",
                         help="for --backend openai: function calls, or the local model's fenced blocks")
+    parser.add_argument("--seed", type=int, default=0, help="agent.seed: the sampled candidates' seed")
     parser.add_argument("--json", type=Path, help="write the full results here")
     parser.add_argument("--check-suite", action="store_true")
     parser.add_argument("--language-servers", default="off",
@@ -194,6 +195,7 @@ def main() -> int:
         max_step_tokens=args.max_step_tokens,
         temperature=args.temperature,
         k=args.k,
+        seed=args.seed,
         context_tokens=600,
         memory=False,
         token_budget=args.max_step_tokens * (args.k + args.max_steps + 2),

@@ -315,6 +315,8 @@ class AgentConfig:
     edit_fallback: bool = True
     k: int = field(default=1, metadata=_range(1, 16))
     temperature: float = field(default=0.7, metadata=_range(0.0, 2.0))  # for candidates 2..K
+    # The sampled candidates' seed: an episode is repeatable; another seed draws other candidates.
+    seed: int = field(default=0, metadata=_range(0, 2**31 - 1))
     context_tokens: int = field(default=1500, metadata=_range(0, 100_000))  # repo map + documents
     pretest: bool = True  # run the tests once before the first step and show what fails
     test_timeout_s: float = field(default=60.0, metadata=_range(1.0, 3600.0))

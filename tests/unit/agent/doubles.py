@@ -35,6 +35,7 @@ class ScriptedBackend:
         self.delay_s = delay_s
         self.seen: list[Conversation] = []
         self.calls: list[tuple[int, float, int]] = []
+        self.seeds: list[int] = []
 
     def sample(self, conversation, k, *, temperature, max_tokens, seed=0, should_stop=lambda: False):
         self.seen.append(
@@ -47,6 +48,7 @@ class ScriptedBackend:
             )
         )
         self.calls.append((k, temperature, max_tokens))
+        self.seeds.append(seed)
         if self.delay_s:
             deadline = time.monotonic() + self.delay_s
             while time.monotonic() < deadline:

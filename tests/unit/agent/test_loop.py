@@ -266,3 +266,11 @@ def test_without_the_edit_fallback_an_unparsable_answer_gets_a_message_about_the
     result = AgentLoop(LocalBackend(runtime), Workspace([project]), config).run(
         AgentRequest("add() subtracts; fix it"))
     assert result.stop_reason == "unparsable" and "could not be used" in runtime.prompts[1]
+
+
+def test_the_configured_seed_draws_each_steps_samples(project):
+    """agent.seed: an episode is repeatable, and another seed asks the model for other samples."""
+    for seed in (0, 7):
+        config = AgentConfig(test_timeout_s=30, pretest=False, seed=seed)
+        _, backend = run(project, [READ, GOOD], config)
+        assert backend.seeds == [seed, seed + 1000], backend.seeds
