@@ -177,7 +177,8 @@ class CompletionConfig:
     # No first token from the server within this: the local model answers this keystroke.
     server_timeout_s: float = field(default=2.0, metadata=_range(0.05, 600.0))
     # Next-edit suggestions: when the deterministic path (a rename or repeat carried on) has
-    # nothing, ask the model to rewrite the region around the cursor (`context.next_edit_model`).
+    # nothing, ask the model to rewrite the region around the cursor, after the recent edits and the
+    # definitions a completion there would read (`context.next_edit_model`).
     # Off by default: the embedded model copies the region back (docs/benchmarks.md).
     next_edit_model: bool = False
 

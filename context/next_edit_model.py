@@ -8,6 +8,12 @@ The suggestion is the one replacement that turns the region into that rewrite (c
 suffix kept). Nothing is offered when the rewrite equals the region, is not a near copy of it (a
 model that wandered off: more than `MAX_CHANGE` of it differs), or undoes one of the recent edits.
 
+Related code goes before the edits, as completions get it: the definitions of the names around the
+cursor (the same selection as a completion's references, `context.squid.references`), each a
+Squid-composed cache that follows the prompt's head (its system turn and the start of its user
+turn), so that only the edits and the region are prefilled. The recorded prompt
+(`ModelAnswer.prompt`, what the trainer reads) holds those documents as text in the same place.
+
 The deterministic path (`context.next_edit.predict`) answers first; this one runs only when it has
 nothing (`completion.next_edit_model`).
 """
@@ -16,12 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 
 from .next_edit import Edit, ModelAnswer, Prediction, difference, undone
 
 __all__ = ["ANSWER_OPENING", "ANSWER_STOP", "CURSOR", "REGION_LINES", "answer_of", "model_prompt",
-           "predict_with_model", "rewrite_reward", "suggestion_from_rewrite"]
+           "predict_with_model", "prompt_parts", "reference_block", "rewrite_reward",
+           "suggestion_from_rewrite"]
+
+log = logging.getLogger(__name__)
 
 CURSOR = "<|user_cursor_is_here|>"
 REGION_LINES = 4
@@ -73,15 +83,38 @@ def _describe(edit: Edit) -> str:
     return f"-{edit.old}\n+{edit.new}"
 
 
-def model_prompt(edits: Sequence[Edit], text: str, cursor: int) -> tuple[list[dict], int, int]:
-    """(chat messages, region start, region end) for a rewrite of the region around `cursor`."""
+def reference_block(text: str) -> str:
+    """One related document as the prompt shows it, before the edits (a reference document names
+    its file in its first line: `# path:line`)."""
+    return f"Related code:\n```\n{text.rstrip()}\n```\n\n"
+
+
+def model_prompt(edits: Sequence[Edit], text: str, cursor: int,
+                 documents: str = "") -> tuple[list[dict], int, int]:
+    """(chat messages, region start, region end) for a rewrite of the region around `cursor`;
+    `documents`: related code (`reference_block`s) that opens the user turn."""
     start, end = region_bounds(text, cursor)
     region = text[start:cursor] + CURSOR + text[cursor:end]
     shown = "\n\n".join(f"Edit {i + 1}:\n{_describe(e)}" for i, e in enumerate(edits[-MAX_EDITS:]))
-    user = (f"The developer just made these edits, in order:\n\n{shown}\n\n"
+    user = (f"{documents}The developer just made these edits, in order:\n\n{shown}\n\n"
             f"The region around the cursor:\n```\n{region}```\n"
             "Rewrite the region as it will be after the developer's next edit.")
     return [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": user}], start, end
+
+
+# Stands in for the related documents while the prompt is rendered, to find where they go.
+_DOCUMENTS_MARK = "\x00squid-documents\x00"
+
+
+def prompt_parts(tokenizer, edits: Sequence[Edit], text: str,
+                 cursor: int) -> tuple[str, str, int, int] | None:
+    """(head, tail, region start, region end): the prompt cut where related documents go, the head
+    the same for every request (the documents' caches follow it), the tail ending where the answer
+    begins; None when the chat template does not keep the user turn's text in one piece."""
+    messages, start, end = model_prompt(edits, text, cursor, _DOCUMENTS_MARK)
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    head, mark, tail = rendered.partition(_DOCUMENTS_MARK)
+    return (head, tail + ANSWER_OPENING, start, end) if mark else None
 
 
 def suggestion_from_rewrite(edits: Sequence[Edit], text: str, start: int, end: int,
@@ -103,22 +136,41 @@ def suggestion_from_rewrite(edits: Sequence[Edit], text: str, start: int, end: i
     return Prediction(start + s, start + e, new, "model")
 
 
+# compose(head, text before the cursor) -> (the composed documents' context, their text as
+# `reference_block`s), or None: related code for the model path (`lsp_server.squid_context`).
+ComposeReferences = Callable[[str, str], "tuple[object, str] | None"]
+
+
 def predict_with_model(runtime, edits: Sequence[Edit], text: str, cursor: int,
-                       should_stop=None) -> Prediction | None:
+                       should_stop=None, references: ComposeReferences | None = None) -> Prediction | None:
     """The model path's suggestion at `cursor` of `text` after `edits` (a document's
-    `EditHistory.edits` and `text`, taken together), or None."""
+    `EditHistory.edits` and `text`, taken together), or None. `references`: related documents
+    composed from Squid caches in front of the prompt (none, or failing: the prompt alone)."""
     if not edits:
         return None
-    messages, start, end = model_prompt(edits, text, cursor)
-    prompt = runtime.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    prompt += ANSWER_OPENING
+    parts = prompt_parts(runtime.tokenizer, edits, text, cursor) if references is not None else None
+    composed = None
+    if parts is not None:
+        head, tail, start, end = parts
+        try:
+            composed = references(head, text[:cursor])
+        except Exception as exc:  # noqa: BLE001 - related code only helps; the prompt alone still answers
+            log.warning("next edit: related documents unavailable (%s); predicting without them", exc)
+    if composed is not None:
+        context, documents = composed
+        prompt, served, past = tail, head + documents + tail, context.new_cache()
+    else:
+        messages, start, end = model_prompt(edits, text, cursor)
+        prompt = runtime.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt += ANSWER_OPENING
+        served, past = prompt, None
     region_tokens = len(runtime.encode(text[start:end]))
     result = runtime.generate(prompt, max_new_tokens=region_tokens + 24, stop=(ANSWER_STOP,),
-                              temperature=0.0, should_stop=should_stop)
+                              temperature=0.0, should_stop=should_stop, past=past)
     if result.stop_reason not in ("stop", "eos"):
         return None  # ran out before the region's end, or cancelled: not a whole rewrite
     found = suggestion_from_rewrite(edits, text, start, end, result.text)
-    return found and dataclasses.replace(found, answer=ModelAnswer(prompt, start, end, result.text))
+    return found and dataclasses.replace(found, answer=ModelAnswer(served, start, end, result.text))
 
 
 def answer_of(generated: str) -> tuple[str, int | None]:

@@ -197,6 +197,7 @@ class SquidServer(LanguageServer):
         # Sections of `squidcode.status` contributed by features (name -> provider), e.g. "feedback".
         self.status_sections: dict[str, Callable[[], dict]] = {}
         self.squid_service = None  # context.squid.service.SquidService once a completion needs it
+        self.next_edit_squid = None  # ... and the next-edit model path's (`squid_context`)
         # The completion server (`completion.backend` other than "local") and whether it answers.
         self.served_completions = ServedCompletions(show_warning(self), self.state_changed)
         # Agent edits returned to the client, until it reports them applied (`squidcode.agent.applied`),

@@ -4,10 +4,14 @@ the open files while the index is not ready: `context.squid.references`), the wa
 files dropping their caches, and background pre-encoding of the likely documents (the definitions
 the current file imports) without delaying requests.
 
-Whole files are not pre-encoded: completions compose definitions, never whole files."""
+Whole files are not pre-encoded: completions compose definitions, never whole files.
+
+The next-edit model path reads the same definitions, as blocks of its own chat prompt: their caches
+follow that prompt's head, so they live in a second service (`next_edit_references`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import weakref
@@ -16,15 +20,16 @@ from pathlib import Path
 from pygls.uris import to_fs_path
 
 from context.errors import SquidcodeError
+from context.next_edit_model import reference_block
 from context.squid.references import (
     CompletionReferences,
     imported_definitions,
     imported_from,
     no_symbols,
 )
-from context.squid.service import SquidService
+from context.squid.service import ReferenceDocument, SquidService
 
-__all__ = ["completion_references", "open_documents_of", "stop_squid"]
+__all__ = ["completion_references", "next_edit_references", "open_documents_of", "stop_squid"]
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +116,56 @@ def completion_references(ls, uri: str, runtime) -> CompletionReferences | None:
     return references
 
 
-def stop_squid(ls) -> None:
-    service = getattr(ls, "squid_service", None)
+class NextEditReferences:
+    """Related code for the next-edit model path (`context.next_edit_model.ComposeReferences`): the
+    definitions a completion at the cursor would read, each a `reference_block` composed from a cache
+    that follows the model path's prompt head; the ready ones, the rest encoded in the background
+    for the next request. `foreground()` holds both services' background encoders off."""
+
+    def __init__(self, ls, runtime, completion: CompletionReferences):
+        self.ls, self.runtime, self.completion = ls, runtime, completion
+
+    def __call__(self, head: str, prefix_text: str):
+        service = _next_edit_service(self.ls, self.runtime, head)
+        documents = [ReferenceDocument(reference_block(doc.text), doc.source)
+                     for doc in self.completion.documents(prefix_text)]
+        context = service.context_for(documents) if documents else None
+        if context is None:
+            return None
+        decode = self.runtime.decode
+        text = "".join(decode(list(context.token_ids[start:end])) for start, end in context.spans)
+        return context, text
+
+    @contextlib.contextmanager
+    def foreground(self):
+        service = getattr(self.ls, "next_edit_squid", None)
+        with self.completion.foreground(), (service.foreground() if service else contextlib.nullcontext()):
+            yield
+
+
+def next_edit_references(ls, uri: str, runtime) -> NextEditReferences | None:
+    """Related code for a next edit in `uri` by the model path, or None when Squid is off."""
+    completion = completion_references(ls, uri, runtime)
+    return NextEditReferences(ls, runtime, completion) if completion is not None else None
+
+
+def _next_edit_service(ls, runtime, head: str) -> SquidService:
+    service = getattr(ls, "next_edit_squid", None)
+    if (service is not None and service.runtime is runtime and service.config == ls.config.squid
+            and service.prefix_text == head):
+        return service
     if service is not None:
-        ls.squid_service = None
         service.stop()
+    config = ls.config.squid
+    disk = (Path(config.cache_dir).expanduser() if config.cache_dir
+            else ls.config.resolved_cache_dir() / "squid")
+    service = ls.next_edit_squid = SquidService(runtime, config, disk, prefix_text=head)
+    return service
+
+
+def stop_squid(ls) -> None:
+    for name in ("squid_service", "next_edit_squid"):
+        service = getattr(ls, name, None)
+        if service is not None:
+            setattr(ls, name, None)
+            service.stop()

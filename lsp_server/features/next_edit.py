@@ -3,24 +3,29 @@
 The server keeps each open document's recent edits in memory (`context.next_edit.EditHistory`, fed
 by didOpen / didChange / didClose through the document listeners; never stored) and answers with
 the deterministic path's prediction: the last edit's rename or repeat, carried to where it applies
-next (docs/protocol.md). With feedback recording on, each offered edit is a `next_edit` episode
-whose accept command (`squidcode.completion.accept`) starts following the edited region to the
-same keep/revert checkpoints as a completion. `line_edit` is the same prediction for
+next (docs/protocol.md), or with `completion.next_edit_model` the model path's, which reads the
+edits, the region around the cursor and the definitions a completion there would read (Squid
+caches composed in front of its prompt). With feedback recording on, each offered edit is a
+`next_edit` episode whose accept command (`squidcode.completion.accept`) starts following the edited
+region to the same keep/revert checkpoints as a completion. `line_edit` is the same prediction for
 `textDocument/inlineCompletion` when it lies on the cursor's line (`features.inline_completion`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 from lsprotocol import types
 
+from context.foreground import foreground
 from context.next_edit import EditHistory, Prediction, predict
 from context.next_edit_model import predict_with_model
 
 from ..positions import offset_at, position_at
 from ..server import SquidServer
+from ..squid_context import next_edit_references
 from .feedback_commands import accept_command, model_id_of
 
 __all__ = ["COPILOT_INLINE_EDIT", "NEXT_EDIT", "copilot_inline_edit", "line_edit", "next_edit",
@@ -66,6 +71,14 @@ def on_document(ls: SquidServer, method: str, params) -> None:
             history.open(uri, opened[0])
 
 
+def _predict_with_model(ls: SquidServer, runtime, references, edits, text: str,
+                        cursor: int) -> Prediction | None:
+    """The model path on the model's thread, with `references` (or None), their background encoders
+    held off meanwhile."""
+    with references.foreground() if references is not None else contextlib.nullcontext():
+        return predict_with_model(runtime, edits, text, cursor, ls.stopping.is_set, references)
+
+
 async def next_edit(ls: SquidServer, params: Any) -> dict:
     """The answer to `squidcode/nextEdit` for `{textDocument: {uri, version?}, position}`: the
     deterministic path's edit, else with `completion.next_edit_model` the model path's."""
@@ -78,11 +91,17 @@ async def next_edit(ls: SquidServer, params: Any) -> dict:
     cursor = offset_at(text, types.Position(int(_field(position, "line", 0)),
                                             int(_field(position, "character", 0))))
     found = predict(ls.edit_history, uri, cursor)
-    if found is None and ls.config.completion.next_edit_model and ls.runtime is not None:
+    runtime = None
+    if found is None and ls.config.completion.next_edit_model and ls.edit_history.edits(uri):
+        runtime = await ls.model_ready()  # loaded as for a completion, if nothing asked for it yet
+    if runtime is not None and ls.edit_history.text(uri) == text and not ls.stopping.is_set():
         # The edits and text as they are now; the history goes on changing while the model works.
-        work = ls.run_model_work(predict_with_model, ls.runtime, ls.edit_history.edits(uri), text, cursor,
-                                 ls.stopping.is_set)
-        found = await work if work is not None else None
+        edits = ls.edit_history.edits(uri)
+        with foreground():  # background work (indexing, the repo map) pauses, as for a completion
+            # The related code a completion here would read (Squid caches; none with squid.enabled off).
+            references = next_edit_references(ls, uri, runtime)
+            work = ls.run_model_work(_predict_with_model, ls, runtime, references, edits, text, cursor)
+            found = await work if work is not None else None
         if ls.edit_history.text(uri) != text:
             return {"edits": []}  # typed on meanwhile: the suggestion is about a document gone
     if found is None:

@@ -160,3 +160,53 @@ async def test_inline_completion_offers_the_next_edit_on_the_cursors_line_as_a_r
     assert other is None or all(i.range.start == i.range.end == types.Position(2, 22) for i in other.items)
     episode, events, _ = await _recorded(client.db_path, episode_id)
     assert episode["kind"] == "next_edit" and episode["output"] == "subtotal" and "accepted" in events
+
+
+SHOP = "def price_of(item):\n    return item.price * item.quantity\n"
+CART = "from shop import price_of\n\n\ndef total(items):\n    return sum(price_of(i) for i in items)\n"
+
+
+@pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER_CMD))
+async def model_client(lsp_client: LanguageClient, tmp_path: Path, model_cache_dir):
+    """A server with the model path on (`completion.next_edit_model`) and Squid as by default."""
+    project = tmp_path / "ws"
+    project.mkdir()
+    (project / "shop.py").write_text(SHOP)
+    (project / "cart.py").write_text(CART)
+    lsp_client.initialize_result = await lsp_client.initialize_session(types.InitializeParams(
+        capabilities=client_capabilities("visual-studio-code"), root_uri=project.as_uri(),
+        initialization_options={"completion": {"next_edit_model": True},
+                                "feedback": {"db_path": str(tmp_path / "feedback.db")}},
+        workspace_folders=[types.WorkspaceFolder(uri=project.as_uri(), name="ws")]))
+    lsp_client.uri = (project / "cart.py").as_uri()
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def test_the_model_path_answers_with_related_code_composed_and_the_server_keeps_serving(
+        model_client: LanguageClient):
+    """No rename or repeat to carry on: the model path answers (its related code, `price_of`'s
+    definition in shop.py, composed from Squid caches once the background has encoded it; the
+    content of that composition is tests/unit/test_next_edit*.py's). Whatever the small model
+    writes, an offered edit lies inside the document and the server keeps serving."""
+    client = model_client
+    for path, text in (("shop.py", SHOP), ("cart.py", CART)):
+        client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
+            uri=client.uri.replace("cart.py", path), language_id="python", version=1, text=text)))
+    before = plain(await client.workspace_execute_command_async(types.ExecuteCommandParams(
+        command="squidcode.status", arguments=[])))
+    assert before["model"]["loaded"] is False
+    change(client, 2, 4, 0, 0, "    items = list(items)\n")  # a line added: no rename, no repeat
+    lines = CART.replace("    return", "    items = list(items)\n    return").split("\n")
+    for _ in range(2):  # the second after the related code was encoded in the background
+        edits = await ask(client, 5, 24)
+        for edit in edits:
+            start, end = edit["range"]["start"], edit["range"]["end"]
+            assert 0 <= start["line"] <= end["line"] < len(lines) and edit["kind"] == "model", edits
+        await asyncio.sleep(3)
+    # Nothing but the model path asked for the model: it was loaded for it.
+    status = plain(await client.workspace_execute_command_async(types.ExecuteCommandParams(
+        command="squidcode.status", arguments=[])))
+    assert status["model"]["loaded"] is True, status["model"]
+    symbols = await client.workspace_symbol_async(types.WorkspaceSymbolParams(query="price_of"))
+    assert symbols is not None  # still serving

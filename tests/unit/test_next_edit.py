@@ -328,3 +328,79 @@ def test_the_embedded_model_answers_inside_the_region_or_not_at_all(runtime):
     found = predict_with_model(runtime, history.edits("f.py"), text, cursor)
     start, end = region_bounds(text, cursor)
     assert found is None or (start <= found.start <= found.end <= end and found.kind == "model")
+
+
+class GenerateSpy:
+    """The real runtime, with each `generate` call's prompt and past cache noted (an observer, not
+    a double: every call goes through)."""
+
+    def __init__(self, runtime):
+        self.runtime, self.calls = runtime, []
+
+    def __getattr__(self, name):
+        return getattr(self.runtime, name)
+
+    def generate(self, prompt, **kwargs):
+        self.calls.append((prompt, kwargs.get("past")))
+        return self.runtime.generate(prompt, **kwargs)
+
+
+CALC_BLOCK_TEXT = "# shop/calc.py:1\ndef price_of(item):\n    return item.price * item.quantity\n"
+
+
+def test_related_code_goes_before_the_edits_and_the_head_is_the_same_for_every_request(runtime):
+    from context.next_edit_model import ANSWER_OPENING, model_prompt, prompt_parts, reference_block
+
+    history, text = _renamed()
+    edits, cursor = history.edits("f.py"), text.index("subtotal") + 8
+    head, tail, start, end = prompt_parts(runtime.tokenizer, edits, text, cursor)
+    documents = reference_block(CALC_BLOCK_TEXT)
+    messages, *bounds = model_prompt(edits, text, cursor, documents)
+    plain = runtime.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    # The composed prompt reads as the plain one with the documents written in: head, documents, tail.
+    assert head + documents + tail == plain + ANSWER_OPENING and bounds == [start, end]
+    assert "Related code:\n```\n# shop/calc.py:1\ndef price_of(item):" in documents
+    assert "The developer just made" not in head and tail.startswith("The developer just made")
+    # The documents' caches follow the head: it must not change with the edits or the cursor.
+    history.change("f.py", 0, 0, "# a note\n")
+    assert prompt_parts(runtime.tokenizer, history.edits("f.py"), history.text("f.py"), 5)[0] == head
+
+
+def test_the_model_path_reads_related_code_from_composed_caches(runtime):
+    from context.config import SquidCacheConfig
+    from context.next_edit_model import model_prompt, predict_with_model, prompt_parts, reference_block
+    from context.squid.service import ReferenceDocument, SquidService
+
+    history, text = _renamed()
+    edits, cursor = history.edits("f.py"), text.index("subtotal") + 8
+    head, tail, _, _ = prompt_parts(runtime.tokenizer, edits, text, cursor)
+    block = reference_block(CALC_BLOCK_TEXT)
+    service = SquidService(runtime, SquidCacheConfig(), None, start_thread=False, prefix_text=head)
+    asked, composed = [], []
+
+    def references(prompt_head, before_cursor):
+        asked.append((prompt_head, before_cursor))
+        composed.append(service.context_for([ReferenceDocument(block, "shop/calc.py")], wait=True))
+        return composed[-1], block
+
+    spy = GenerateSpy(runtime)
+    found = predict_with_model(spy, edits, text, cursor, references=references)
+    assert asked == [(head, text[:cursor])]
+    [(prompt, past)] = spy.calls
+    # Only the edits and the region are prefilled, after the composed head and document.
+    head_and_block = len(runtime.encode(head)) + len(runtime.encode(block))
+    assert composed[0].offset >= head_and_block - 2 and prompt == tail
+    assert past is not None and past.get_seq_length() >= composed[0].offset
+    if found is not None:  # what is recorded for training reads as what the model read
+        assert found.answer.prompt == head + block + tail
+
+    # Related code that cannot be had (or Squid off): the plain prompt, no past.
+    def broken(prompt_head, before_cursor):
+        raise OSError("disk tier unreadable")
+
+    spy.calls.clear()
+    predict_with_model(spy, edits, text, cursor, references=broken)
+    messages, *_ = model_prompt(edits, text, cursor)
+    [(prompt, past)] = spy.calls
+    assert past is None and "Related code" not in prompt and prompt.startswith(
+        runtime.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
