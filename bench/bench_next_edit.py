@@ -20,9 +20,16 @@ the same substitution as the first, the kind the deterministic path is for):
   latency    p50 / p95 of `predict`
 
 With `--model`, the model path (`context.next_edit_model`, the embedded model in this process)
-alone on every case, and both (the model only where the deterministic path has nothing).
+alone on every case, and both (the model only where the deterministic path has nothing). With
+`--references` also the model path with its related code ("model+refs"): the definitions of the
+names around the cursor found in the repository's Python files as they were before the commit (as
+the server finds them in open files before its index is ready), composed from Squid caches behind
+the model path's prompt head, as the server composes them; their encoding happens before the clock
+starts (the server encodes them in the background), so the latency is the composition's and the
+prompt's.
 
-    python bench/bench_next_edit.py --git-dir /work/.mirror/pytoolz+toolz/repo [--commits 2000]
+    python bench/bench_next_edit.py --git-dir /work/.mirror/pytoolz+toolz/repo [--commits 2000] \
+        [--model [--references]]
 """
 
 from __future__ import annotations
@@ -105,9 +112,71 @@ def cases(git_dir: Path, commits: int):
             yield sha, path, before, changes[0], changes[1], changes
 
 
-def run_case(before: str, first, second, changes=(), mode: str = "deterministic", runtime=None) -> dict:
+class RepositoryReferences:
+    """The model path's related code for cases of one repository: the definitions of the names
+    around the cursor in the repository's Python files at the commit's parent (read once a commit),
+    encoded into Squid caches that follow the model path's prompt head."""
+
+    def __init__(self, git_dir: Path, runtime):
+        from context.config import SquidCacheConfig
+
+        self.git_dir, self.runtime, self.config = git_dir, runtime, SquidCacheConfig()
+        self.services: dict[str, object] = {}
+        self.files: dict[str, dict[str, str]] = {}
+        self.documents = 0
+
+    def tree(self, sha: str) -> dict[str, str]:
+        if sha not in self.files:
+            names = git(self.git_dir, "ls-tree", "-r", "--name-only", f"{sha}^").split("\n")
+            files = {}
+            for name in names:
+                if name.endswith(".py"):
+                    try:
+                        files[f"/repo/{name}"] = git(self.git_dir, "show", f"{sha}^:{name}")
+                    except subprocess.CalledProcessError:
+                        continue
+            self.files = {sha: files}  # one commit at a time
+        return self.files[sha]
+
+    def for_case(self, sha: str, path: str, text: str):
+        """compose(head, text before the cursor) for the case (`ComposeReferences`), its
+        documents encoded on the first call (untimed: see `warm`)."""
+        from context.next_edit_model import reference_block
+        from context.squid.references import CompletionReferences, no_symbols
+        from context.squid.service import ReferenceDocument, SquidService
+
+        files = dict(self.tree(sha))
+        files[f"/repo/{path}"] = text
+        outer = self
+
+        class Compose:
+            wait = True
+
+            def __call__(self, head: str, prefix_text: str):
+                service = outer.services.get(head)
+                if service is None:
+                    service = outer.services[head] = SquidService(outer.runtime, outer.config, None,
+                                                                  start_thread=False, prefix_text=head)
+                selection = CompletionReferences(service, current_path=f"/repo/{path}", open_documents=files,
+                                                 search=None, roots=[Path("/repo")], symbols=no_symbols)
+                documents = [ReferenceDocument(reference_block(d.text), d.source)
+                             for d in selection.documents(prefix_text)]
+                context = service.context_for(documents, wait=self.wait) if documents else None
+                if context is None:
+                    return None
+                if not self.wait:  # the timed call: what the model read
+                    outer.documents += len(context.spans)
+                decode = outer.runtime.decode
+                return context, "".join(decode(list(context.token_ids[s:e])) for s, e in context.spans)
+
+        return Compose()
+
+
+def run_case(before: str, first, second, changes=(), mode: str = "deterministic", runtime=None,
+             references=None) -> dict:
     """One case scored; `mode`: the deterministic path, the model path (`runtime`), or both (the
-    model only where the deterministic path has nothing, as the server does)."""
+    model only where the deterministic path has nothing, as the server does); "model+refs": the
+    model path with `references` (a `ComposeReferences`), encoded before the clock starts."""
     (line1, old1, new1), (line2, old2, new2) = first, second
     s1, e1, r1 = char_change(old1, new1)
     s2, e2, r2 = char_change(old2, new2)
@@ -119,11 +188,17 @@ def run_case(before: str, first, second, changes=(), mode: str = "deterministic"
     shift = len(r1) - (e1 - s1)
     start2 = line_offset(before, line2) + s2 + (shift if line2 > line1 else 0)
     expected = (start2, start2 + (e2 - s2), r2)
-    began = time.perf_counter()
     cursor = start1 + len(r1)
-    found = predict(history, "f.py", cursor) if mode != "model" else None
+    if references is not None:  # encoded before the clock starts, as the server's background does
+        from context.next_edit_model import prompt_parts
+
+        head = prompt_parts(runtime.tokenizer, history.edits("f.py"), after, cursor)[0]
+        references(head, after[:cursor])
+        references.wait = False
+    began = time.perf_counter()
+    found = predict(history, "f.py", cursor) if mode not in ("model", "model+refs") else None
     if found is None and mode != "deterministic":
-        found = predict_with_model(runtime, history.edits("f.py"), after, cursor)
+        found = predict_with_model(runtime, history.edits("f.py"), after, cursor, references=references)
     seconds = time.perf_counter() - began
     same_kind = (old1[s1:e1], r1) == (old2[s2:e2], r2)
     rename = _words(old1, new1) is not None and _words(old1, new1) == _words(old2, new2)
@@ -218,6 +293,8 @@ def main() -> int:
     parser.add_argument("--commits", type=int, default=2000)
     parser.add_argument("--model", action="store_true",
                         help="also the model path alone and both (the embedded model, in-process)")
+    parser.add_argument("--references", action="store_true",
+                        help="with --model: also the model path with its related code (model+refs)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -227,17 +304,23 @@ def main() -> int:
         from context.runtime import ModelRuntime
 
         runtime = ModelRuntime(ModelConfig(threads=args.threads)).load().prepare()
-        modes += ["model", "both"]
+        modes += ["model", "both"] + (["model+refs"] if args.references else [])
     found = list(cases(args.git_dir, args.commits))
+    repository = RepositoryReferences(args.git_dir, runtime) if args.references else None
     out, rows = {}, []
     for mode in modes:
-        mode_rows = [dict(run_case(before, first, second, changes, mode, runtime), commit=sha[:10], path=path,
-                          mode=mode) for sha, path, before, first, second, changes in found]
+        mode_rows = []
+        for sha, path, before, first, second, changes in found:
+            refs = repository.for_case(sha, path, before) if mode == "model+refs" else None
+            row = run_case(before, first, second, changes, mode, runtime, refs)
+            mode_rows.append(dict(row, commit=sha[:10], path=path, mode=mode))
         rows += mode_rows
         key = (lambda name: name) if mode == "deterministic" else (lambda name, m=mode: f"{m}:{name}")
         out.update({key("all"): summary(mode_rows),
                     key("rename_or_repeat"): summary([r for r in mode_rows if r["repeat_case"]]),
                     key("other"): summary([r for r in mode_rows if not r["repeat_case"]])})
+    if repository is not None:
+        out["model+refs:documents_composed"] = repository.documents
     print(json.dumps(out, indent=1))
     if args.json:
         args.json.write_text(json.dumps({"summary": out, "cases": rows}, indent=1))

@@ -1,11 +1,14 @@
-"""The next-edit benchmark's delta-chrF (bench/bench_next_edit.py): the measure Zed reports for edit
-prediction, on small hand-checked changes."""
+"""The next-edit benchmark (bench/bench_next_edit.py): its delta-chrF, the measure Zed reports for
+edit prediction, on small hand-checked changes; and its cases with related code, from a real git
+history made here, read by the real model."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
-from bench.bench_next_edit import delta_chrf
+from bench.bench_next_edit import RepositoryReferences, cases, delta_chrf, run_case
 
 ORIGINAL = "total = price * count\nreturn total\n"
 EXPECTED = "subtotal = price * count\nreturn total\n"
@@ -30,3 +33,28 @@ def test_a_near_change_scores_between_and_the_undo_direction_does_not_match():
 
 def test_whitespace_is_ignored():
     assert delta_chrf(ORIGINAL, EXPECTED, "subtotal  =  price * count\nreturn total\n") == 100.0
+
+
+def test_a_case_with_related_code_composes_the_definition_from_another_file(runtime, tmp_path):
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    (tmp_path / "shop.py").write_text("def price_of(item):\n    return item.price * item.quantity\n")
+    cart = "from shop import price_of\n\n\ndef total(items):\n    first = price_of(items[0])\n" \
+           "    count = len(items)\n    rest = price_of(items[1])\n    return first + rest + count\n"
+    (tmp_path / "cart.py").write_text(cart)
+    git("add", ".")
+    git("commit", "-qm", "cart")
+    (tmp_path / "cart.py").write_text(cart.replace("price_of(items[0])", "price_of(items[0]) * 2")
+                                      .replace("price_of(items[1])", "price_of(items[1]) * 2"))
+    git("commit", "-qam", "double")
+    [(sha, path, before, first, second, changes)] = list(cases(tmp_path / ".git", 10))
+    assert path == "cart.py" and before == cart
+    repository = RepositoryReferences(tmp_path / ".git", runtime)
+    assert set(repository.tree(sha)) == {"/repo/shop.py", "/repo/cart.py"}
+    row = run_case(before, first, second, changes, "model+refs", runtime,
+                   repository.for_case(sha, path, before))
+    assert repository.documents == 1 and row["seconds"] > 0  # shop.py's price_of, composed once timed
