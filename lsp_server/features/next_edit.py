@@ -13,12 +13,14 @@ region to the same keep/revert checkpoints as a completion. `line_edit` is the s
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import Any
 
 from lsprotocol import types
 
+from context.errors import GenerationCancelled
 from context.foreground import foreground
 from context.next_edit import EditHistory, Prediction, predict
 from context.next_edit_model import predict_with_model
@@ -71,12 +73,46 @@ def on_document(ls: SquidServer, method: str, params) -> None:
             history.open(uri, opened[0])
 
 
-def _predict_with_model(ls: SquidServer, runtime, references, edits, text: str,
-                        cursor: int) -> Prediction | None:
+async def _model_path(ls: SquidServer, uri: str, text: str, cursor: int) -> Prediction | None:
+    """The model path's edit at `cursor` of `text`, debounced and cancelled as completions are: a
+    newer next-edit request for the document, `$/cancelRequest` or the server stopping ends it
+    between tokens; None as well when the document changed meanwhile."""
+    key = f"next-edit:{uri}"  # beside the document's completions: neither cancels the other
+    pending = ls.supersede.begin(key)
+    try:
+        await asyncio.sleep(ls.config.completion.debounce_ms / 1000)
+        if not ls.supersede.is_current(key, pending) or ls.stopping.is_set():
+            return None
+        runtime = await ls.model_ready()  # loaded as for a completion, if nothing asked for it yet
+        if runtime is None or ls.edit_history.text(uri) != text or not ls.supersede.is_current(key, pending):
+            return None
+        # The edits and text as they are now; the history goes on changing while the model works.
+        edits = ls.edit_history.edits(uri)
+
+        def stop() -> bool:
+            return pending.cancelled.is_set() or ls.stopping.is_set()
+
+        with foreground():  # background work (indexing, the repo map) pauses, as for a completion
+            # The related code a completion here would read (Squid caches; none with squid.enabled off).
+            references = next_edit_references(ls, uri, runtime)
+            work = ls.run_model_work(_predict_with_model, runtime, references, edits, text, cursor, stop)
+            found = await work if work is not None else None
+        return found if ls.edit_history.text(uri) == text and not stop() else None
+    except asyncio.CancelledError:
+        pending.cancelled.set()
+        raise
+    finally:
+        ls.supersede.finish(key, pending)
+
+
+def _predict_with_model(runtime, references, edits, text: str, cursor: int, stop) -> Prediction | None:
     """The model path on the model's thread, with `references` (or None), their background encoders
     held off meanwhile."""
-    with references.foreground() if references is not None else contextlib.nullcontext():
-        return predict_with_model(runtime, edits, text, cursor, ls.stopping.is_set, references)
+    try:
+        with references.foreground() if references is not None else contextlib.nullcontext():
+            return predict_with_model(runtime, edits, text, cursor, stop, references)
+    except GenerationCancelled:
+        return None
 
 
 async def next_edit(ls: SquidServer, params: Any) -> dict:
@@ -91,19 +127,8 @@ async def next_edit(ls: SquidServer, params: Any) -> dict:
     cursor = offset_at(text, types.Position(int(_field(position, "line", 0)),
                                             int(_field(position, "character", 0))))
     found = predict(ls.edit_history, uri, cursor)
-    runtime = None
     if found is None and ls.config.completion.next_edit_model and ls.edit_history.edits(uri):
-        runtime = await ls.model_ready()  # loaded as for a completion, if nothing asked for it yet
-    if runtime is not None and ls.edit_history.text(uri) == text and not ls.stopping.is_set():
-        # The edits and text as they are now; the history goes on changing while the model works.
-        edits = ls.edit_history.edits(uri)
-        with foreground():  # background work (indexing, the repo map) pauses, as for a completion
-            # The related code a completion here would read (Squid caches; none with squid.enabled off).
-            references = next_edit_references(ls, uri, runtime)
-            work = ls.run_model_work(_predict_with_model, ls, runtime, references, edits, text, cursor)
-            found = await work if work is not None else None
-        if ls.edit_history.text(uri) != text:
-            return {"edits": []}  # typed on meanwhile: the suggestion is about a document gone
+        found = await _model_path(ls, uri, text, cursor)
     if found is None:
         return {"edits": []}
     start, end = position_at(text, found.start), position_at(text, found.end)

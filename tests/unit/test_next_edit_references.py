@@ -1,14 +1,18 @@
-"""The next-edit model path's related code in the server (`lsp_server.squid_context`): the
+"""The next-edit model path in the server. Its related code (`lsp_server.squid_context`): the
 definitions a completion at the cursor would read, encoded in the background behind the model
 path's prompt head, then composed; the real model, a real Squid service, the open files as the
-editor has them (no index: names found in the open files)."""
+editor has them (no index: names found in the open files). Its debounce and cancellation
+(`features.next_edit._model_path`), with the model path itself stood in for."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
 import time
 from types import SimpleNamespace
 
-from context.config import SquidCacheConfig, SquidConfig
+from context.config import CompletionConfig, SquidCacheConfig, SquidConfig
 from context.next_edit import EditHistory
 from context.next_edit_model import prompt_parts
 from context.squid.references import CompletionReferences, no_symbols
@@ -54,3 +58,74 @@ def test_related_code_is_encoded_in_the_background_then_composed(runtime, tmp_pa
     finally:
         stop_squid(ls)
     assert ls.next_edit_squid is None
+
+
+class ModelPathStandIn:
+    """Stands in for `predict_with_model` (the model itself is not what is tested): it runs until
+    its `should_stop` turns true or 20 s pass, and notes which."""
+
+    def __init__(self):
+        self.calls, self.started = [], threading.Event()
+
+    def __call__(self, runtime, edits, text, cursor, should_stop, references):
+        self.started.set()
+        began = time.monotonic()
+        while not should_stop() and time.monotonic() - began < 20:
+            time.sleep(0.01)
+        self.calls.append(("stopped" if should_stop() else "ran out", time.monotonic() - began))
+        return None
+
+
+def _server_for_model_path(monkeypatch, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lsp_server.features import next_edit as feature
+    from lsp_server.server import SupersedeRegistry
+
+    stand_in = ModelPathStandIn()
+    monkeypatch.setattr(feature, "predict_with_model", stand_in)
+    monkeypatch.setattr(feature, "next_edit_references", lambda ls, uri, runtime: None)
+    history = EditHistory()
+    history.open("file:///x.py", MAIN)
+    history.change("file:///x.py", 0, 0, "# cart\n")
+    executor = ThreadPoolExecutor(1)
+
+    async def model_ready():
+        return "the model"
+
+    ls = SimpleNamespace(
+        supersede=SupersedeRegistry(), config=SquidConfig(), stopping=threading.Event(), edit_history=history,
+        model_ready=model_ready,
+        run_model_work=lambda fn, *args: asyncio.get_running_loop().run_in_executor(executor, fn, *args))
+    return ls, stand_in, feature, executor
+
+
+async def test_a_newer_request_or_a_cancel_stops_the_model_path_of_the_one_before(monkeypatch, tmp_path):
+    ls, stand_in, feature, executor = _server_for_model_path(monkeypatch, tmp_path)
+    text = ls.edit_history.text("file:///x.py")
+    try:
+        first = asyncio.create_task(feature._model_path(ls, "file:///x.py", text, 10))
+        await asyncio.to_thread(stand_in.started.wait, 10)
+        second = asyncio.create_task(feature._model_path(ls, "file:///x.py", text, 12))
+        assert await asyncio.wait_for(first, 5) is None  # superseded: stopped between tokens
+        assert stand_in.calls and stand_in.calls[0][0] == "stopped" and stand_in.calls[0][1] < 5
+        stand_in.started.clear()
+        await asyncio.to_thread(stand_in.started.wait, 10)
+        second.cancel()  # $/cancelRequest cancels the handler's task
+        with contextlib.suppress(asyncio.CancelledError):
+            await second
+        deadline = time.monotonic() + 5
+        while len(stand_in.calls) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert [c[0] for c in stand_in.calls] == ["stopped", "stopped"]
+        # Within the debounce wait, a newer request ends the older before the model is asked.
+        calls = len(stand_in.calls)
+        ls.config = SquidConfig(completion=CompletionConfig(debounce_ms=300))
+        older = asyncio.create_task(feature._model_path(ls, "file:///x.py", text, 10))
+        await asyncio.sleep(0.05)
+        newer = asyncio.create_task(feature._model_path(ls, "file:///x.py", text, 10))
+        assert await asyncio.wait_for(older, 5) is None and len(stand_in.calls) == calls
+        ls.stopping.set()  # the server stopping ends the newer one too
+        assert await asyncio.wait_for(newer, 25) is None
+    finally:
+        executor.shutdown(wait=True)
