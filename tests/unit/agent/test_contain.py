@@ -1,7 +1,8 @@
 """Code nobody reviewed runs contained (`agent.contain`): a hostile script run as the agent runs the
 workspace's tests, on a throwaway copy, tries to read a key from the environment and the user's
-`~/.ssh`, reach a port on 127.0.0.1, write outside its copy, allocate 20 GB, fork without end,
-sleep forever and print a gigabyte; each is contained and nothing leaks. Real bubblewrap (installed
+`~/.ssh`, reach a port on 127.0.0.1, write outside its copy, follow a symlink out of it (to read the
+key, to write outside), allocate 20 GB, fork without end, sleep forever and print a gigabyte; each
+is contained and nothing leaks. Real bubblewrap (installed
 by .ci/system-packages.sh) or util-linux's `unshare`."""
 
 from __future__ import annotations
@@ -52,6 +53,18 @@ HOSTILE = textwrap.dedent('''\
         found["wrote_outside"] = True
     except OSError:
         found["wrote_outside"] = False
+    # A symlink made in the copy, pointing out of it: to the key, and to the file outside.
+    os.symlink(home_key, "key-link")
+    os.symlink(outside, "outside-link")
+    try:
+        found["ssh_by_link"] = pathlib.Path("key-link").read_text()
+    except OSError:
+        found["ssh_by_link"] = None
+    try:
+        pathlib.Path("outside-link").write_text("escaped by link")
+        found["wrote_by_link"] = True
+    except OSError:
+        found["wrote_by_link"] = False
     pathlib.Path("inside.txt").write_text("fine")  # the copy itself is writable
     found["wrote_inside"] = pathlib.Path("inside.txt").read_text() == "fine"
     try:
@@ -98,9 +111,11 @@ def test_a_hostile_script_is_contained_and_nothing_leaks(tmp_path, monkeypatch):
     waiter.join(timeout=10)
     assert found["env_key"] is None and found["home"] != str(home)
     assert found["ssh"] is None  # the home folder is hidden (or, with unshare, not where HOME points)
+    assert found["ssh_by_link"] is None, found  # a link does not bring the hidden home back
     assert found["connected"] is False and got == [None]
-    # Outside its copy it writes nowhere that lasts: a read-only path, or a scratch /tmp of its own.
-    assert not outside.exists()
+    # Outside its copy it writes nowhere that lasts, directly or through a link: a read-only path,
+    # or a scratch /tmp of its own.
+    assert not outside.exists() and "wrote_by_link" in found
     assert found["wrote_inside"] is True and (copy / "inside.txt").read_text() == "fine"
     assert found["allocated_20g"] is False
     if "not limited" not in process_limit():
