@@ -245,6 +245,7 @@ def test_auto_picks_ty_when_it_is_installed_and_basedpyright_otherwise(monkeypat
     from lsp_server.doctor import check_language_servers
 
     if find_command("ty") is None:
+        # Only where the test extra is not installed: ./dev test (and so .ci/run) installs ty, and runs this.
         pytest.skip("ty is not installed (pip install ty, or the test extra)")
     assert [s.name for s in python_servers("auto")] == ["ty", "ruff"]
     assert [s.name for s in server_specs()] == ["ty", "ruff"]
@@ -265,6 +266,7 @@ def test_auto_picks_ty_when_it_is_installed_and_basedpyright_otherwise(monkeypat
 @pytest.fixture(scope="module")
 def ty_servers(workspace):
     if find_command("ty") is None:
+        # Only where the test extra is not installed: ./dev test (and so .ci/run) installs ty, and runs this.
         pytest.skip("ty is not installed (pip install ty, or the test extra)")
     pool = LanguageServers(workspace, specs=[TY], timeout_s=30)
     yield pool
@@ -295,6 +297,7 @@ def test_the_type_checker_resolves_what_the_tests_can_import(checker, workspace,
     checker too (contained as it is): importing an installed package is no error, a missing one is."""
     spec = python_servers(checker)[0]
     if find_command(spec.argv[0]) is None:
+        # Only where the test extra is not installed: ./dev test installs both checkers, and runs this.
         pytest.skip(f"{checker} is not installed")
     pool = LanguageServers(workspace, specs=[spec], timeout_s=30)
     try:

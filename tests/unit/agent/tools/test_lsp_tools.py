@@ -193,6 +193,7 @@ def test_the_configuration_turns_on_a_shared_pool(workspace):
 @pytest.fixture(scope="module")
 def ty_servers(workspace):
     if find_command("ty") is None:
+        # Only where the test extra is not installed: ./dev test (and so .ci/run) installs ty, and runs this.
         pytest.skip("ty is not installed (pip install ty, or the test extra)")
     pool = LanguageServers(workspace, specs=python_servers("ty"), timeout_s=30)
     yield pool
