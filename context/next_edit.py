@@ -21,6 +21,14 @@ only, then alone (an insertion always needs neighbours; one at the end of its li
 of another). The first place found gets the same change; never where the new text stands already
 (`_no_default` holds `no_default`).
 
+When no use of a renamed name is left in its file, the rename is carried to other files
+(`carried_rename`, `next_use_elsewhere`; Python only): when the file now defines the new name where
+other modules see it (a def, class or assignment at module level, or a class's method) or imports it
+(`from shop.report import subtotal`, `report.subtotal`), the next file that imports the old name from
+that module (its import first), or uses it as that module's attribute, or for a method uses it as an
+attribute in a file that names its class. The server picks the files (`features.next_edit`: the open
+ones, then those the index says use the name).
+
 A prediction that would undo a recent edit (the user just changed the new name back) is never
 offered. The model path (a rewrite of the region around the cursor from the recent edits) is
 `context.next_edit_model`.
@@ -35,7 +43,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["CONTEXT", "Edit", "EditHistory", "ModelAnswer", "Prediction", "difference", "predict", "undone"]
+__all__ = ["CONTEXT", "CarriedRename", "Edit", "EditHistory", "ModelAnswer", "Prediction", "carried_rename",
+           "difference", "module_name", "next_use_elsewhere", "predict", "undone"]
 
 CONTEXT = 12  # characters of the edited line each side of the edit that a repeat must match first
 # The neighbours (left, right) a repeat tries in turn: both sides, then one, then none.
@@ -423,3 +432,164 @@ def _in_prose(text: str, spans: list[tuple[int, int]], offset: int) -> bool:
         return False
     line = text[text.rfind("\n", 0, offset) + 1 : offset].lstrip()
     return not line.startswith(_DOCTEST)
+
+
+# -- a rename carried to other files ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CarriedRename:
+    """A rename other files take part in: `old` -> `new`, a name of the module `module` (its last
+    dotted part: `report` for shop/report.py), or with `owner` a method or attribute of that class."""
+
+    old: str
+    new: str
+    module: str
+    owner: str | None = None
+
+
+_PY = (".py", ".pyi")
+_FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.M)
+_IMPORT = re.compile(r"^[ \t]*import[ \t]+([^\n#]+)", re.M)
+
+
+def module_name(path: str) -> str:
+    """The last dotted part of the module at `path` (a package's for its `__init__.py`)."""
+    parts = re.split(r"[\\/]", path.rstrip("/\\"))
+    stem = parts[-1].rsplit(".", 1)[0]
+    return parts[-2] if stem == "__init__" and len(parts) > 1 else stem
+
+
+def _word(name: str) -> str:
+    return r"(?<![A-Za-z0-9_])" + re.escape(name) + r"(?![A-Za-z0-9_])"
+
+
+def _definition(text: str, name: str) -> tuple[str, str | None] | None:
+    """("module", None) when `text` defines `name` at module level (def, class, assignment); ("member",
+    class) for a method or class attribute; None otherwise (a nested function's, or no definition)."""
+    lines = text.split("\n")
+    pattern = re.compile(r"([ \t]*)(?:(?:async[ \t]+)?def[ \t]+|class[ \t]+)?" + re.escape(name)
+                         + r"(?:[ \t]*[(:=]|$)")
+    prose, offset = _prose_spans(text), 0
+    for row, line in enumerate(lines):
+        match, start, offset = pattern.match(line), offset, offset + len(line) + 1
+        if match is None or _in_prose(text, prose, start + match.end(1)):
+            continue
+        statement = line[match.end(1):]
+        is_def = statement.startswith(("def", "async", "class"))
+        assigned = re.match(re.escape(name) + r"[ \t]*(?::[^=\n]*)?=(?!=)", statement)
+        if not is_def and not assigned:
+            continue
+        depth = len(match.group(1))
+        if depth == 0:
+            return "module", None
+        for above in range(row - 1, -1, -1):  # the block it sits in: a class's, or a function's
+            outer = lines[above]
+            if outer.strip() and _indent(outer) < depth and not outer.lstrip().startswith((")", "@", "#")):
+                found = re.match(r"[ \t]*class[ \t]+([A-Za-z_][A-Za-z0-9_]*)", outer)
+                if found and _indent(outer) == 0:
+                    return "member", found.group(1)
+                break
+    return None
+
+
+def _import_spans(text: str, module: str, name: str) -> list[tuple[int, int]]:
+    """Spans of `name` in the from-imports of `text` that import it from `module` (the module's last
+    part, or a relative import of it: `from .report import`, `from . import`)."""
+    spans = []
+    for match in _FROM_IMPORT.finditer(text):
+        source = match.group(1)
+        if source.rsplit(".", 1)[-1] != module and source.strip(".") != "":
+            continue
+        for found in re.finditer(_word(name), match.group(2)):
+            before = match.group(2)[: found.start()].rstrip()
+            if before.endswith(" as") or before.endswith("\tas"):
+                continue  # `... import total as t`: `total` here is the alias, not the module's name
+            spans.append((match.start(2) + found.start(), match.start(2) + found.end()))
+    return spans
+
+
+def _imported_modules(text: str) -> dict[str, str]:
+    """What `text`'s imports may name a module by: alias -> the module's last part (`import
+    shop.report` -> {"shop.report": "report"}; `import shop.report as r`, `from shop import report
+    as r` -> {"r": "report"}; `from shop import report` -> {"report": "report"})."""
+    found = {}
+    for match in _IMPORT.finditer(text):
+        for item in match.group(1).split(","):
+            parts = item.split()
+            if parts:
+                alias = parts[2] if len(parts) == 3 and parts[1] == "as" else parts[0]
+                found[alias] = parts[0].rsplit(".", 1)[-1]
+    for match in _FROM_IMPORT.finditer(text):
+        for item in match.group(2).strip("() \t\n").split(","):
+            parts = item.split()
+            if parts and parts[0] != "*":
+                found[parts[2] if len(parts) == 3 and parts[1] == "as" else parts[0]] = parts[0]
+    return found
+
+
+def _module_aliases(text: str, module: str) -> list[str]:
+    """The names under which `text` refers to the module `module` (its last part)."""
+    return [alias for alias, name in _imported_modules(text).items() if name == module]
+
+
+def carried_rename(history: EditHistory, uri: str) -> CarriedRename | None:
+    """The document's last edit as a rename other files take part in (see the module docstring), or
+    None: not a rename, undone, local to a function, not Python, or a name no other module sees."""
+    edits, text = history.edits(uri), history.text(uri)
+    if not edits or text is None or not uri.endswith(_PY):
+        return None
+    renamed = _rename(edits[-1])
+    if renamed is None or undone(edits[:-1], *renamed) or _local_scope(edits[-1], *renamed) is not None:
+        return None
+    old, new = renamed
+    defined = _definition(text, new)
+    if defined is not None and _definition(text, old) is None:
+        return CarriedRename(old, new, module_name(unquote_path(uri)), defined[1])
+    for match in _FROM_IMPORT.finditer(text):  # imported by its new name: the module it comes from
+        if re.search(_word(new), match.group(2)) and match.group(1).strip("."):
+            return CarriedRename(old, new, match.group(1).rsplit(".", 1)[-1])
+    modules = _imported_modules(text)  # used as a module's attribute: `report.subtotal`
+    attribute = r"(?<![A-Za-z0-9_.])([A-Za-z_][\w.]*)\." + re.escape(new) + r"(?![A-Za-z0-9_])"
+    for alias in re.findall(attribute, text):
+        if alias in modules:
+            return CarriedRename(old, new, modules[alias])
+    return None
+
+
+def unquote_path(uri: str) -> str:
+    """The path part of a file URI, percent-decoded (enough to name its module)."""
+    from urllib.parse import unquote, urlparse
+
+    return unquote(urlparse(uri).path) if "://" in uri else uri
+
+
+def next_use_elsewhere(rename: CarriedRename, text: str) -> Prediction | None:
+    """The first place in another file's `text` where `rename` applies: its import of the old name
+    from the module, else its first use of it as the module's attribute (`report.total`), else (a
+    method) its first use as an attribute when the file names the class; None when the file takes
+    no part. Every use on that line in code goes at once."""
+    old, new = rename.old, rename.new
+    if rename.owner is not None:
+        if not re.search(_word(rename.owner), text):
+            return None
+        places = [m.span(1) for m in re.finditer(r"\.[ \t]*(" + re.escape(old) + r")(?![A-Za-z0-9_])", text)]
+    else:
+        places = _import_spans(text, rename.module, old)
+        for alias in _module_aliases(text, rename.module):
+            attribute = r"(?<![A-Za-z0-9_.])" + re.escape(alias) + r"\.(" + re.escape(old) + r")\b"
+            places += [m.span(1) for m in re.finditer(attribute, text)]
+    prose = _prose_spans(text)
+    places = sorted(span for span in places if not _in_prose(text, prose, span[0]))
+    if not places:
+        return None
+    first = places[0]
+    line_end = text.find("\n", first[1])
+    line_end = len(text) if line_end < 0 else line_end
+    end, pieces = first[1], [new]
+    for span in places[1:]:
+        if span[0] >= line_end:
+            break
+        pieces += [text[end : span[0]], new]
+        end = span[1]
+    return Prediction(first[0], end, "".join(pieces), "rename")

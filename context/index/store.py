@@ -796,6 +796,14 @@ class IndexStore:
         ):
             yield SymbolRow(*row)
 
+    def paths_referencing(self, name: str, limit: int) -> list[str]:
+        """Paths of the files that use `name` (exactly: a call, an attribute, a type), by their path
+        relative to the root."""
+        rows = self._rows("SELECT f.path FROM files f WHERE f.id IN "
+                          "(SELECT file_id FROM refs WHERE name = ?) ORDER BY f.rel, f.path LIMIT ?",
+                          (name, max(limit, 0)))
+        return [row[0] for row in rows]
+
     def all_references(self) -> Iterator[tuple[str, str, int]]:
         """(path, name, line) of every reference."""
         yield from self._iter_rows(

@@ -3,11 +3,13 @@
 The server keeps each open document's recent edits in memory (`context.next_edit.EditHistory`, fed
 by didOpen / didChange / didClose through the document listeners; never stored) and answers with
 the deterministic path's prediction: the last edit's rename or repeat, carried to where it applies
-next (docs/protocol.md), or with `completion.next_edit_model` the model path's, which reads the
-edits, the region around the cursor and the definitions a completion there would read (Squid
-caches composed in front of its prompt). With feedback recording on, each offered edit is a
-`next_edit` episode whose accept command (`squidcode.completion.accept`) starts following the edited
-region to the same keep/revert checkpoints as a completion. `line_edit` is the same prediction for
+next (docs/protocol.md); a rename with no use left in its file goes on in the next other file that
+takes part (`elsewhere`: the open documents, then the files the index says use the old name; the
+answer's `textDocument` is then that file's); or with `completion.next_edit_model` the model
+path's, which reads the edits, the region around the cursor and the definitions a completion there
+would read (Squid caches composed in front of its prompt). With feedback recording on, each offered
+edit is a `next_edit` episode whose accept command (`squidcode.completion.accept`) starts following
+the edited region to the same keep/revert checkpoints as a completion. `line_edit` is the same prediction for
 `textDocument/inlineCompletion` when it lies on the cursor's line (`features.inline_completion`).
 """
 
@@ -19,10 +21,11 @@ import logging
 from typing import Any
 
 from lsprotocol import types
+from pygls.uris import from_fs_path, to_fs_path
 
 from context.errors import GenerationCancelled
 from context.foreground import foreground
-from context.next_edit import EditHistory, Prediction, predict
+from context.next_edit import EditHistory, Prediction, carried_rename, next_use_elsewhere, predict
 from context.next_edit_model import predict_with_model
 
 from ..positions import offset_at, position_at
@@ -115,6 +118,56 @@ def _predict_with_model(runtime, references, edits, text: str, cursor: int, stop
         return None
 
 
+# Files read, at most, looking for the next one a rename goes on in (each read once, cut at the index's
+# file size limit).
+ELSEWHERE_FILES = 200
+
+
+def elsewhere(ls: SquidServer, uri: str) -> tuple[str, str, int | None, Prediction] | None:
+    """The rename just made in `uri` carried to the next other file that takes part in it
+    (`context.next_edit.carried_rename`): (its uri, its text, its version when open, the edit); None
+    when the edit is no such rename or no file is left. Open documents first (as the editor holds
+    them), then, by path, the workspace files the index says use the old name. Runs off the event
+    loop (it reads files)."""
+    rename = carried_rename(ls.edit_history, uri)
+    if rename is None:
+        return None
+    open_paths = {}
+    for other, document in list(ls.workspace.text_documents.items()):
+        path = to_fs_path(other)
+        if path:
+            open_paths[path] = other
+        if other == uri or to_fs_path(uri) == path or not other.endswith((".py", ".pyi")):
+            continue
+        found = next_use_elsewhere(rename, document.source)
+        if found is not None:
+            return other, document.source, document.version, found
+    service = ls.index_service
+    if service is None:
+        return None
+    limit = service.config.max_file_bytes
+    try:
+        paths = service.store.paths_referencing(rename.old, ELSEWHERE_FILES)
+    except Exception as exc:  # noqa: BLE001 - an unreadable index costs the suggestion, not the request
+        log.warning("next edit: the index could not say which files use %s: %s", rename.old, exc)
+        return None
+    for path in paths:
+        if path in open_paths or path == to_fs_path(uri) or not path.endswith((".py", ".pyi")):
+            continue
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(limit + 1)
+            text = data.decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # gone, unreadable or not text since it was indexed
+        if len(data) > limit or "\0" in text:
+            continue
+        found = next_use_elsewhere(rename, text)
+        if found is not None:
+            return from_fs_path(path), text, None, found
+    return None
+
+
 async def next_edit(ls: SquidServer, params: Any) -> dict:
     """The answer to `squidcode/nextEdit` for `{textDocument: {uri, version?}, position}`: the
     deterministic path's edit, else with `completion.next_edit_model` the model path's."""
@@ -126,7 +179,12 @@ async def next_edit(ls: SquidServer, params: Any) -> dict:
         return {"edits": []}
     cursor = offset_at(text, types.Position(int(_field(position, "line", 0)),
                                             int(_field(position, "character", 0))))
+    version = _field(document, "version")
     found = predict(ls.edit_history, uri, cursor)
+    if found is None:
+        other = await asyncio.to_thread(elsewhere, ls, uri)
+        if other is not None:
+            uri, text, version, found = other
     if found is None and ls.config.completion.next_edit_model and ls.edit_history.edits(uri):
         found = await _model_path(ls, uri, text, cursor)
     if found is None:
@@ -137,7 +195,7 @@ async def next_edit(ls: SquidServer, params: Any) -> dict:
         "range": {"start": {"line": start.line, "character": start.character},
                   "end": {"line": end.line, "character": end.character}},
         "newText": found.text, "kind": found.kind,
-        "textDocument": {"uri": uri, "version": _field(document, "version")},
+        "textDocument": {"uri": uri, "version": version},
         "command": {"title": command.title, "command": command.command, "arguments": command.arguments},
     }]}
 

@@ -4,7 +4,8 @@ incremental didChange events, is offered at the next occurrence (also as
 about nothing, or a malformed one, gets no edit and the server keeps serving. Each offered edit is a
 `next_edit` feedback episode; its accept command starts following the region to its checkpoints.
 Through `textDocument/inlineCompletion`, the next edit on the cursor's line is an item with a range;
-elsewhere the model completes at the cursor."""
+elsewhere the model completes at the cursor. A renamed function goes on, through the index, in the
+files that import it (and not in one with its own function of that name)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from pathlib import Path
 import pytest
 import pytest_lsp
 from lsprotocol import types
+from pygls.uris import to_fs_path
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
 from feedback.store import FeedbackStore
 from lsp_server.features.next_edit import COPILOT_INLINE_EDIT, NEXT_EDIT
 from tests.conftest import SERVER_CMD
-from tests.e2e.test_index_lsp import plain
+from tests.e2e.test_index_lsp import plain, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -210,3 +212,102 @@ async def test_the_model_path_answers_with_related_code_composed_and_the_server_
     assert status["model"]["loaded"] is True, status["model"]
     symbols = await client.workspace_symbol_async(types.WorkspaceSymbolParams(query="price_of"))
     assert symbols is not None  # still serving
+
+
+# -- a rename carried to other files, through the index ---------------------------------------------
+
+SHOP = {
+    "shop/report.py": ("def total(items):\n    return sum(item.price for item in items)\n\n\n"
+                       "def report(items):\n    return f\"{total(items):.2f}\"\n"),
+    "shop/checkout.py": ("from shop.report import report, total\n\n\ndef pay(cart):\n"
+                         "    due = total(cart.items)\n    return due, report(cart.items)\n"),
+    "shop/receipt.py": ("import shop.report as rep\n\n\ndef print_receipt(cart):\n"
+                        "    print(rep.total(cart.items))\n"),
+    # Its own `total`, imported from nowhere: another function of the same name.
+    "shop/tax.py": "def total(amounts):\n    return sum(amounts)\n\n\ndef with_tax(amounts):\n"
+                   "    return total(amounts) * 1.2\n",
+}
+
+
+@pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER_CMD))
+async def shop_client(lsp_client: LanguageClient, tmp_path: Path):
+    project = tmp_path / "ws"
+    for rel, text in SHOP.items():
+        (project / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / rel).write_text(text)
+    lsp_client.project = project
+    lsp_client.db_path = tmp_path / "feedback.db"
+    await lsp_client.initialize_session(types.InitializeParams(
+        capabilities=client_capabilities("visual-studio-code"), root_uri=project.as_uri(),
+        initialization_options={"feedback": {"db_path": str(lsp_client.db_path), "checkpoints_s": [0.4]},
+                                "index": {"debounce_ms": 20}},
+        workspace_folders=[types.WorkspaceFolder(uri=project.as_uri(), name="ws")]))
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def test_a_renamed_function_goes_on_in_the_files_that_import_it_and_not_in_others(
+        shop_client: LanguageClient):
+    client, project = shop_client, shop_client.project
+    uris = {rel: (project / rel).as_uri() for rel in SHOP}
+    versions = dict.fromkeys(SHOP, 1)
+
+    async def indexed():
+        found = await client.workspace_symbol_async(types.WorkspaceSymbolParams(query="with_tax"))
+        return bool(found)
+
+    await wait_for(indexed, timeout=60)
+
+    def open_file(rel: str) -> None:
+        client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
+            uri=uris[rel], language_id="python", version=1, text=SHOP[rel])))
+
+    def edit(rel: str, found: dict) -> None:
+        versions[rel] += 1
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uris[rel], version=versions[rel]),
+            content_changes=[types.TextDocumentContentChangePartial(range=types.Range(
+                types.Position(**found["range"]["start"]), types.Position(**found["range"]["end"])),
+                text=found["newText"])]))
+
+    async def next_in(rel: str, line: int, character: int) -> list[dict]:
+        result = await client.protocol.send_request_async(NEXT_EDIT, {
+            "textDocument": {"uri": uris[rel], "version": versions[rel]},
+            "position": {"line": line, "character": character}})
+        return plain(result)["edits"]
+
+    def at(found: dict) -> tuple[str, int, int]:
+        start = found["range"]["start"]
+        rel = next(r for r, u in uris.items() if Path(to_fs_path(found["textDocument"]["uri"])).resolve()
+                   == Path(to_fs_path(u)).resolve())
+        return rel, start["line"], start["character"]
+
+    open_file("shop/report.py")
+    name = {"start": {"line": 0, "character": 4}, "end": {"line": 0, "character": 9}}
+    edit("shop/report.py", {"range": name, "newText": "subtotal"})  # the definition renamed
+    (first,) = await next_in("shop/report.py", 0, 12)
+    assert at(first) == ("shop/report.py", 5, 14) and first["newText"] == "subtotal"  # its own file first
+    edit("shop/report.py", first)
+    # No use left here: the next file that imports it, at its import; that file is not open.
+    (second,) = await next_in("shop/report.py", 5, 22)
+    assert at(second) == ("shop/checkout.py", 0, 32) and second["newText"] == "subtotal", second
+    assert second["textDocument"]["version"] is None and second["kind"] == "rename"
+    # The editor opens it, applies the edit and reports it; the rest of that file comes next.
+    open_file("shop/checkout.py")
+    edit("shop/checkout.py", second)
+    await client.workspace_execute_command_async(types.ExecuteCommandParams(
+        command=second["command"]["command"], arguments=second["command"]["arguments"]))
+    (third,) = await next_in("shop/checkout.py", 0, 40)
+    assert at(third) == ("shop/checkout.py", 4, 10)
+    edit("shop/checkout.py", third)
+    # Then the file that uses it as the module's attribute (`rep.total`), from the index, read from disk.
+    (fourth,) = await next_in("shop/checkout.py", 4, 18)
+    assert at(fourth) == ("shop/receipt.py", 4, 14) and fourth["newText"] == "subtotal"
+    open_file("shop/receipt.py")
+    edit("shop/receipt.py", fourth)
+    # tax.py's own `total` takes no part: nothing is left to offer.
+    assert await next_in("shop/receipt.py", 4, 22) == []
+    episode_id = second["command"]["arguments"][0]["episodeId"]
+    episode, events, statuses = await _recorded(client.db_path, episode_id)
+    assert episode["uri"] == second["textDocument"]["uri"] and episode["output"] == "subtotal"
+    assert "accepted" in events and statuses == ["unchanged"]

@@ -280,6 +280,80 @@ def test_text_added_at_the_end_of_a_line_goes_only_at_the_end_of_another():
     assert predict(history, "s.py", nxt.end) is None
 
 
+# -- a rename carried to other files (`carried_rename`, `next_use_elsewhere`) ------------------------
+
+
+def _carried(code: str, uri: str, old: str, new: str, at: int | None = None):
+    from context.next_edit import carried_rename
+
+    history = EditHistory()
+    history.open(uri, code)
+    at = code.index(old) if at is None else at
+    history.change(uri, at, at + len(old), new)
+    return carried_rename(history, uri)
+
+
+def _applied(text: str, found) -> str:
+    return text[: found.start] + found.text + text[found.end :]
+
+
+def test_a_module_function_renamed_goes_to_its_importers_import_first_then_their_module_attribute():
+    from context.next_edit import CarriedRename, next_use_elsewhere
+
+    rename = _carried(INVENTORY, "file:///w/shop/stock.py", "in_stock", "available")
+    assert rename == CarriedRename("in_stock", "available", "stock")
+    importer = ("import os\nfrom shop.stock import (\n    LIMIT,\n    in_stock,\n)\n\n"
+                "# in_stock, said in a comment\nprint(in_stock([]), os.sep)\n")
+    found = next_use_elsewhere(rename, importer)
+    assert _applied(importer, found).splitlines()[3] == "    available,"  # the import, not the comment
+    relative = "from .stock import in_stock as pick\nfrom . import stock\n\npick(stock.in_stock)\n"
+    found = next_use_elsewhere(rename, relative)
+    assert _applied(relative, found) == relative.replace("import in_stock as", "import available as")
+    # Once the import is renamed, `stock.in_stock` (the module's attribute) is what is left.
+    relative = _applied(relative, found)
+    assert _applied(relative, next_use_elsewhere(rename, relative)).endswith("pick(stock.available)\n")
+    # Neither another module's `in_stock` nor a file's own function of that name takes part.
+    assert next_use_elsewhere(rename, "from shop.other import in_stock\nin_stock([])\n") is None
+    assert next_use_elsewhere(rename, "def in_stock(x):\n    return x\n\nin_stock(1)\n") is None
+    assert next_use_elsewhere(rename, "import stock_tools\nstock_tools.in_stock(1)\n") is None
+
+
+def test_a_method_renamed_goes_to_attribute_uses_in_files_that_name_its_class():
+    from context.next_edit import CarriedRename, next_use_elsewhere
+
+    code = "class Cart:\n    def add(self, item):\n        self.items.append(item)\n"
+    rename = _carried(code, "file:///w/cart.py", "add", "put")
+    assert rename == CarriedRename("add", "put", "cart", "Cart")
+    user = "from cart import Cart\n\ncart = Cart()\ncart.add(1); cart.add(2)\n"
+    assert _applied(user, next_use_elsewhere(rename, user)).endswith("cart.put(1); cart.put(2)\n")
+    assert next_use_elsewhere(rename, "seen = set()\nseen.add(1)\n") is None  # no Cart: a set's add
+
+
+def test_only_renames_other_modules_can_see_are_carried():
+    from context.next_edit import carried_rename
+
+    # A function's local, a nested function, a non-Python file: each stays in its file.
+    assert _carried(INVENTORY, "file:///w/stock.py", "found", "kept") is None
+    nested = "def outer():\n    def inner():\n        return 1\n    return inner()\n"
+    assert _carried(nested, "file:///w/n.py", "inner", "helper") is None
+    assert _carried("function total() {}\n", "file:///w/t.js", "total", "subtotal") is None
+    # A module constant of a package's __init__ belongs to the package.
+    assert _carried("LIMIT = 3\n", "file:///w/shop/__init__.py", "LIMIT", "CAP").module == "shop"
+    # A use renamed in an importer goes on from there, to the module the name comes from.
+    importer = "from shop.report import total\n\nprint(total(1))\n"
+    at = importer.index("total")
+    assert _carried(importer, "file:///w/main.py", "total", "subtotal", at).module == "report"
+    attribute = "import shop.report as rep\n\nprint(rep.total(1))\n"
+    assert _carried(attribute, "file:///w/main.py", "total", "subtotal").module == "report"
+    # A rename the user took back is not carried.
+    history = EditHistory()
+    history.open("file:///w/r.py", "def total():\n    pass\n")
+    history.change("file:///w/r.py", 4, 9, "subtotal")
+    history.clock = lambda: 100.0
+    history.change("file:///w/r.py", 4, 12, "total")
+    assert carried_rename(history, "file:///w/r.py") is None
+
+
 # -- the model path (context/next_edit_model.py) ---------------------------------------------------
 
 def _renamed():
