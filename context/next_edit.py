@@ -259,9 +259,11 @@ def _next_rename(text: str, old: str, new: str, cursor: int, done: tuple[int, in
     of the same spelling is another variable."""
     part = re.compile(r"(?<![A-Za-z0-9])(" + re.escape(old) + r")(?![A-Za-z0-9])")
     prose = _prose_spans(text)
+    modules = _module_spans(text)  # `from report import` names a module, not the renamed name
 
     def inside(span: tuple[int, int]) -> bool:
-        return scope is None or scope[0] <= span[0] and span[1] <= scope[1]
+        return (scope is None or scope[0] <= span[0] and span[1] <= scope[1]) and not any(
+            start <= span[0] < end for start, end in modules)
 
     def in_code(span: tuple[int, int]) -> bool:
         # A call written out in prose (`such as fn([v1, v2])`) is an example of the code.
@@ -506,6 +508,21 @@ def _import_spans(text: str, module: str, name: str) -> list[tuple[int, int]]:
             if before.endswith(" as") or before.endswith("\tas"):
                 continue  # `... import total as t`: `total` here is the alias, not the module's name
             spans.append((match.start(2) + found.start(), match.start(2) + found.end()))
+    return spans
+
+
+def _module_spans(text: str) -> list[tuple[int, int]]:
+    """Where `text`'s imports name modules: the `shop.report` of `from shop.report import` and of
+    `import shop.report as r`."""
+    spans = [match.span(1) for match in _FROM_IMPORT.finditer(text)]
+    for match in _IMPORT.finditer(text):
+        if re.search(r"\bfrom\b|[{'\"*]", match.group(1)):
+            continue  # JavaScript's `import x from "y"`: not a module's name
+        for item in re.finditer(r"[^,]+", match.group(1)):
+            name = re.search(r"\S+", item.group())
+            if name is not None:
+                start = match.start(1) + item.start() + name.start()
+                spans.append((start, start + len(name.group())))
     return spans
 
 

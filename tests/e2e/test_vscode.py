@@ -43,6 +43,8 @@ TYPED = "return "
 # them): `count` renamed to `item_count` on line 2, its next uses offered one after the other.
 NEXT_EDIT_TEXT = ("def report(items):\n    count = 0\n    for item in items:\n"
                   "        count += item.quantity\n    return count\n")
+# A file that imports report.py's function: renaming it there goes on here.
+IMPORTER_TEXT = "from report import report\n\n\nprint(report([]))\n"
 OLD_DOCSTRING = '"""A tiny inventory module: the example workspace squidcode\'s demo completes in."""'
 NEW_DOCSTRING = '"""Inventory: items, their total value and average price."""'
 
@@ -139,7 +141,9 @@ def vscode_run(request, model_cache_dir) -> VSCodeRun:
         "selectLines": 1,
         "agentInstruction": "make the module docstring say what the module holds",
         "nextEdit": {"file": str(workspace / "report.py"), "text": NEXT_EDIT_TEXT, "line": 2,
-                     "typed": {"old": "count", "new": "item_count"}},
+                     "typed": {"old": "count", "new": "item_count"},
+                     "importer": {"file": str(workspace / "uses_report.py"), "text": IMPORTER_TEXT,
+                                  "column": 4, "renamed": {"old": "report", "new": "summary"}}},
     }
     if AGENT_RUN in commands:
         # The agent talks to the scripted model server (the extension's backend URL setting).
@@ -260,3 +264,16 @@ def test_next_edits_are_shown_accepted_with_tab_and_followed_to_the_next(vscode_
     accepted = [line for line in run.report["extension_log"].splitlines()
                 if f"executeCommand {ACCEPT} ok" in line]
     assert len(accepted) >= 3, ctx
+
+
+def test_a_renamed_function_goes_on_in_the_file_that_imports_it_with_tab(vscode_run: VSCodeRun):
+    run, ctx = vscode_run, vscode_run.context()
+    _ok(run, "next-edit-elsewhere")
+    hint, there, call = run.report["next_edit_elsewhere"]
+    # No use left in report.py: a hint names the importer; Tab opens it at its import, Tab accepts
+    # that and shows its call, Tab accepts that.
+    assert 'next edit at uses_report.py:1:20 (rename): -> "summary", shown as a hint' in hint, ctx
+    assert 'next edit at 1:20 (rename): "report" -> "summary", shown as a decoration' in there, ctx
+    assert 'next edit at 4:7 (rename): "report" -> "summary", shown as a decoration' in call, ctx
+    renamed = IMPORTER_TEXT.replace("import report", "import summary").replace("(report(", "(summary(")
+    assert run.report["after_next_edit_elsewhere"] == renamed, ctx

@@ -329,6 +329,12 @@ def test_a_method_renamed_goes_to_attribute_uses_in_files_that_name_its_class():
     assert next_use_elsewhere(rename, "seen = set()\nseen.add(1)\n") is None  # no Cart: a set's add
 
 
+def test_a_module_of_the_same_name_in_an_import_is_not_renamed():
+    code = "from report import report\nimport report as r\n\n\nprint(report([]), r)\n"
+    history = _rename_at(code, code.index("report\n"), "report", "summary")
+    assert _walk(history, "r.py", 0) == ["print(summary([]), r)"]
+
+
 def test_only_renames_other_modules_can_see_are_carried():
     from context.next_edit import carried_rename
 

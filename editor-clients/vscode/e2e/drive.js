@@ -289,8 +289,11 @@ async function nextEditShown(seen) {
 // next use is shown as a decoration, Tab accepts it and moves to the one after, shown as ghost text
 // on the cursor's line, which Tab accepts too.
 async function nextEditAndTab(editor) {
-  const { file, text, line, typed } = config.nextEdit;
+  const { file, text, line, typed, importer } = config.nextEdit;
   fs.writeFileSync(file, text);
+  if (importer) {
+    fs.writeFileSync(importer.file, importer.text); // now, so that the index has it by the time it is needed
+  }
   report.next_edit_shown = [];
   report.after_next_edit = await step('next-edit', async () => {
     // The new file's row, not the first one (the file opened before, until the new one is found).
@@ -333,6 +336,33 @@ async function nextEditAndTab(editor) {
     }
     await waitFor('both accepts reported', async () => acceptsReported() >= accepted + 2, 15000);
     return saveAndRead(text, file);
+  });
+  if (importer) {
+    await nextEditElsewhere(editor, importer);
+  }
+}
+
+// The function itself renamed at its def (`importer.renamed` at line 1, column `importer.column`):
+// no use is left in its file, so the next edit is in the file that imports it, a hint at the cursor;
+// Tab opens that file at the edit, shown there; Tab accepts it, and the call below comes next; Tab.
+async function nextEditElsewhere(editor, importer) {
+  report.next_edit_elsewhere = [];
+  report.after_next_edit_elsewhere = await step('next-edit-elsewhere', async () => {
+    await editor.focus();
+    await page.keyboard.press('Control+Home');
+    for (let i = 0; i < importer.column; i += 1) {
+      await page.keyboard.press('ArrowRight');
+    }
+    await page.keyboard.press('Control+Shift+ArrowRight');
+    const seen = nextEditLines().length;
+    const accepted = acceptsReported();
+    await page.keyboard.insertText(importer.renamed.new);
+    for (let shown = 0; shown < 3; shown += 1) {
+      report.next_edit_elsewhere.push(await nextEditShown(seen + shown));
+      await page.keyboard.press('Tab');
+    }
+    await waitFor('both accepts reported', async () => acceptsReported() >= accepted + 2, 15000);
+    return saveAndRead(importer.text, importer.file);
   });
 }
 

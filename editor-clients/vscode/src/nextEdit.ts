@@ -17,6 +17,8 @@ export interface NextEdit {
   newText: string;
   kind?: string;
   command?: ServerCommand;
+  /** The document the edit is in, when the server names it (another file: a rename carried on). */
+  textDocument?: { uri: string; version?: number | null };
 }
 
 export interface NextEditParams {
@@ -42,7 +44,47 @@ export function firstEdit(answer: unknown): NextEdit | undefined {
   }
   const command = edit.command;
   const valid = typeof command?.command === 'string' ? command : undefined;
-  return { range: edit.range, newText: edit.newText, kind: edit.kind, command: valid };
+  const document = edit.textDocument;
+  const textDocument =
+    typeof document?.uri === 'string'
+      ? { uri: document.uri, version: typeof document.version === 'number' ? document.version : null }
+      : undefined;
+  return { range: edit.range, newText: edit.newText, kind: edit.kind, command: valid, textDocument };
+}
+
+/** Whether `edit` is in another document than `uri` (the server carried a rename to another file). */
+export function inOtherDocument(edit: NextEdit, uri: string): boolean {
+  return edit.textDocument !== undefined && !sameUri(edit.textDocument.uri, uri);
+}
+
+/** Whether two file URIs name one file (VS Code and the server may percent-encode differently). */
+export function sameUri(a: string, b: string): boolean {
+  const plain = (uri: string) => {
+    try {
+      return decodeURIComponent(uri).replace(/^file:\/\/\/([A-Za-z]):/, (_m, d: string) => `file:///${d.toLowerCase()}:`);
+    } catch {
+      return uri;
+    }
+  };
+  return plain(a) === plain(b);
+}
+
+/** The last part of a URI's path (`checkout.py`), to name another file in a hint. */
+export function fileName(uri: string): string {
+  const path = uri.split('?')[0].split('#')[0];
+  const name = path.slice(path.lastIndexOf('/') + 1);
+  try {
+    return decodeURIComponent(name);
+  } catch {
+    return name;
+  }
+}
+
+/** The hint shown at the cursor for an edit in another file: where it is and what it does. */
+export function elsewhereText(edit: NextEdit, old: string | undefined): string {
+  const where = `${fileName(edit.textDocument?.uri ?? '')}:${edit.range.start.line + 1}`;
+  const what = old === undefined ? JSON.stringify(edit.newText) : `${old} → ${edit.newText}`;
+  return `  ⇥ ${where}: ${what} (Tab to go there)`;
 }
 
 /** Whether `old` can become `now` by insertions alone (`total` -> `subtotal`, `fn` -> `func`): VS

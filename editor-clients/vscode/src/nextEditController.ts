@@ -3,6 +3,8 @@
 // draw it so (insertions only), otherwise as a decoration at the edit (the replaced text struck
 // through, the new text after it). Tab accepts it (VS Code's own Tab for ghost text), runs the
 // server's accept command, then asks for the edit after it and moves the cursor there. Esc dismisses.
+// An edit in another file (a rename carried to a file that imports the name) is a hint at the
+// cursor's line naming that file; Tab opens it there and shows the edit, and Tab again accepts it.
 // While a decoration is shown, Tab is its: a completion's ghost text is hidden and none is shown.
 
 import * as vscode from 'vscode';
@@ -12,8 +14,11 @@ import {
   describeNextEdit,
   type Display,
   displayOf,
+  elsewhereText,
   endAfterApplying,
+  fileName,
   firstEdit,
+  inOtherDocument,
   NEXT_EDIT_METHOD,
   type NextEdit,
   nextEditParams,
@@ -39,7 +44,8 @@ interface Shown {
   version: number;
   edit: NextEdit;
   range: vscode.Range;
-  display: Display;
+  /** 'elsewhere': the edit is in another file; `range` is where its hint stands in `document`. */
+  display: Display | 'elsewhere';
 }
 
 const toVscode = (p: Position) => new vscode.Position(p.line, p.character);
@@ -48,9 +54,13 @@ export class NextEditController implements vscode.Disposable {
   private shown: Shown | undefined;
   private timer: ReturnType<typeof setTimeout> | undefined;
   private asked = 0; // the newest request; an older answer is dropped
+  private jumping = false; // opening another file's edit: the editor change is ours, not the user's
   private readonly decoration = vscode.window.createTextEditorDecorationType({
     backgroundColor: new vscode.ThemeColor('diffEditor.removedTextBackground'),
     textDecoration: 'line-through',
+    after: { color: new vscode.ThemeColor('editorGhostText.foreground'), fontStyle: 'italic' },
+  });
+  private readonly hint = vscode.window.createTextEditorDecorationType({
     after: { color: new vscode.ThemeColor('editorGhostText.foreground'), fontStyle: 'italic' },
   });
   private readonly subscriptions: vscode.Disposable[];
@@ -62,8 +72,13 @@ export class NextEditController implements vscode.Disposable {
   ) {
     this.subscriptions = [
       this.decoration,
+      this.hint,
       vscode.workspace.onDidChangeTextDocument((event) => this.onChange(event)),
-      vscode.window.onDidChangeActiveTextEditor(() => this.clear()),
+      vscode.window.onDidChangeActiveTextEditor(() => {
+        if (!this.jumping) {
+          this.clear();
+        }
+      }),
       vscode.commands.registerCommand(ACCEPT_COMMAND, () => this.accept()),
       vscode.commands.registerCommand(ACCEPTED_INLINE_COMMAND, (command?: ServerCommand, end?: Position) =>
         this.acceptedInline(command, end),
@@ -96,7 +111,7 @@ export class NextEditController implements vscode.Disposable {
 
   /** Whether a next edit is shown as a decoration in `document` (Tab accepts it, not ghost text). */
   holdsTab(document: vscode.TextDocument): boolean {
-    return this.shown?.display === 'decoration' && this.shown.document === document;
+    return this.shown !== undefined && this.shown.display !== 'inline' && this.shown.document === document;
   }
 
   /** An item of the server's whose range replaces text (a next edit on the cursor's line), with its
@@ -148,6 +163,17 @@ export class NextEditController implements vscode.Disposable {
     if (asked !== this.asked || document.version !== version || !edit) {
       return; // superseded, typed on, or nothing to offer
     }
+    if (inOtherDocument(edit, document.uri.toString())) {
+      this.showElsewhere(editor, edit);
+    } else {
+      this.show(editor, edit, jump);
+    }
+  }
+
+  /** Show `edit`, which is in `editor`'s document; `jump`: move the cursor to it first. */
+  private show(editor: vscode.TextEditor, edit: NextEdit, jump: boolean): void {
+    const document = editor.document;
+    const version = document.version;
     const range = new vscode.Range(toVscode(edit.range.start), toVscode(edit.range.end));
     if (jump) {
       editor.selection = new vscode.Selection(range.start, range.start);
@@ -166,12 +192,54 @@ export class NextEditController implements vscode.Disposable {
     }
   }
 
+  /** An edit in another file: a hint at the end of the cursor's line names the file and the change. */
+  private showElsewhere(editor: vscode.TextEditor, edit: NextEdit): void {
+    const line = editor.document.lineAt(editor.selection.active.line);
+    const range = new vscode.Range(line.range.end, line.range.end);
+    const document = editor.document;
+    this.shown = { document, version: document.version, edit, range, display: 'elsewhere' };
+    const start = edit.range.start;
+    const where = `${fileName(edit.textDocument?.uri ?? '')}:${start.line + 1}:${start.character + 1}`;
+    this.log(`next edit at ${where} (${edit.kind ?? 'edit'}): -> ${JSON.stringify(edit.newText)}, shown as a hint`);
+    void vscode.commands.executeCommand('setContext', SHOWN_CONTEXT, true);
+    editor.setDecorations(this.hint, [{ range, renderOptions: { after: { contentText: elsewhereText(edit, undefined) } } }]);
+    void vscode.commands.executeCommand('editor.action.inlineSuggest.hide');
+  }
+
+  /** Tab on a hint: open the other file, move to its edit and show it there (Tab again accepts). */
+  private async jump(edit: NextEdit): Promise<void> {
+    const target = edit.textDocument;
+    if (!target) {
+      return;
+    }
+    let editor: vscode.TextEditor;
+    this.jumping = true;
+    try {
+      const document = await vscode.workspace.openTextDocument(vscode.Uri.parse(target.uri));
+      if (typeof target.version === 'number' && document.version !== target.version) {
+        this.log(`next edit: ${fileName(target.uri)} changed since the edit was found`);
+        return;
+      }
+      editor = await vscode.window.showTextDocument(document, { preview: false });
+    } catch (err) {
+      this.log(`next edit: could not open ${target.uri}: ${err instanceof Error ? err.message : String(err)}`);
+      return;
+    } finally {
+      this.jumping = false;
+    }
+    this.show(editor, edit, true);
+  }
+
   /** Tab on a shown edit: apply it, report the acceptance, go to the next one. */
   private async accept(): Promise<void> {
     const shown = this.shown;
     const editor = vscode.window.activeTextEditor;
     this.clear();
     if (!shown || !editor || editor.document !== shown.document || shown.document.version !== shown.version) {
+      return;
+    }
+    if (shown.display === 'elsewhere') {
+      await this.jump(shown.edit);
       return;
     }
     const applied = await editor.edit((builder) => builder.replace(shown.range, shown.edit.newText));
@@ -209,6 +277,7 @@ export class NextEditController implements vscode.Disposable {
     this.shown = undefined;
     for (const editor of vscode.window.visibleTextEditors) {
       editor.setDecorations(this.decoration, []);
+      editor.setDecorations(this.hint, []);
     }
     void vscode.commands.executeCommand('setContext', SHOWN_CONTEXT, false);
   }

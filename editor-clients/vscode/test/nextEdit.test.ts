@@ -5,8 +5,11 @@ import {
   decorationText,
   describeNextEdit,
   displayOf,
+  elsewhereText,
   endAfterApplying,
+  fileName,
   firstEdit,
+  inOtherDocument,
   insertionsOnly,
   type NextEdit,
   nextEditParams,
@@ -28,7 +31,9 @@ test('the request names the versioned document and the cursor', () => {
 
 test('the first edit of an answer, its command kept; nothing from an empty or malformed answer', () => {
   const edit = { range: at(3, 8, 13), newText: 'subtotal', kind: 'rename', command, textDocument: { uri: 'u' } };
-  assert.deepEqual(firstEdit({ edits: [edit] }), { range: at(3, 8, 13), newText: 'subtotal', kind: 'rename', command });
+  assert.deepEqual(firstEdit({ edits: [edit] }), {
+    range: at(3, 8, 13), newText: 'subtotal', kind: 'rename', command, textDocument: { uri: 'u', version: null },
+  });
   assert.equal(firstEdit({ edits: [] }), undefined);
   assert.equal(firstEdit(null), undefined);
   assert.equal(firstEdit({ edits: [{ range: at(1, 0, 1) }] }), undefined); // no newText
@@ -63,4 +68,17 @@ test('the decoration text, where the cursor goes after applying, the log line', 
     describeNextEdit({ range: at(3, 8, 13), newText: 'subtotal', kind: 'rename' }, 'total'),
     'next edit at 4:9 (rename): "total" -> "subtotal"',
   );
+});
+
+test('an edit in another file is told apart from one in this file, however the URI is encoded', () => {
+  const there: NextEdit = { range: at(0, 32, 37), newText: 'subtotal', textDocument: { uri: 'file:///w/shop/checkout.py' } };
+  assert.equal(inOtherDocument(there, 'file:///w/shop/report.py'), true);
+  assert.equal(inOtherDocument(there, 'file:///w/shop/checkout.py'), false);
+  const spaced: NextEdit = { ...there, textDocument: { uri: 'file:///w/my%20shop/c.py' } };
+  assert.equal(inOtherDocument(spaced, 'file:///w/my shop/c.py'), false);
+  assert.equal(inOtherDocument({ ...there, textDocument: { uri: 'file:///C:/w/c.py' } }, 'file:///c%3A/w/c.py'), false);
+  assert.equal(inOtherDocument({ range: at(0, 0, 1), newText: 'x' }, 'file:///w/a.py'), false); // unnamed: this one
+  assert.equal(fileName('file:///w/my%20shop/check%20out.py'), 'check out.py');
+  assert.equal(elsewhereText(there, 'total'), '  ⇥ checkout.py:1: total → subtotal (Tab to go there)');
+  assert.equal(elsewhereText(there, undefined), '  ⇥ checkout.py:1: "subtotal" (Tab to go there)');
 });
