@@ -33,6 +33,8 @@ SCRIPT = REPO / "tests" / "e2e" / "nvim" / "plugin.lua"
 CLIENT_DIR = REPO / "editor-clients" / "nvim"
 RUN_TIMEOUT_S = 360
 OLD_DOCSTRING = '"""A tiny inventory module: the example workspace squidcode\'s demo completes in."""'
+# A file that imports inventory.py's in_stock: renaming it goes on here.
+IMPORTER_TEXT = "from inventory import in_stock\n\n\ndef restock(items):\n    return in_stock(items)\n"
 NEW_DOCSTRING = '"""Inventory: items, their total value and average price."""'
 
 
@@ -59,6 +61,7 @@ def plugin_run(model_cache_dir, tmp_path_factory) -> PluginRun:
     assert text.splitlines()[0] == OLD_DOCSTRING, "the demo file's first line changed"
     target.write_text(text, encoding="utf-8")
     (workspace / ".squidcode.toml").write_text("# workspace root for the Neovim plugin test\n")
+    (workspace / "uses_inventory.py").write_text(IMPORTER_TEXT, encoding="utf-8")
     fake = FakeOpenAIServer(edit_block("inventory.py", OLD_DOCSTRING, NEW_DOCSTRING))
     setup = {"cmd": SERVER_CMD, "settings": {"completion": {"max_tokens": 8, "max_lines": 1}},
              "accept_key": "<Tab>"}
@@ -67,7 +70,9 @@ def plugin_run(model_cache_dir, tmp_path_factory) -> PluginRun:
     result_path = base / "result.json"
     env = dict(os.environ, SQUIDCODE_TEST_FILE=str(target), SQUIDCODE_SETUP=json.dumps(setup),
                SQUIDCODE_RESULT=str(result_path), SQUIDCODE_CLIENT_DIR=str(CLIENT_DIR),
-               SQUIDCODE_TIMEOUT_MS="120000", XDG_CONFIG_HOME=str(base / "config"),
+               SQUIDCODE_TIMEOUT_MS="120000",
+               SQUIDCODE_IMPORTER_FILE=str(workspace / "uses_inventory.py"),
+               XDG_CONFIG_HOME=str(base / "config"),
                XDG_STATE_HOME=str(base / "state"), XDG_DATA_HOME=str(base / "data"))
     with fake:
         proc = subprocess.Popen([nvim, "--headless", "--clean", "-l", str(SCRIPT)], cwd=workspace, env=env,
@@ -129,8 +134,8 @@ def test_acceptance_is_reported_to_the_server(plugin_run: PluginRun):
     # The server offers every command of docs/protocol.md; a missing one is a regression, not a skip.
     assert ACCEPT in plugin_run.commands, plugin_run.context()
     r, ctx = plugin_run.report, plugin_run.context()
-    accepted = r["accepted"]  # the ghost text's, then the inline next edit's (below)
-    assert len(accepted) == 2 and accepted[0]["ok"] is True, ctx
+    accepted = r["accepted"]  # the ghost text's, then the next edits' (below)
+    assert len(accepted) == 5 and all(entry["ok"] is True for entry in accepted), ctx
     assert accepted[0]["args"]["episodeId"], ctx
 
 
@@ -138,7 +143,7 @@ def test_squid_status_feedback_and_record_commands(plugin_run: PluginRun):
     r, ctx = plugin_run.report, plugin_run.context()
     status = r["status_output"]
     assert status.splitlines()[1] == "model: SmolLM2-135M-Instruct (loaded, cpu, float32)", ctx
-    assert "index: ready: 2 files" in status, ctx
+    assert "index: ready: 3 files" in status, ctx  # inventory.py, uses_inventory.py, .squidcode.toml
     messages = _messages(plugin_run)
     if FEEDBACK_STATUS in plugin_run.commands:
         assert r["feedback_output"].startswith("squidcode feedback: "), ctx
@@ -160,7 +165,7 @@ def test_checkhealth_squidcode_passes(plugin_run: PluginRun):
     health = r["health"]
     assert "ERROR" not in health, ctx
     for expected in ("OK Neovim 0.12", "OK server command: ", "OK server version: squidcode 0.1.0",
-                     "OK model: SmolLM2-135M-Instruct (loaded, cpu, float32)", "OK index: ready: 2 files"):
+                     "OK model: SmolLM2-135M-Instruct (loaded, cpu, float32)", "OK index: ready: 3 files"):
         assert expected in health, f"{expected!r} missing{ctx}"
 
 
@@ -183,6 +188,8 @@ def test_a_next_edit_is_previewed_and_accepted(plugin_run: PluginRun):
     assert edit["range"]["start"]["line"] == edit["range"]["end"]["line"], ctx
     assert r["next_edit_marks"] == 1, ctx
     assert r["next_edit_accepted"] is True, ctx
+    # Accepting it ran its command: the server follows the edit (recording is off yet: no episode).
+    assert r["accepted"][1]["ok"] is True, ctx
     # The next `items` in code is in in_stock's body (its docstring's words come after the code);
     # `item` is another name and stays.
     assert r["after_next_edit"] == "    return [item for item in stock if item.quantity > 0]", ctx
@@ -201,6 +208,23 @@ def test_a_next_edit_on_the_cursors_line_is_an_inline_completion_with_a_range(pl
     assert shown["accept_returned"] is True, ctx
     assert shown["after"] == shown["before"][:start] + "stock" + shown["before"][end:], ctx
     # Its acceptance reported too (recording is on by then: its episode is followed like a completion's).
-    accepted, episode = r["accepted"][-1], edit["command"]["arguments"][0]["episodeId"]
-    assert accepted["ok"] is True and accepted["args"]["episodeId"] == episode, ctx
+    episode = edit["command"]["arguments"][0]["episodeId"]
+    (accepted,) = [entry for entry in r["accepted"] if entry["args"]["episodeId"] == episode]
+    assert accepted["ok"] is True, ctx
 
+
+
+def test_a_renamed_function_goes_on_in_the_file_that_imports_it(plugin_run: PluginRun):
+    # in_stock renamed at its def, no use left in inventory.py: the next edit is in the file that
+    # imports it, hinted at the cursor; :Squid next goes there and previews it; again accepts it.
+    r, ctx = plugin_run.report, plugin_run.context()
+    shown = r["elsewhere"]
+    assert shown["target"].endswith("/uses_inventory.py") and shown["hint_marks"] == 1, ctx
+    assert shown["edit"]["newText"] == "available", ctx
+    assert shown["went"] == "uses_inventory.py" and shown["cursor"] == [1, 22], ctx
+    assert shown["preview_marks"] == 1 and shown["attached"] is True, ctx
+    assert shown["after_import"] == "from inventory import available", ctx
+    assert shown["call"]["range"]["start"] == {"line": 4, "character": 11}, ctx
+    assert shown["after"] == IMPORTER_TEXT.replace("in_stock", "available").splitlines(), ctx
+    # Both acceptances reported to the server.
+    assert [entry["ok"] for entry in shown["reported"]] == [True, True], ctx

@@ -2,13 +2,13 @@
 -- file opened, the status notification, ghost text accepted through the plugin's accept key (with
 -- the acceptance reported), :Squid status / feedback / record, :checkhealth squidcode, and an agent
 -- edit on a range applied to the buffer; a next edit previewed and accepted, then one shown as an
--- inline completion with a range and accepted.
+-- inline completion with a range and accepted; a rename carried to the file that imports the name.
 --
 --   nvim --headless --clean -l tests/e2e/nvim/plugin.lua
 --
 -- Environment: SQUIDCODE_TEST_FILE (the file; it ends on an indented empty line), SQUIDCODE_SETUP
 -- (JSON: the options for setup()), SQUIDCODE_RESULT (the JSON report), SQUIDCODE_CLIENT_DIR,
--- SQUIDCODE_TIMEOUT_MS, SQUIDCODE_AGENT_INSTRUCTION.
+-- SQUIDCODE_TIMEOUT_MS, SQUIDCODE_AGENT_INSTRUCTION, SQUIDCODE_IMPORTER_FILE (a file importing in_stock).
 -- The report is rewritten after each step, so a killed run leaves a partial one; the exit status is
 -- 0 when the script ran to the end (the test judges the report), 1 when it failed on the way.
 
@@ -229,6 +229,56 @@ local function next_edit_inline(squid, client, bufnr, map)
   save()
 end
 
+local function marks_in(bufnr)
+  return #vim.api.nvim_buf_get_extmarks(bufnr, vim.api.nvim_get_namespaces()['squidcode.next_edit'], 0, -1, {})
+end
+
+--- 8. A rename carried to another file: in_stock renamed at its def, no use of it left in the file;
+--- :Squid next hints at the file that imports it (SQUIDCODE_IMPORTER_FILE), goes there and previews
+--- the import, accepts it (reported), then shows and accepts the call below it.
+local function next_edit_elsewhere(squid, bufnr)
+  vim.api.nvim_set_current_buf(bufnr)
+  local row
+  for i, line in ipairs(lines(bufnr)) do
+    if line:find('^def in_stock%(') then
+      row = i - 1
+    end
+  end
+  if not row then
+    return fail('no in_stock def to rename')
+  end
+  local accepted_before = #squid.state.accepted
+  vim.api.nvim_buf_set_text(bufnr, row, 4, row, 4 + #'in_stock', { 'available' })
+  vim.wait(400) -- the client sends didChange after its debounce
+  vim.api.nvim_win_set_cursor(0, { row + 1, 4 + #'available' })
+  exec('Squid next')
+  local shown = squid.state.next_edit
+  result.elsewhere = { target = shown and shown.target or vim.NIL, edit = shown and shown.edit or vim.NIL,
+                       hint_marks = marks_in(bufnr) }
+  exec('Squid next') -- goes there
+  local other = vim.api.nvim_get_current_buf()
+  result.elsewhere.went = vim.fs.basename(vim.api.nvim_buf_get_name(other))
+  result.elsewhere.cursor = vim.api.nvim_win_get_cursor(0)
+  result.elsewhere.preview_marks = marks_in(other)
+  result.elsewhere.attached = wait_for(30000, function()
+    return squid.client(other) ~= nil
+  end)
+  exec('Squid next') -- accepts
+  result.elsewhere.after_import = lines(other)[1]
+  vim.wait(400)
+  exec('Squid next') -- the call below, in that file
+  result.elsewhere.call = squid.state.next_edit and squid.state.next_edit.edit or vim.NIL
+  exec('Squid next')
+  result.elsewhere.after = lines(other)
+  wait_for(10000, function()
+    local last = squid.state.accepted[#squid.state.accepted]
+    return #squid.state.accepted >= accepted_before + 2 and last.ok ~= nil
+  end)
+  result.elsewhere.reported = vim.list_slice(squid.state.accepted, accepted_before + 1)
+  vim.api.nvim_set_current_buf(bufnr)
+  save()
+end
+
 --- 5. The agent on line 1 (a range), its WorkspaceEdit applied to the buffer.
 local function agent_on_a_range(squid, client, bufnr)
   result.before_agent = lines(bufnr)
@@ -256,6 +306,7 @@ local function main()
   next_edit(squid, bufnr)
   next_edit_inline(squid, client, bufnr, map)
   agent_on_a_range(squid, client, bufnr)
+  next_edit_elsewhere(squid, bufnr)
   client:stop()
   result.stopped = wait_for(10000, function()
     return client:is_stopped()

@@ -33,7 +33,7 @@ M.state = {
   agent = nil, -- { running = bool, result = table?, error = string?, applied = bool? }
   accepted = {}, -- one entry per acceptance reported: { args, ok, error }
   feedback = nil, -- the last feedback status
-  next_edit = nil, -- the next edit shown: { bufnr, edit, encoding }
+  next_edit = nil, -- the next edit shown: { bufnr, edit, encoding, client_id, target? (another file's URI) }
 }
 
 local registered = false
@@ -289,9 +289,32 @@ local function byte_col(bufnr, position, encoding)
   return vim.str_byteindex(line, encoding, position.character, false)
 end
 
+--- The URI of the file `edit` is in when that is not `bufnr`'s (a rename carried on to a file that
+--- imports the name); nil for an edit in `bufnr`.
+local function other_file(bufnr, edit)
+  local uri = edit.textDocument and edit.textDocument.uri
+  if type(uri) ~= 'string' or uri == vim.uri_from_bufnr(bufnr) then
+    return nil
+  end
+  local function real(path)
+    return vim.fs.normalize(vim.uv.fs_realpath(path) or path)
+  end
+  return real(vim.uri_to_fname(uri)) ~= real(vim.api.nvim_buf_get_name(bufnr)) and uri or nil
+end
+
+--- Previews `edit` in `bufnr`: the text it replaces struck through, the new text beside it.
+local function preview(bufnr, edit, encoding)
+  local first, last = edit.range.start, edit.range['end']
+  vim.api.nvim_buf_set_extmark(bufnr, next_ns, first.line, byte_col(bufnr, first, encoding), {
+    end_row = last.line, end_col = byte_col(bufnr, last, encoding), hl_group = 'DiffDelete',
+    virt_text = { { edit.newText, 'DiffAdd' } }, virt_text_pos = 'inline',
+  })
+end
+
 --- Asks the server for the edit the user is about to make (squidcode/nextEdit, from the edits just
---- made) and previews it: the text it replaces struck through, the new text beside it. Returns the
---- edit, or nil when there is none.
+--- made) and previews it: the text it replaces struck through, the new text beside it; an edit in
+--- another file is a hint at the end of the cursor's line (the next :Squid next goes there). Returns
+--- the edit, or nil when there is none.
 function M.next_edit(bufnr)
   bufnr = bufnr or vim.api.nvim_get_current_buf()
   M.clear_next_edit(bufnr)
@@ -306,22 +329,51 @@ function M.next_edit(bufnr)
   if not edit then
     return nil
   end
-  local first, last = edit.range.start, edit.range['end']
-  local start_col = byte_col(bufnr, first, client.offset_encoding)
-  local end_col = byte_col(bufnr, last, client.offset_encoding)
-  vim.api.nvim_buf_set_extmark(bufnr, next_ns, first.line, start_col, {
-    end_row = last.line, end_col = end_col, hl_group = 'DiffDelete',
-    virt_text = { { edit.newText, 'DiffAdd' } }, virt_text_pos = 'inline',
-  })
-  M.state.next_edit = { bufnr = bufnr, edit = edit, encoding = client.offset_encoding }
+  local target = other_file(bufnr, edit)
+  if target then
+    local row = vim.api.nvim_win_get_cursor(0)[1] - 1
+    local hint = ('  ⇥ %s:%d: %s (:Squid next to go there)'):format(
+      vim.fs.basename(vim.uri_to_fname(target)), edit.range.start.line + 1, edit.newText)
+    vim.api.nvim_buf_set_extmark(bufnr, next_ns, row, 0, { virt_text = { { hint, 'Comment' } }, virt_text_pos = 'eol' })
+  else
+    preview(bufnr, edit, client.offset_encoding)
+  end
+  M.state.next_edit = { bufnr = bufnr, edit = edit, encoding = client.offset_encoding, client_id = client.id,
+                        target = target }
   return edit
 end
 
---- Applies the previewed next edit and puts the cursor after it; false when none is shown.
+--- Opens the file of the hinted next edit (another file's), puts the cursor at the edit and previews
+--- it there; false when none is hinted or the file changed since the edit was found.
+function M.goto_next_edit()
+  local shown = M.state.next_edit
+  if not shown or not shown.target then
+    return false
+  end
+  M.clear_next_edit(shown.bufnr)
+  vim.cmd.edit(vim.fn.fnameescape(vim.uri_to_fname(shown.target)))
+  local bufnr = vim.api.nvim_get_current_buf()
+  local edit = shown.edit
+  local version = edit.textDocument.version
+  if type(version) == 'number' and vim.lsp.util.buf_versions[bufnr] ~= version then
+    notify('next edit: ' .. vim.fs.basename(vim.api.nvim_buf_get_name(bufnr)) .. ' changed since', vim.log.levels.WARN)
+    return false
+  end
+  preview(bufnr, edit, shown.encoding)
+  vim.api.nvim_win_set_cursor(0, { edit.range.start.line + 1, byte_col(bufnr, edit.range.start, shown.encoding) })
+  M.state.next_edit = { bufnr = bufnr, edit = edit, encoding = shown.encoding, client_id = shown.client_id }
+  return true
+end
+
+--- Applies the previewed next edit, puts the cursor after it and reports the acceptance to the
+--- server (its command, as for an inline completion); false when none is shown.
 function M.accept_next_edit()
   local shown = M.state.next_edit
   if not shown or not vim.api.nvim_buf_is_valid(shown.bufnr) then
     return false
+  end
+  if shown.target then
+    return M.goto_next_edit()
   end
   M.clear_next_edit(shown.bufnr)
   local edit = shown.edit
@@ -331,10 +383,15 @@ function M.accept_next_edit()
   if vim.api.nvim_get_current_buf() == shown.bufnr then
     vim.api.nvim_win_set_cursor(0, { start.line + 1, col })
   end
+  if type(edit.command) == 'table' and edit.command.command == M.commands.accept then
+    -- The client that answered (attached to the other file by now, or the server follows it later).
+    report_acceptance(edit.command, { client_id = shown.client_id, bufnr = shown.bufnr })
+  end
   return true
 end
 
---- Shows the next edit, or accepts the one shown (the `next_edit_key` mapping and `:Squid next`).
+--- Shows the next edit, or accepts the one shown (goes to it first when it is in another file) (the
+--- `next_edit_key` mapping and `:Squid next`).
 function M.next()
   if M.state.next_edit and M.state.next_edit.bufnr == vim.api.nvim_get_current_buf() then
     return M.accept_next_edit()
