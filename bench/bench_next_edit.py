@@ -28,8 +28,21 @@ the model path's prompt head, as the server composes them; their encoding happen
 starts (the server encodes them in the background), so the latency is the composition's and the
 prompt's.
 
+With `--across-files`, renames carried to other files (`carried_rename`, `next_use_elsewhere`): in
+each commit that renames a Python name in one file (a one-line change after which no use of the old
+name is left there and the name is one other modules see), the developer's one-line changes of that
+file are applied up to that rename, and then the next edits are followed as a user pressing Tab
+would: each offered edit is applied when it is right, and the chain stops at the first wrong one or
+when nothing is offered. The other files are the repository's Python files as they were before the
+commit, those that hold the old name as a word in path order (as the server takes the files its
+index says use the name). An offered edit is right when the line it makes is a line of that file
+after the commit (in a file the commit changed). Reported: the edits offered (in the renamed file,
+in other files), the share right, and the recall: of the lines the commit renamed in other files
+(a removed line that becomes the added one with the old name replaced by the new), the share the
+chain reached.
+
     python bench/bench_next_edit.py --git-dir /work/.mirror/pytoolz+toolz/repo [--commits 2000] \
-        [--model [--references]]
+        [--model [--references]] [--across-files]
 """
 
 from __future__ import annotations
@@ -47,7 +60,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from context.next_edit import EditHistory, predict  # noqa: E402
+from context.next_edit import (  # noqa: E402
+    EditHistory,
+    carried_rename,
+    defines,
+    next_use_elsewhere,
+    predict,
+    widened,
+)
 from context.next_edit_model import predict_with_model  # noqa: E402
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -274,6 +294,161 @@ def _words(old: str, new: str):
     return pairs if len(pairs) == 1 else None
 
 
+# -- renames carried to other files ----------------------------------------------------------------
+
+
+def _renamed_lines(diff: str, path: str, old: str, new: str) -> int:
+    """How many of `path`'s removed lines in `diff` come back as added lines with `old` renamed to
+    `new` (as whole words): the lines the commit renamed in that file."""
+    word = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(old) + r"(?![A-Za-z0-9_])")
+    removed, added, inside = [], Counter(), False
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            inside = line == f"+++ b/{path}"
+        elif inside and line.startswith("-") and not line.startswith("---"):
+            removed.append(line[1:])
+        elif inside and line.startswith("+"):
+            added[line[1:]] += 1
+    count = 0
+    for line in removed:
+        renamed = word.sub(new, line)
+        if renamed != line and added[renamed] > 0:
+            added[renamed] -= 1
+            count += 1
+    return count
+
+
+def _line_at(text: str, offset: int) -> str:
+    start = text.rfind("\n", 0, offset) + 1
+    end = text.find("\n", offset)
+    return text[start : len(text) if end < 0 else end]
+
+
+def across_files(git_dir: Path, commits: int, max_steps: int = 40) -> list[dict]:
+    """One row per commit and renamed file whose rename other files take part in (the module
+    docstring's `--across-files`)."""
+    rows = []
+    for sha in git(git_dir, "log", "--no-merges", f"-{commits}", "--format=%H").split():
+        try:
+            diff = git(git_dir, "show", "--format=", "-U0", sha)
+        except subprocess.CalledProcessError:
+            continue
+        changed = one_line_changes(diff)
+        touched = set(re.findall(r"^\+\+\+ b/(\S+\.py)$", diff, re.M))
+        if len(touched) < 2 or not changed:
+            continue
+        try:
+            listed = git(git_dir, "ls-tree", "-r", "--name-only", f"{sha}^").split("\n")
+        except subprocess.CalledProcessError:
+            continue
+        tree = [name for name in listed if name.endswith(".py")]
+        for path, changes in changed.items():
+            row = _carried_case(git_dir, sha, diff, tree, touched, path, changes, max_steps)
+            if row is not None:
+                rows.append(row)
+    return rows
+
+
+def _carried_case(git_dir, sha, diff, tree, touched, path, changes, max_steps) -> dict | None:
+    try:
+        before = git(git_dir, "show", f"{sha}^:{path}")
+    except subprocess.CalledProcessError:
+        return None
+    history, uri = EditHistory(), f"file:///repo/{path}"
+    history.open(uri, before)
+    rename = None
+    for line, old, new in changes:  # the developer's edits, up to the rename other files see
+        start, end, text = char_change(old, new)
+        current = history.text(uri)
+        at = line_offset(current, line)
+        if current[at : at + len(old)] != old:
+            return None
+        history.change(uri, at + start, at + end, text)
+        cursor = at + start + len(text)
+        rename = carried_rename(history, uri)
+        if rename is not None and predict(history, uri, cursor) is None:
+            break
+    else:
+        return None
+    texts: dict[str, str] = {}
+
+    def text_of(name: str) -> str:
+        if name not in texts:
+            texts[name] = git(git_dir, "show", f"{sha}^:{name}")
+        return texts[name]
+
+    after_lines: dict[str, set[str]] = {}
+
+    def after_of(name: str) -> set[str]:
+        if name not in after_lines:
+            after_lines[name] = set(git(git_dir, "show", f"{sha}:{name}").splitlines()) if name in touched \
+                else set()
+        return after_lines[name]
+
+    word = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(rename.old) + r"(?![A-Za-z0-9_])")
+    candidates = [name for name in tree if name != path and word.search(text_of(name))]
+    project_defines = any(defines(text_of(name), rename.old) for name in candidates)  # what the index says
+    wanted = sum(_renamed_lines(diff, name, rename.old, rename.new) for name in touched if name != path)
+    opened = {path: uri}  # the files the chain has been to: open documents, searched first
+    offered = right = right_elsewhere = elsewhere_offered = 0
+    wrong = None  # the offer that ended the chain, when a wrong one did
+    times, current_uri, current_path = [], uri, path
+    for _ in range(max_steps):
+        began = time.perf_counter()
+        found, target = predict(history, current_uri, cursor), current_path
+        if found is None:
+            carried = carried_rename(history, current_uri)
+            found, target = None, None
+            if carried is not None and (carried.at_definition or project_defines):
+                carried = widened(carried, [(n, history.text(u)) for n, u in opened.items()])
+                order = [n for n in opened if n != current_path] + [n for n in candidates if n not in opened]
+                for name in order:
+                    text = history.text(opened[name]) if name in opened else text_of(name)
+                    found = next_use_elsewhere(carried, text, name)
+                    if found is not None:
+                        target = name
+                        break
+        times.append(time.perf_counter() - began)
+        if found is None:
+            break
+        if target not in opened:
+            opened[target] = f"file:///repo/{target}"
+            history.open(opened[target], text_of(target))
+        text = history.text(opened[target])
+        made = text[: found.start] + found.text + text[found.end :]
+        line = _line_at(made, found.start)
+        good = line in after_of(target) and line != _line_at(text, found.start)
+        offered += 1
+        elsewhere_offered += target != path
+        if not good:
+            wrong = {"path": target, "was": _line_at(text, found.start), "made": line}
+            break
+        right += 1
+        right_elsewhere += target != path
+        history.change(opened[target], found.start, found.end, found.text)
+        current_uri, current_path, cursor = opened[target], target, found.start + len(found.text)
+    return {"commit": sha[:10], "path": path, "old": rename.old, "new": rename.new,
+            "offered": offered, "right": right, "offered_elsewhere": elsewhere_offered,
+            "right_elsewhere": right_elsewhere, "wanted_elsewhere": wanted, "wrong": wrong,
+            "p50_ms": round(1000 * statistics.median(times), 3) if times else 0.0}
+
+
+def across_summary(rows: list[dict]) -> dict:
+    offered = sum(r["offered"] for r in rows)
+    elsewhere = sum(r["offered_elsewhere"] for r in rows)
+    wanted = sum(r["wanted_elsewhere"] for r in rows)
+    times = sorted(r["p50_ms"] for r in rows) or [0.0]
+    return {"cases": len(rows), "offered": offered,
+            "right": round(sum(r["right"] for r in rows) / max(offered, 1), 3),
+            "offered_elsewhere": elsewhere,
+            "right_elsewhere": round(sum(r["right_elsewhere"] for r in rows) / max(elsewhere, 1), 3),
+            "lines_renamed_elsewhere": wanted,
+            "recall_elsewhere": round(sum(min(r["right_elsewhere"], r["wanted_elsewhere"]) for r in rows)
+                                      / max(wanted, 1), 3),
+            "cases_with_other_files_renamed": sum(r["wanted_elsewhere"] > 0 for r in rows),
+            "p50_ms": round(statistics.median(times), 3)}
+
+
 def summary(rows: list[dict]) -> dict:
     n = max(len(rows), 1)
     times = sorted(r["seconds"] for r in rows) or [0.0]
@@ -295,6 +470,8 @@ def main() -> int:
                         help="also the model path alone and both (the embedded model, in-process)")
     parser.add_argument("--references", action="store_true",
                         help="with --model: also the model path with its related code (model+refs)")
+    parser.add_argument("--across-files", action="store_true",
+                        help="also renames carried to other files (see the module docstring)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -321,6 +498,10 @@ def main() -> int:
                     key("other"): summary([r for r in mode_rows if not r["repeat_case"]])})
     if repository is not None:
         out["model+refs:documents_composed"] = repository.documents
+    if args.across_files:
+        carried = across_files(args.git_dir, args.commits)
+        out["across_files"] = across_summary(carried)
+        rows += [dict(row, mode="across_files") for row in carried]
     print(json.dumps(out, indent=1))
     if args.json:
         args.json.write_text(json.dumps({"summary": out, "cases": rows}, indent=1))

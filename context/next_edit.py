@@ -40,11 +40,11 @@ import bisect
 import keyword
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["CONTEXT", "CarriedRename", "Edit", "EditHistory", "ModelAnswer", "Prediction", "carried_rename",
-           "difference", "module_name", "next_use_elsewhere", "predict", "undone"]
+           "defines", "difference", "module_name", "next_use_elsewhere", "predict", "undone", "widened"]
 
 CONTEXT = 12  # characters of the edited line each side of the edit that a repeat must match first
 # The neighbours (left, right) a repeat tries in turn: both sides, then one, then none.
@@ -209,6 +209,25 @@ def _rename(edit: Edit) -> tuple[str, str] | None:
     return old, new
 
 
+def _part_rename(edit: Edit) -> tuple[str, str] | None:
+    """(old part, new part) when `edit` changed one part of a name between underscores
+    (`test_distinct` -> `test_isdistinct`: `distinct` -> `isdistinct`); else None."""
+    before = edit.before
+    if not before or "_" in edit.old + edit.new or not (edit.old + edit.new).isalnum():
+        return None
+    left, right = edit.start, edit.start + len(edit.old)
+    while left > 0 and before[left - 1].isalnum():
+        left -= 1
+    while right < len(before) and before[right].isalnum():
+        right += 1
+    old = before[left:right]
+    new = before[left : edit.start] + edit.new + before[edit.start + len(edit.old) : right]
+    in_longer = (left > 0 and before[left - 1] == "_") or (right < len(before) and before[right] == "_")
+    if not in_longer or old == new or not (_IDENT.fullmatch(old) and _IDENT.fullmatch(new)):
+        return None
+    return old, new
+
+
 _NAMES = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)")  # split: text between names at even indexes
 
 
@@ -242,7 +261,14 @@ def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
         if undone(edits[:-1], old, new):
             return None
         scope = _local_scope(last, old, new) if uri.endswith((".py", ".pyi")) else None
-        return _next_rename(text, old, new, cursor, done, scope)
+        found = _next_rename(text, old, new, cursor, done, scope)
+        part = _part_rename(last) if found is None else None
+        if part is not None and part != renamed and not undone(edits[:-1], *part):
+            # `test_distinct` -> `test_isdistinct` was `distinct` -> `isdistinct` in a longer name
+            # (an accepted suggestion, or a rename typed over one part): that rename goes on.
+            scope = _local_scope(last, *part) if uri.endswith((".py", ".pyi")) else None
+            found = _next_rename(text, *part, cursor, done, scope)
+        return found
     old, new = last.old, last.new
     if undone(edits[:-1], old, new) or not (old or new).strip():
         return None
@@ -441,13 +467,18 @@ def _in_prose(text: str, spans: list[tuple[int, int]], offset: int) -> bool:
 
 @dataclass(frozen=True)
 class CarriedRename:
-    """A rename other files take part in: `old` -> `new`, a name of the module `module` (its last
-    dotted part: `report` for shop/report.py), or with `owner` a method or attribute of that class."""
+    """A rename other files take part in: `old` -> `new`, a name of the modules `modules` (each its last
+    dotted part: `report` for shop/report.py; a file that imports the name may pass it on, so both
+    the module it comes from and that file's), or with `owner` a method or attribute of that class."""
 
     old: str
     new: str
-    module: str
+    modules: tuple[str, ...]
     owner: str | None = None
+    # Whether the file renamed the definition itself; else it renamed an imported name or a module's
+    # attribute, which goes on only where the project defines the name (the caller asks its index:
+    # `typing.Dict` -> `typing.Mapping` is no rename of the project's).
+    at_definition: bool = True
 
 
 _PY = (".py", ".pyi")
@@ -562,16 +593,49 @@ def carried_rename(history: EditHistory, uri: str) -> CarriedRename | None:
     old, new = renamed
     defined = _definition(text, new)
     if defined is not None and _definition(text, old) is None:
-        return CarriedRename(old, new, module_name(unquote_path(uri)), defined[1])
-    for match in _FROM_IMPORT.finditer(text):  # imported by its new name: the module it comes from
-        if re.search(_word(new), match.group(2)) and match.group(1).strip("."):
-            return CarriedRename(old, new, match.group(1).rsplit(".", 1)[-1])
+        return CarriedRename(old, new, (module_name(unquote_path(uri)),), defined[1])
+    holding = _holding(unquote_path(uri), text, new)
+    if holding:  # imported by its new name
+        return CarriedRename(old, new, holding, at_definition=False)
     modules = _imported_modules(text)  # used as a module's attribute: `report.subtotal`
     attribute = r"(?<![A-Za-z0-9_.])([A-Za-z_][\w.]*)\." + re.escape(new) + r"(?![A-Za-z0-9_])"
     for alias in re.findall(attribute, text):
         if alias in modules:
-            return CarriedRename(old, new, modules[alias])
+            return CarriedRename(old, new, (modules[alias],), at_definition=False)
     return None
+
+
+def defines(text: str, name: str) -> bool:
+    """Whether the Python source `text` defines `name` at module level or in a class."""
+    return _definition(text, name) is not None
+
+
+def _holding(path: str, text: str, name: str) -> tuple[str, ...]:
+    """The modules other files may import `name` from, as the file at `path` holds it: its own when it
+    defines it at module level; the module it imports it from and its own when it imports it (a
+    package's `__init__.py` passes on what it imports); none otherwise."""
+    own = module_name(path)
+    defined = _definition(text, name)
+    if defined is not None:
+        return (own,) if defined[0] == "module" else ()
+    for match in _FROM_IMPORT.finditer(text):
+        if re.search(_word(name), match.group(2)):
+            source = match.group(1).strip(".").rsplit(".", 1)[-1]
+            return tuple(dict.fromkeys(module for module in (source, own) if module))
+    return ()
+
+
+def widened(rename: CarriedRename, documents: Iterable[tuple[str, str]]) -> CarriedRename:
+    """`rename` with the modules of `documents` ((path, text): the files open in the editor, where the
+    developer has been renaming) that hold its new name: a rename carried from a file that imports
+    the name goes on to the files that import it from where it is defined."""
+    if rename.owner is not None:
+        return rename
+    modules = list(rename.modules)
+    for path, text in documents:
+        if path.endswith(_PY) and re.search(_word(rename.new), text):
+            modules += [m for m in _holding(path, text, rename.new) if m not in modules]
+    return CarriedRename(rename.old, rename.new, tuple(modules), rename.owner, rename.at_definition)
 
 
 def unquote_path(uri: str) -> str:
@@ -581,19 +645,31 @@ def unquote_path(uri: str) -> str:
     return unquote(urlparse(uri).path) if "://" in uri else uri
 
 
-def next_use_elsewhere(rename: CarriedRename, text: str) -> Prediction | None:
-    """The first place in another file's `text` where `rename` applies: its import of the old name
-    from the module, else its first use of it as the module's attribute (`report.total`), else (a
-    method) its first use as an attribute when the file names the class; None when the file takes
-    no part. Every use on that line in code goes at once."""
+def next_use_elsewhere(rename: CarriedRename, text: str, path: str = "") -> Prediction | None:
+    """The first place in another file's `text` (at `path`) where `rename` applies: its import of the
+    old name from one of the modules, or its first use of it as such a module's attribute
+    (`report.total`); when the file is one of those modules (the developer renamed a use of an
+    imported name first), its module-level definition or its own relative import of the old name
+    (a package passing on its module's name: the way to where it is defined); for a method, its
+    first use as an attribute when the file names the class. None when the file takes no part.
+    Every use on that line in code goes at once."""
     old, new = rename.old, rename.new
+    if any(re.search(_word(new), match.group(2)) for match in _FROM_IMPORT.finditer(text)):
+        return None  # it imports the new name already: not a rename here (`Client` for `AsyncClient`)
     if rename.owner is not None:
         if not re.search(_word(rename.owner), text):
             return None
         places = [m.span(1) for m in re.finditer(r"\.[ \t]*(" + re.escape(old) + r")(?![A-Za-z0-9_])", text)]
     else:
-        places = _import_spans(text, rename.module, old)
-        for alias in _module_aliases(text, rename.module):
+        places = [span for module in rename.modules for span in _import_spans(text, module, old)]
+        if path and module_name(path) in rename.modules:
+            places += [m.span(1) for m in re.finditer(r"^(?:(?:async[ \t]+)?def[ \t]+|class[ \t]+)?("
+                                                      + re.escape(old) + r")(?=[ \t]*[(:=])", text, re.M)]
+            for match in _FROM_IMPORT.finditer(text):  # a package passing on its module's name
+                if match.group(1).startswith("."):
+                    places += [(match.start(2) + m.start(), match.start(2) + m.end())
+                               for m in re.finditer(_word(old), match.group(2))]
+        for alias in {a for module in rename.modules for a in _module_aliases(text, module)}:
             attribute = r"(?<![A-Za-z0-9_.])" + re.escape(alias) + r"\.(" + re.escape(old) + r")\b"
             places += [m.span(1) for m in re.finditer(attribute, text)]
     prose = _prose_spans(text)

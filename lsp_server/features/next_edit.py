@@ -25,7 +25,15 @@ from pygls.uris import from_fs_path, to_fs_path
 
 from context.errors import GenerationCancelled
 from context.foreground import foreground
-from context.next_edit import EditHistory, Prediction, carried_rename, next_use_elsewhere, predict
+from context.next_edit import (
+    EditHistory,
+    Prediction,
+    carried_rename,
+    defines,
+    next_use_elsewhere,
+    predict,
+    widened,
+)
 from context.next_edit_model import predict_with_model
 
 from ..positions import offset_at, position_at
@@ -127,32 +135,45 @@ def elsewhere(ls: SquidServer, uri: str) -> tuple[str, str, int | None, Predicti
     """The rename just made in `uri` carried to the next other file that takes part in it
     (`context.next_edit.carried_rename`): (its uri, its text, its version when open, the edit); None
     when the edit is no such rename or no file is left. Open documents first (as the editor holds
-    them), then, by path, the workspace files the index says use the old name. Runs off the event
-    loop (it reads files)."""
+    them), then, by path, the workspace files the index says use or define the old name. A rename
+    of an imported name goes on only when the project defines it (an open file or the index).
+    Runs off the event loop (it reads files)."""
     rename = carried_rename(ls.edit_history, uri)
     if rename is None:
         return None
-    open_paths = {}
-    for other, document in list(ls.workspace.text_documents.items()):
-        path = to_fs_path(other)
-        if path:
-            open_paths[path] = other
-        if other == uri or to_fs_path(uri) == path or not other.endswith((".py", ".pyi")):
+    here = to_fs_path(uri)
+    documents = [(other, to_fs_path(other) or other, document)
+                 for other, document in list(ls.workspace.text_documents.items())]
+    # The open files that hold the new name (where the developer has been renaming) say which modules
+    # it comes from: a rename carried on from a file that imports it reaches that module's importers.
+    rename = widened(rename, [(path, document.source) for _, path, document in documents])
+    paths, defining = [], set()
+    service = ls.index_service
+    if service is not None:
+        try:
+            # The files that use the old name, and those that define it (a use renamed first: the
+            # way back to its definition).
+            paths = service.store.paths_referencing(rename.old, ELSEWHERE_FILES)
+            names = (rename.old, rename.new)
+            defining = {row.path for row in service.store.symbols_named(list(names), ELSEWHERE_FILES)
+                        if row.name in names}
+        except Exception as exc:  # noqa: BLE001 - an unreadable index costs the suggestion, not the request
+            log.warning("next edit: the index could not say which files use %s: %s", rename.old, exc)
+    python = [document.source for _, path, document in documents if path.endswith((".py", ".pyi"))]
+    if not rename.at_definition and not defining and not any(
+            defines(source, name) for source in python for name in (rename.old, rename.new)):
+        return None  # an imported name the project does not define (`typing.Dict`): not its rename
+    open_paths = set()
+    for other, path, document in documents:
+        open_paths.add(path)
+        if other == uri or path == here or not path.endswith((".py", ".pyi")):
             continue
-        found = next_use_elsewhere(rename, document.source)
+        found = next_use_elsewhere(rename, document.source, path)
         if found is not None:
             return other, document.source, document.version, found
-    service = ls.index_service
-    if service is None:
-        return None
-    limit = service.config.max_file_bytes
-    try:
-        paths = service.store.paths_referencing(rename.old, ELSEWHERE_FILES)
-    except Exception as exc:  # noqa: BLE001 - an unreadable index costs the suggestion, not the request
-        log.warning("next edit: the index could not say which files use %s: %s", rename.old, exc)
-        return None
-    for path in paths:
-        if path in open_paths or path == to_fs_path(uri) or not path.endswith((".py", ".pyi")):
+    limit = service.config.max_file_bytes if service is not None else 0
+    for path in sorted(set(paths) | defining):
+        if path in open_paths or path == here or not path.endswith((".py", ".pyi")):
             continue
         try:
             with open(path, "rb") as handle:
@@ -162,7 +183,7 @@ def elsewhere(ls: SquidServer, uri: str) -> tuple[str, str, int | None, Predicti
             continue  # gone, unreadable or not text since it was indexed
         if len(data) > limit or "\0" in text:
             continue
-        found = next_use_elsewhere(rename, text)
+        found = next_use_elsewhere(rename, text, path)
         if found is not None:
             return from_fs_path(path), text, None, found
     return None

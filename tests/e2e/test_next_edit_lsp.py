@@ -216,7 +216,7 @@ async def test_the_model_path_answers_with_related_code_composed_and_the_server_
 
 # -- a rename carried to other files, through the index ---------------------------------------------
 
-SHOP = {
+PACKAGE = {
     "shop/report.py": ("def total(items):\n    return sum(item.price for item in items)\n\n\n"
                        "def report(items):\n    return f\"{total(items):.2f}\"\n"),
     "shop/checkout.py": ("from shop.report import report, total\n\n\ndef pay(cart):\n"
@@ -232,7 +232,7 @@ SHOP = {
 @pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER_CMD))
 async def shop_client(lsp_client: LanguageClient, tmp_path: Path):
     project = tmp_path / "ws"
-    for rel, text in SHOP.items():
+    for rel, text in PACKAGE.items():
         (project / rel).parent.mkdir(parents=True, exist_ok=True)
         (project / rel).write_text(text)
     lsp_client.project = project
@@ -249,8 +249,8 @@ async def shop_client(lsp_client: LanguageClient, tmp_path: Path):
 async def test_a_renamed_function_goes_on_in_the_files_that_import_it_and_not_in_others(
         shop_client: LanguageClient):
     client, project = shop_client, shop_client.project
-    uris = {rel: (project / rel).as_uri() for rel in SHOP}
-    versions = dict.fromkeys(SHOP, 1)
+    uris = {rel: (project / rel).as_uri() for rel in PACKAGE}
+    versions = dict.fromkeys(PACKAGE, 1)
 
     async def indexed():
         found = await client.workspace_symbol_async(types.WorkspaceSymbolParams(query="with_tax"))
@@ -260,7 +260,7 @@ async def test_a_renamed_function_goes_on_in_the_files_that_import_it_and_not_in
 
     def open_file(rel: str) -> None:
         client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
-            uri=uris[rel], language_id="python", version=1, text=SHOP[rel])))
+            uri=uris[rel], language_id="python", version=1, text=PACKAGE[rel])))
 
     def edit(rel: str, found: dict) -> None:
         versions[rel] += 1

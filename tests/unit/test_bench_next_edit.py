@@ -58,3 +58,39 @@ def test_a_case_with_related_code_composes_the_definition_from_another_file(runt
     row = run_case(before, first, second, changes, "model+refs", runtime,
                    repository.for_case(sha, path, before))
     assert repository.documents == 1 and row["seconds"] > 0  # shop.py's price_of, composed once timed
+
+
+def test_a_rename_across_files_is_followed_and_judged_against_the_commit(tmp_path):
+    """A commit renames `total` at its definition and in the two files that import it, but not in a
+    file with its own `total`: the chain from the definition reaches both importers' lines (each
+    right), offers nothing in the unrelated file, and counts the lines the commit renamed."""
+    from bench.bench_next_edit import across_files, across_summary
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    files = {
+        "shop/report.py": "def total(items):\n    return sum(items)\n\n\ndef other():\n    return 1\n",
+        "shop/checkout.py": "from shop.report import total\n\n\ndef pay(cart):\n    return total(cart)\n",
+        "shop/receipt.py": "from shop import report\n\n\ndef show(cart):\n    print(report.total(cart))\n",
+        "shop/tax.py": "def total(amounts):\n    return sum(amounts)\n",
+    }
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    git("add", ".")
+    git("commit", "-qm", "shop")
+    for rel in ("shop/report.py", "shop/checkout.py", "shop/receipt.py"):
+        (tmp_path / rel).write_text(files[rel].replace("total", "subtotal"))
+    git("commit", "-qam", "rename total")
+    rows = across_files(tmp_path / ".git", 10)
+    (row,) = [r for r in rows if r["path"] == "shop/report.py"]
+    assert (row["old"], row["new"]) == ("total", "subtotal")
+    # checkout: its import, then its call; receipt: `report.total`. All right, none in tax.py.
+    assert row["offered_elsewhere"] == 3 and row["right_elsewhere"] == 3 and row["wrong"] is None
+    assert row["wanted_elsewhere"] == 3
+    summary = across_summary(rows)
+    assert summary["right_elsewhere"] == 1.0 and summary["recall_elsewhere"] == 1.0

@@ -301,7 +301,7 @@ def test_a_module_function_renamed_goes_to_its_importers_import_first_then_their
     from context.next_edit import CarriedRename, next_use_elsewhere
 
     rename = _carried(INVENTORY, "file:///w/shop/stock.py", "in_stock", "available")
-    assert rename == CarriedRename("in_stock", "available", "stock")
+    assert rename == CarriedRename("in_stock", "available", ("stock",))
     importer = ("import os\nfrom shop.stock import (\n    LIMIT,\n    in_stock,\n)\n\n"
                 "# in_stock, said in a comment\nprint(in_stock([]), os.sep)\n")
     found = next_use_elsewhere(rename, importer)
@@ -309,9 +309,10 @@ def test_a_module_function_renamed_goes_to_its_importers_import_first_then_their
     relative = "from .stock import in_stock as pick\nfrom . import stock\n\npick(stock.in_stock)\n"
     found = next_use_elsewhere(rename, relative)
     assert _applied(relative, found) == relative.replace("import in_stock as", "import available as")
-    # Once the import is renamed, `stock.in_stock` (the module's attribute) is what is left.
-    relative = _applied(relative, found)
-    assert _applied(relative, next_use_elsewhere(rename, relative)).endswith("pick(stock.available)\n")
+    attribute = "from . import stock\n\nprint(stock.in_stock([]))\n"  # the module's attribute
+    assert _applied(attribute, next_use_elsewhere(rename, attribute)).endswith("print(stock.available([]))\n")
+    # A file that imports the new name already is not renamed into importing it twice.
+    assert next_use_elsewhere(rename, "from shop.stock import in_stock, available\n") is None
     # Neither another module's `in_stock` nor a file's own function of that name takes part.
     assert next_use_elsewhere(rename, "from shop.other import in_stock\nin_stock([])\n") is None
     assert next_use_elsewhere(rename, "def in_stock(x):\n    return x\n\nin_stock(1)\n") is None
@@ -323,7 +324,7 @@ def test_a_method_renamed_goes_to_attribute_uses_in_files_that_name_its_class():
 
     code = "class Cart:\n    def add(self, item):\n        self.items.append(item)\n"
     rename = _carried(code, "file:///w/cart.py", "add", "put")
-    assert rename == CarriedRename("add", "put", "cart", "Cart")
+    assert rename == CarriedRename("add", "put", ("cart",), "Cart")
     user = "from cart import Cart\n\ncart = Cart()\ncart.add(1); cart.add(2)\n"
     assert _applied(user, next_use_elsewhere(rename, user)).endswith("cart.put(1); cart.put(2)\n")
     assert next_use_elsewhere(rename, "seen = set()\nseen.add(1)\n") is None  # no Cart: a set's add
@@ -344,13 +345,13 @@ def test_only_renames_other_modules_can_see_are_carried():
     assert _carried(nested, "file:///w/n.py", "inner", "helper") is None
     assert _carried("function total() {}\n", "file:///w/t.js", "total", "subtotal") is None
     # A module constant of a package's __init__ belongs to the package.
-    assert _carried("LIMIT = 3\n", "file:///w/shop/__init__.py", "LIMIT", "CAP").module == "shop"
+    assert _carried("LIMIT = 3\n", "file:///w/shop/__init__.py", "LIMIT", "CAP").modules == ("shop",)
     # A use renamed in an importer goes on from there, to the module the name comes from.
     importer = "from shop.report import total\n\nprint(total(1))\n"
     at = importer.index("total")
-    assert _carried(importer, "file:///w/main.py", "total", "subtotal", at).module == "report"
+    assert _carried(importer, "file:///w/main.py", "total", "subtotal", at).modules == ("report", "main")
     attribute = "import shop.report as rep\n\nprint(rep.total(1))\n"
-    assert _carried(attribute, "file:///w/main.py", "total", "subtotal").module == "report"
+    assert _carried(attribute, "file:///w/main.py", "total", "subtotal").modules == ("report",)
     # A rename the user took back is not carried.
     history = EditHistory()
     history.open("file:///w/r.py", "def total():\n    pass\n")
@@ -358,6 +359,39 @@ def test_only_renames_other_modules_can_see_are_carried():
     history.clock = lambda: 100.0
     history.change("file:///w/r.py", 4, 12, "total")
     assert carried_rename(history, "file:///w/r.py") is None
+
+
+def test_a_rename_of_one_part_of_a_longer_name_goes_on_with_that_part():
+    """Renaming `distinct` inside `test_distinct` (or accepting that suggestion) renames `distinct`
+    next, not only `test_distinct`."""
+    code = "def test_distinct():\n    assert distinct([1])\n    assert not distinct([1, 1])\n"
+    history = _rename_at(code, code.index("distinct"), "distinct", "isdistinct")
+    assert _walk(history, "r.py", 0) == ["    assert isdistinct([1])", "    assert not isdistinct([1, 1])"]
+
+
+def test_from_an_importer_the_rename_goes_back_to_its_definition_and_on_through_open_files():
+    from context.next_edit import CarriedRename, next_use_elsewhere, widened
+
+    # main.py renamed its import of report's `total`: report.py's definition is the next place.
+    rename = _carried("from shop.report import total\n", "file:///w/main.py", "total", "subtotal")
+    assert rename == CarriedRename("total", "subtotal", ("report", "main"), at_definition=False)
+    report = "import os\n\n\ndef total(items):\n    return sum(items)\n"
+    assert _applied(report, next_use_elsewhere(rename, report, "/w/shop/report.py")).startswith(
+        "import os\n\n\ndef subtotal(items):")
+    assert next_use_elsewhere(rename, report, "/w/shop/other.py") is None  # another module's `total`
+    # A package passing on its module's name (a relative import) is on the way too; an absolute
+    # import of another library's name is not.
+    package = "from .report import total\nfrom itertools import chain\n"
+    assert _applied(package, next_use_elsewhere(rename, package, "/w/shop/report/__init__.py")).startswith(
+        "from .report import subtotal")
+    shim = CarriedRename("imap", "map", ("compat",), at_definition=False)
+    assert next_use_elsewhere(shim, "from itertools import imap\n", "/w/compat.py") is None
+    # An open file that imports the new name says where it comes from and passes it on: api.py's
+    # `from .core import subtotal` adds `core` and `api`, so `from shop.api import total` is next.
+    api = [("/w/shop/api.py", "from .core import subtotal\n")]
+    wide = widened(CarriedRename("total", "subtotal", ("report",)), api)
+    assert wide.modules == ("report", "core", "api")
+    assert next_use_elsewhere(wide, "from shop.api import total\n") is not None
 
 
 # -- the model path (context/next_edit_model.py) ---------------------------------------------------
