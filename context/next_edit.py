@@ -231,6 +231,14 @@ def _part_rename(edit: Edit) -> tuple[str, str] | None:
 _NAMES = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)")  # split: text between names at even indexes
 
 
+def _within_text(edit: Edit) -> bool:
+    """Whether a blank-only `edit` stands between two non-blank characters of its line (a space put
+    into or taken out of `nocover`), not at its indentation or its end."""
+    before, end = edit.before, edit.start + len(edit.old)
+    return 0 < edit.start and end < len(before) and not before[edit.start - 1].isspace() \
+        and not before[end].isspace()
+
+
 def _telling(context: str) -> bool:
     """Whether one-sided neighbours are specific enough to place a change: a name in them."""
     return len(context.strip()) >= 3 and any(ch.isalnum() for ch in context)
@@ -260,18 +268,19 @@ def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
         old, new = renamed
         if undone(edits[:-1], old, new):
             return None
-        scope = _local_scope(last, old, new) if uri.endswith((".py", ".pyi")) else None
+        python = uri.endswith((".py", ".pyi"))
+        scope = _local_scope(last, old, new) if python else None
         found = _next_rename(text, old, new, cursor, done, scope)
         part = _part_rename(last) if found is None else None
         if part is not None and part != renamed and not undone(edits[:-1], *part):
             # `test_distinct` -> `test_isdistinct` was `distinct` -> `isdistinct` in a longer name
             # (an accepted suggestion, or a rename typed over one part): that rename goes on.
-            scope = _local_scope(last, *part) if uri.endswith((".py", ".pyi")) else None
+            scope = _local_scope(last, *part) if python else None
             found = _next_rename(text, *part, cursor, done, scope)
         return found
     old, new = last.old, last.new
-    if undone(edits[:-1], old, new) or not (old or new).strip():
-        return None
+    if undone(edits[:-1], old, new) or (not (old + new).strip() and not _within_text(last)):
+        return None  # indentation or trailing blanks: not a change to repeat
     return _next_repeat(last, text, cursor, done)
 
 

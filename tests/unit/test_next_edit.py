@@ -266,6 +266,17 @@ def test_a_name_replaced_by_a_keyword_is_a_repeat_not_a_rename():
     assert nxt is not None and nxt.kind == "repeat" and nxt.start == text.rindex("return e") + 7
 
 
+def test_a_space_put_into_a_word_is_repeated_but_indentation_is_not():
+    code = "x = 1  # pragma: nocover\ny = 2\nz = 3  # pragma: nocover\n"
+    history = _rename_at(code, code.index("cover"), "", " ")
+    found = predict(history, "r.py", code.index("cover") + 1)
+    assert found is not None and history.text("r.py")[: found.start].endswith("z = 3  # pragma: no")
+    assert found.text == " " and found.start == found.end
+    # A line indented further is not a change to carry to the next line.
+    code = "if a:\n    b = 1\n    c = 2\n"
+    assert predict(_rename_at(code, code.index("b ="), "", "    "), "r.py", 0) is None
+
+
 def test_text_added_at_the_end_of_a_line_goes_only_at_the_end_of_another():
     code = "a = run()\nb = run() + 1\nc = run()\n"
     history = EditHistory()
