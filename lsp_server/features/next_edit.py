@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
@@ -172,9 +173,12 @@ def elsewhere(ls: SquidServer, uri: str) -> tuple[str, str, int | None, Predicti
         if found is not None:
             return other, document.source, document.version, found
     limit = service.config.max_file_bytes if service is not None else 0
+    roots = [root.resolve() for root in ls.workspace_roots]
     for path in sorted(set(paths) | defining):
         if path in open_paths or path == here or not path.endswith((".py", ".pyi")):
             continue
+        if not any(Path(path).resolve().is_relative_to(root) for root in roots):
+            continue  # made a link out of the workspace since it was indexed: never read, never edited
         try:
             with open(path, "rb") as handle:
                 data = handle.read(limit + 1)

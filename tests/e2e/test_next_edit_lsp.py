@@ -311,3 +311,40 @@ async def test_a_renamed_function_goes_on_in_the_files_that_import_it_and_not_in
     episode, events, statuses = await _recorded(client.db_path, episode_id)
     assert episode["uri"] == second["textDocument"]["uri"] and episode["output"] == "subtotal"
     assert "accepted" in events and statuses == ["unchanged"]
+
+
+async def test_a_rename_never_goes_to_a_file_outside_the_workspace(shop_client: LanguageClient,
+                                                                  tmp_path: Path):
+    """The importers, indexed and offered, then made links to copies outside the workspace: asked
+    again at once (the index still lists them), nothing is offered there and the copies are untouched."""
+    client, project = shop_client, shop_client.project
+
+    async def indexed():
+        return bool(await client.workspace_symbol_async(types.WorkspaceSymbolParams(query="with_tax")))
+
+    await wait_for(indexed, timeout=60)
+    uri = (project / "shop/report.py").as_uri()
+    client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
+        uri=uri, language_id="python", version=1, text=PACKAGE["shop/report.py"])))
+    text = PACKAGE["shop/report.py"].replace("total", "subtotal")  # the definition, then its use
+    for version, new in ((2, text.replace("{subtotal(", "{total(")), (3, text)):
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[types.TextDocumentContentChangeWholeDocument(text=new)]))
+
+    async def ask() -> list[dict]:
+        result = await client.protocol.send_request_async(NEXT_EDIT, {
+            "textDocument": {"uri": uri, "version": 3}, "position": {"line": 5, "character": 20}})
+        return plain(result)["edits"]
+
+    (offered,) = await ask()
+    assert offered["textDocument"]["uri"].endswith("/shop/checkout.py")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for rel in ("shop/checkout.py", "shop/receipt.py"):
+        copy = outside / Path(rel).name
+        copy.write_text(PACKAGE[rel])
+        (project / rel).unlink()
+        (project / rel).symlink_to(copy)
+    assert await ask() == []
+    assert (outside / "checkout.py").read_text() == PACKAGE["shop/checkout.py"]
