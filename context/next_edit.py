@@ -42,6 +42,7 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import unquote, urlparse
 
 __all__ = ["CONTEXT", "CarriedRename", "Edit", "EditHistory", "ModelAnswer", "Prediction", "carried_rename",
            "defines", "difference", "module_name", "next_use_elsewhere", "predict", "undone", "widened"]
@@ -602,8 +603,8 @@ def carried_rename(history: EditHistory, uri: str) -> CarriedRename | None:
     old, new = renamed
     defined = _definition(text, new)
     if defined is not None and _definition(text, old) is None:
-        return CarriedRename(old, new, (module_name(unquote_path(uri)),), defined[1])
-    holding = _holding(unquote_path(uri), text, new)
+        return CarriedRename(old, new, (module_name(_uri_path(uri)),), defined[1])
+    holding = _holding(_uri_path(uri), text, new)
     if holding:  # imported by its new name
         return CarriedRename(old, new, holding, at_definition=False)
     modules = _imported_modules(text)  # used as a module's attribute: `report.subtotal`
@@ -647,10 +648,8 @@ def widened(rename: CarriedRename, documents: Iterable[tuple[str, str]]) -> Carr
     return CarriedRename(rename.old, rename.new, tuple(modules), rename.owner, rename.at_definition)
 
 
-def unquote_path(uri: str) -> str:
+def _uri_path(uri: str) -> str:
     """The path part of a file URI, percent-decoded (enough to name its module)."""
-    from urllib.parse import unquote, urlparse
-
     return unquote(urlparse(uri).path) if "://" in uri else uri
 
 
@@ -682,7 +681,7 @@ def next_use_elsewhere(rename: CarriedRename, text: str, path: str = "") -> Pred
             attribute = r"(?<![A-Za-z0-9_.])" + re.escape(alias) + r"\.(" + re.escape(old) + r")\b"
             places += [m.span(1) for m in re.finditer(attribute, text)]
     prose = _prose_spans(text)
-    places = sorted(span for span in places if not _in_prose(text, prose, span[0]))
+    places = sorted({span for span in places if not _in_prose(text, prose, span[0])})  # once each
     if not places:
         return None
     first = places[0]

@@ -403,6 +403,10 @@ def test_from_an_importer_the_rename_goes_back_to_its_definition_and_on_through_
     wide = widened(CarriedRename("total", "subtotal", ("report",)), api)
     assert wide.modules == ("report", "core", "api")
     assert next_use_elsewhere(wide, "from shop.api import total\n") is not None
+    # A place found two ways (api.py's own relative import of `core`'s name) is renamed once.
+    again = "from .core import total\n"
+    found = next_use_elsewhere(wide, again, "/w/shop/api.py")
+    assert _applied(again, found) == "from .core import subtotal\n"
 
 
 # -- the model path (context/next_edit_model.py) ---------------------------------------------------
