@@ -268,8 +268,12 @@ def record_offer(ls: SquidServer, uri: str, text: str, found: Prediction) -> str
 
 
 async def copilot_inline_edit(ls: SquidServer, params: Any) -> dict:
-    """`next_edit` in the shape of `textDocument/copilotInlineEdit` (its accept command included)."""
-    edits = (await next_edit(ls, params))["edits"]
+    """`next_edit` in the shape of `textDocument/copilotInlineEdit` (its accept command included), in
+    the asking document only: that client shows an edit in the buffer it asked from, so one in
+    another file (a rename carried on) would be drawn at the wrong place."""
+    document = _field(params, "textDocument") or _field(params, "text_document")
+    uri = _field(document, "uri")
+    edits = [e for e in (await next_edit(ls, params))["edits"] if e["textDocument"]["uri"] == uri]
     return {"edits": [{"range": e["range"], "text": e["newText"], "textDocument": e["textDocument"],
                        "command": e["command"]} for e in edits]}
 
