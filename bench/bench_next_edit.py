@@ -63,9 +63,12 @@ sys.path.insert(0, str(REPO))
 from context.next_edit import (  # noqa: E402
     EditHistory,
     carried_rename,
+    context_names,
     defines,
+    next_repeat_elsewhere,
     next_use_elsewhere,
     predict,
+    repeat_elsewhere,
     widened,
 )
 from context.next_edit_model import predict_with_model  # noqa: E402
@@ -356,8 +359,8 @@ def _carried_case(git_dir, sha, diff, tree, touched, path, changes, max_steps) -
         return None
     history, uri = EditHistory(), f"file:///repo/{path}"
     history.open(uri, before)
-    rename = None
-    for line, old, new in changes:  # the developer's edits, up to the rename other files see
+    rename = repeat = None
+    for line, old, new in changes:  # the developer's edits, up to one other files take part in
         start, end, text = char_change(old, new)
         current = history.text(uri)
         at = line_offset(current, line)
@@ -365,11 +368,16 @@ def _carried_case(git_dir, sha, diff, tree, touched, path, changes, max_steps) -
             return None
         history.change(uri, at + start, at + end, text)
         cursor = at + start + len(text)
+        if predict(history, uri, cursor) is not None:
+            continue
         rename = carried_rename(history, uri)
-        if rename is not None and predict(history, uri, cursor) is None:
+        repeat = repeat_elsewhere(history, uri) if rename is None else None
+        if rename is not None or repeat is not None:
             break
     else:
         return None
+    if repeat is not None:
+        return _repeat_chain(git_dir, sha, tree, touched, path, history, uri, cursor, repeat, max_steps)
     texts: dict[str, str] = {}
 
     def text_of(name: str) -> str:
@@ -427,9 +435,57 @@ def _carried_case(git_dir, sha, diff, tree, touched, path, changes, max_steps) -
         right_elsewhere += target != path
         history.change(opened[target], found.start, found.end, found.text)
         current_uri, current_path, cursor = opened[target], target, found.start + len(found.text)
-    return {"commit": sha[:10], "path": path, "old": rename.old, "new": rename.new,
+    return {"commit": sha[:10], "path": path, "kind": "rename", "old": rename.old, "new": rename.new,
             "offered": offered, "right": right, "offered_elsewhere": elsewhere_offered,
             "right_elsewhere": right_elsewhere, "wanted_elsewhere": wanted, "wrong": wrong,
+            "p50_ms": round(1000 * statistics.median(times), 3) if times else 0.0}
+
+
+def _repeat_chain(git_dir, sha, tree, touched, path, history, uri, cursor, repeat, max_steps) -> dict:
+    """A repeat with no place left in its file, followed as `_carried_case` follows a rename: to the
+    files (in path order) that hold the names around the change, as the server asks its index."""
+    names = [re.compile(r"(?<![A-Za-z0-9_])" + re.escape(n) + r"(?![A-Za-z0-9_])")
+             for n in context_names(repeat)[:3]]
+    texts = {name: git(git_dir, "show", f"{sha}^:{name}") for name in tree if name != path}
+    candidates = [name for name, text in texts.items() if any(word.search(text) for word in names)]
+    opened, current_uri, current_path = {path: uri}, uri, path
+    offered = right = elsewhere_offered = right_elsewhere = 0
+    wrong, times = None, []
+    for _ in range(max_steps):
+        began = time.perf_counter()
+        found, target = predict(history, current_uri, cursor), current_path
+        if found is None:
+            edit, target = repeat_elsewhere(history, current_uri), None
+            for name in ([n for n in opened if n != current_path] + [n for n in candidates if n not in opened]
+                         if edit is not None else []):
+                text = history.text(opened[name]) if name in opened else texts[name]
+                found = next_repeat_elsewhere(edit, text)
+                if found is not None:
+                    target = name
+                    break
+        times.append(time.perf_counter() - began)
+        if found is None:
+            break
+        if target not in opened:
+            opened[target] = f"file:///repo/{target}"
+            history.open(opened[target], texts[target])
+        text = history.text(opened[target])
+        made = text[: found.start] + found.text + text[found.end :]
+        line = _line_at(made, found.start)
+        after = set(git(git_dir, "show", f"{sha}:{target}").splitlines()) if target in touched else set()
+        good = line in after and line != _line_at(text, found.start)
+        offered += 1
+        elsewhere_offered += target != path
+        if not good:
+            wrong = {"path": target, "was": _line_at(text, found.start), "made": line}
+            break
+        right += 1
+        right_elsewhere += target != path
+        history.change(opened[target], found.start, found.end, found.text)
+        current_uri, current_path, cursor = opened[target], target, found.start + len(found.text)
+    return {"commit": sha[:10], "path": path, "kind": "repeat", "old": repeat.old, "new": repeat.new,
+            "offered": offered, "right": right, "offered_elsewhere": elsewhere_offered,
+            "right_elsewhere": right_elsewhere, "wanted_elsewhere": 0, "wrong": wrong,
             "p50_ms": round(1000 * statistics.median(times), 3) if times else 0.0}
 
 
@@ -500,7 +556,8 @@ def main() -> int:
         out["model+refs:documents_composed"] = repository.documents
     if args.across_files:
         carried = across_files(args.git_dir, args.commits)
-        out["across_files"] = across_summary(carried)
+        out["across_files"] = across_summary([r for r in carried if r["kind"] == "rename"])
+        out["across_files_repeats"] = across_summary([r for r in carried if r["kind"] == "repeat"])
         rows += [dict(row, mode="across_files") for row in carried]
     print(json.dumps(out, indent=1))
     if args.json:

@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote, urlparse
 
 __all__ = ["CONTEXT", "CarriedRename", "Edit", "EditHistory", "ModelAnswer", "Prediction", "carried_rename",
-           "defines", "difference", "module_name", "next_use_elsewhere", "predict", "undone", "widened"]
+           "context_names", "defines", "difference", "module_name", "next_repeat_elsewhere",
+           "next_use_elsewhere", "predict", "repeat_elsewhere", "undone", "widened"]
 
 CONTEXT = 12  # characters of the edited line each side of the edit that a repeat must match first
 # The neighbours (left, right) a repeat tries in turn: both sides, then one, then none.
@@ -392,15 +393,16 @@ def _whole_line_rename(text: str, pattern: re.Pattern, found: tuple[int, int], d
     return Prediction(found[0], end, "".join(pieces), "rename")
 
 
-def _next_repeat(last: Edit, text: str, cursor: int, done: tuple[int, int]) -> Prediction | None:
+def _next_repeat(last: Edit, text: str, cursor: int, done: tuple[int, int],
+                 levels: Sequence[tuple[int, int]] = _NEIGHBOURS) -> Prediction | None:
     """The same change where the same text stands between the same neighbours, the widest that
-    match first."""
+    match first (of `levels`: characters left and right)."""
     old, new, start, before = last.old, last.new, last.start, last.before
     line_start = before.rfind("\n", 0, start) + 1
     line_end = before.find("\n", start + len(old))
     line_end = len(before) if line_end < 0 else line_end
     word = bool(_IDENT.fullmatch(old))
-    for left_size, right_size in _NEIGHBOURS:
+    for left_size, right_size in levels:
         if not old and not left_size and not right_size:
             break  # an insertion needs neighbours to say where it goes
         left = before[max(line_start, start - left_size) : start] if left_size else ""
@@ -613,6 +615,49 @@ def carried_rename(history: EditHistory, uri: str) -> CarriedRename | None:
         if alias in modules:
             return CarriedRename(old, new, (modules[alias],), at_definition=False)
     return None
+
+
+# A repeat goes to another file only between its full neighbours on both sides (placed so, 76% of
+# the in-file offers are right on real histories; 39% with 6 characters each side, 7-32% with one
+# side or none).
+_ELSEWHERE_LEVELS = ((CONTEXT, CONTEXT),)
+
+
+def repeat_elsewhere(history: EditHistory, uri: str) -> Edit | None:
+    """The document's last edit when it is a change to repeat in other files (an edit within a line
+    that is no rename, was not undone and is not in an import, with no place left for it in its own
+    file); else None."""
+    edits, text = history.edits(uri), history.text(uri)
+    if not edits or text is None:
+        return None
+    last = edits[-1]
+    if not last.before or "\n" in last.old + last.new or _rename(last) is not None:
+        return None
+    if undone(edits[:-1], last.old, last.new) or not (last.old + last.new).strip():
+        return None
+    imports = [m.span() for pattern in (_FROM_IMPORT, _IMPORT) for m in pattern.finditer(last.before)]
+    if any(start <= last.start <= end for start, end in imports):
+        return None  # a name added to an import: each file imports what it needs
+    done = (last.start, last.start + len(last.new))
+    return last if _next_repeat(last, text, 0, done) is None else None
+
+
+def next_repeat_elsewhere(edit: Edit, text: str) -> Prediction | None:
+    """The first place in another file's `text` where `edit` (a `repeat_elsewhere`) applies: the same
+    text between the same neighbours on both sides, every line of the file in order."""
+    return _next_repeat(edit, text, 0, (-1, -1), _ELSEWHERE_LEVELS)
+
+
+def context_names(edit: Edit) -> list[str]:
+    """The names on `edit`'s line, nearest to it first: what the files it may be repeated in use
+    (the server asks its index which files those are)."""
+    before, start, end = edit.before, edit.start, edit.start + len(edit.old)
+    line_start = before.rfind("\n", 0, start) + 1
+    line_end = before.find("\n", end)
+    line = before[line_start : len(before) if line_end < 0 else line_end]
+    found = [(max(line_start + m.start() - end, start - line_start - m.end(), 0), m.group())
+             for m in _IDENT.finditer(line)]
+    return [name for _, name in sorted(found) if not keyword.iskeyword(name)]
 
 
 def defines(text: str, name: str) -> bool:

@@ -4,13 +4,14 @@ The server keeps each open document's recent edits in memory (`context.next_edit
 by didOpen / didChange / didClose through the document listeners; never stored) and answers with
 the deterministic path's prediction: the last edit's rename or repeat, carried to where it applies
 next (docs/protocol.md); a rename with no use left in its file goes on in the next other file that
-takes part (`elsewhere`: the open documents, then the files the index says use the old name; the
-answer's `textDocument` is then that file's); or with `completion.next_edit_model` the model
-path's, which reads the edits, the region around the cursor and the definitions a completion there
-would read (Squid caches composed in front of its prompt). With feedback recording on, each offered
-edit is a `next_edit` episode whose accept command (`squidcode.completion.accept`) starts following
-the edited region to the same keep/revert checkpoints as a completion. `line_edit` is the same prediction for
-`textDocument/inlineCompletion` when it lies on the cursor's line (`features.inline_completion`).
+takes part, and so does a repeat with no place left (`elsewhere`: the open documents, then the
+files the index says use the names; the answer's `textDocument` is then that file's); or with
+`completion.next_edit_model` the model path's, which reads the edits, the region around the cursor
+and the definitions a completion there would read (Squid caches composed in front of its prompt).
+With feedback recording on, each offered edit is a `next_edit` episode whose accept command
+(`squidcode.completion.accept`) starts following the edited region to the same keep/revert
+checkpoints as a completion. `line_edit` is the same prediction for `textDocument/inlineCompletion`
+when it lies on the cursor's line (`features.inline_completion`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ from context.next_edit import (
     EditHistory,
     Prediction,
     carried_rename,
+    context_names,
     defines,
+    next_repeat_elsewhere,
     next_use_elsewhere,
     predict,
+    repeat_elsewhere,
     widened,
 )
 from context.next_edit_model import predict_with_model
@@ -133,49 +137,63 @@ ELSEWHERE_FILES = 200
 
 
 def elsewhere(ls: SquidServer, uri: str) -> tuple[str, str, int | None, Prediction] | None:
-    """The rename just made in `uri` carried to the next other file that takes part in it
-    (`context.next_edit.carried_rename`): (its uri, its text, its version when open, the edit); None
-    when the edit is no such rename or no file is left. Open documents first (as the editor holds
-    them), then, by path, the workspace files the index says use or define the old name. A rename
-    of an imported name goes on only when the project defines it (an open file or the index).
-    Runs off the event loop (it reads files)."""
-    rename = carried_rename(ls.edit_history, uri)
-    if rename is None:
-        return None
+    """The edit just made in `uri` carried to the next other file it applies in: (that file's uri,
+    its text, its version when open, the edit); None when there is none. A rename other modules see
+    (`context.next_edit.carried_rename`) goes to the files that import the name or define it; a
+    repeat with no place left in its file (`repeat_elsewhere`) to the same text between the same
+    neighbours in a file of the same kind. Open documents first (as the editor holds them), then, by
+    path, the workspace files the index says use (or define) the names. A rename of an imported
+    name goes on only when the project defines it (an open file or the index). Runs off the event
+    loop (it reads files)."""
     here = to_fs_path(uri)
     documents = [(other, to_fs_path(other) or other, document)
                  for other, document in list(ls.workspace.text_documents.items())]
-    # The open files that hold the new name (where the developer has been renaming) say which modules
-    # it comes from: a rename carried on from a file that imports it reaches that module's importers.
-    rename = widened(rename, [(path, document.source) for _, path, document in documents])
-    paths, defining = [], set()
+    rename = carried_rename(ls.edit_history, uri)
+    repeat = repeat_elsewhere(ls.edit_history, uri) if rename is None else None
+    if rename is None and repeat is None:
+        return None
     service = ls.index_service
+    paths, defining = set(), set()
+    if rename is not None:
+        # The open files that hold the new name (where the developer has been renaming) say which
+        # modules it comes from: a rename carried on from a file that imports it reaches their importers.
+        rename = widened(rename, [(path, document.source) for _, path, document in documents])
+        names = [rename.old]
+    else:
+        names = context_names(repeat)[:3]  # the call or attribute the change sits in, nearest first
     if service is not None:
         try:
-            # The files that use the old name, and those that define it (a use renamed first: the
-            # way back to its definition).
-            paths = service.store.paths_referencing(rename.old, ELSEWHERE_FILES)
-            names = (rename.old, rename.new)
-            defining = {row.path for row in service.store.symbols_named(list(names), ELSEWHERE_FILES)
-                        if row.name in names}
+            for name in names:
+                paths.update(service.store.paths_referencing(name, ELSEWHERE_FILES))
+            if rename is not None:  # and where it is defined (a use renamed first: the way back)
+                pair = (rename.old, rename.new)
+                defining = {row.path for row in service.store.symbols_named(list(pair), ELSEWHERE_FILES)
+                            if row.name in pair}
         except Exception as exc:  # noqa: BLE001 - an unreadable index costs the suggestion, not the request
-            log.warning("next edit: the index could not say which files use %s: %s", rename.old, exc)
-    python = [document.source for _, path, document in documents if path.endswith((".py", ".pyi"))]
-    if not rename.at_definition and not defining and not any(
-            defines(source, name) for source in python for name in (rename.old, rename.new)):
+            log.warning("next edit: the index could not say which files use %s: %s", names, exc)
+    if rename is not None and not rename.at_definition and not defining and not any(
+            defines(document.source, name) for _, path, document in documents
+            if path.endswith((".py", ".pyi")) for name in (rename.old, rename.new)):
         return None  # an imported name the project does not define (`typing.Dict`): not its rename
+    kind = (".py", ".pyi") if rename is not None else (Path(here or uri).suffix or "\0",)
+
+    def find(text: str, path: str) -> Prediction | None:
+        if rename is not None:
+            return next_use_elsewhere(rename, text, path)
+        return next_repeat_elsewhere(repeat, text)
+
     open_paths = set()
     for other, path, document in documents:
         open_paths.add(path)
-        if other == uri or path == here or not path.endswith((".py", ".pyi")):
+        if other == uri or path == here or not path.endswith(kind):
             continue
-        found = next_use_elsewhere(rename, document.source, path)
+        found = find(document.source, path)
         if found is not None:
             return other, document.source, document.version, found
     limit = service.config.max_file_bytes if service is not None else 0
     roots = [root.resolve() for root in ls.workspace_roots]
-    for path in sorted(set(paths) | defining):
-        if path in open_paths or path == here or not path.endswith((".py", ".pyi")):
+    for path in sorted(paths | defining):
+        if path in open_paths or path == here or not path.endswith(kind):
             continue
         if not any(Path(path).resolve().is_relative_to(root) for root in roots):
             continue  # made a link out of the workspace since it was indexed: never read, never edited
@@ -187,7 +205,7 @@ def elsewhere(ls: SquidServer, uri: str) -> tuple[str, str, int | None, Predicti
             continue  # gone, unreadable or not text since it was indexed
         if len(data) > limit or "\0" in text:
             continue
-        found = next_use_elsewhere(rename, text, path)
+        found = find(text, path)
         if found is not None:
             return from_fs_path(path), text, None, found
     return None

@@ -223,6 +223,10 @@ PACKAGE = {
                          "    due = total(cart.items)\n    return due, report(cart.items)\n"),
     "shop/receipt.py": ("import shop.report as rep\n\n\ndef print_receipt(cart):\n"
                         "    print(rep.total(cart.items))\n"),
+    "net/conn.py": "def connect(host, timeout):\n    return (host, timeout)\n\n\ndef reconnect(host):\n"
+                   "    return connect(host, timeout=5)\n",
+    "net/pool.py": ("from net.conn import connect\n\n\ndef open_pool(host):\n"
+                    "    return [connect(host, timeout=5)]\n"),
     # Its own `total`, imported from nowhere: another function of the same name.
     "shop/tax.py": "def total(amounts):\n    return sum(amounts)\n\n\ndef with_tax(amounts):\n"
                    "    return total(amounts) * 1.2\n",
@@ -353,3 +357,31 @@ async def test_a_rename_never_goes_to_a_file_outside_the_workspace(shop_client: 
         (project / rel).symlink_to(copy)
     assert await ask() == []
     assert (outside / "checkout.py").read_text() == PACKAGE["shop/checkout.py"]
+
+
+async def test_a_change_with_no_place_left_in_its_file_goes_to_another_file_with_the_same_call(
+        shop_client: LanguageClient):
+    client, project = shop_client, shop_client.project
+
+    async def indexed():
+        return bool(await client.workspace_symbol_async(types.WorkspaceSymbolParams(query="open_pool")))
+
+    await wait_for(indexed, timeout=60)
+    uri = (project / "net/conn.py").as_uri()
+    text = PACKAGE["net/conn.py"]
+    client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
+        uri=uri, language_id="python", version=1, text=text)))
+    line = text.splitlines().index("    return connect(host, timeout=5)")
+    at = len("    return connect(host, timeout=")
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        content_changes=[types.TextDocumentContentChangePartial(
+            range=types.Range(types.Position(line, at), types.Position(line, at + 1)), text="10")]))
+    result = await client.protocol.send_request_async(NEXT_EDIT, {
+        "textDocument": {"uri": uri, "version": 2}, "position": {"line": line, "character": at + 2}})
+    (edit,) = plain(result)["edits"]
+    pool = PACKAGE["net/pool.py"]
+    assert edit["textDocument"]["uri"].endswith("/net/pool.py") and edit["kind"] == "repeat"
+    row = pool.splitlines()[edit["range"]["start"]["line"]]
+    start, end = edit["range"]["start"]["character"], edit["range"]["end"]["character"]
+    assert row[:start] + edit["newText"] + row[end:] == "    return [connect(host, timeout=10)]"

@@ -94,3 +94,32 @@ def test_a_rename_across_files_is_followed_and_judged_against_the_commit(tmp_pat
     assert row["wanted_elsewhere"] == 3
     summary = across_summary(rows)
     assert summary["right_elsewhere"] == 1.0 and summary["recall_elsewhere"] == 1.0
+
+
+def test_a_repeat_across_files_is_followed_and_a_wrong_offer_ends_the_chain(tmp_path):
+    """A commit changes `timeout=5` to `timeout=10` in one call of conn.py and in pool.py, but not in
+    the same call in retry.py: the chain offers pool.py's (right), then retry.py's (wrong: the
+    commit left it) and stops there."""
+    from bench.bench_next_edit import across_files, across_summary
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    call = "    return connect(host, timeout=5)\n"
+    files = {"conn.py": "def reconnect(host):\n" + call, "retry.py": "def retry(host):\n" + call,
+             "pool.py": "def pool(host):\n" + call}
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    for rel, text in files.items():
+        (tmp_path / rel).write_text(text)
+    git("add", ".")
+    git("commit", "-qm", "net")
+    for rel in ("conn.py", "pool.py"):
+        (tmp_path / rel).write_text(files[rel].replace("timeout=5", "timeout=10"))
+    git("commit", "-qam", "longer timeout")
+    rows = [r for r in across_files(tmp_path / ".git", 10) if r["kind"] == "repeat"]
+    (row,) = [r for r in rows if r["path"] == "conn.py"]
+    assert (row["offered_elsewhere"], row["right_elsewhere"]) == (2, 1)
+    assert row["wrong"]["path"] == "retry.py"
+    assert across_summary([row])["right_elsewhere"] == 0.5

@@ -409,6 +409,27 @@ def test_from_an_importer_the_rename_goes_back_to_its_definition_and_on_through_
     assert _applied(again, found) == "from .core import subtotal\n"
 
 
+def test_a_change_with_no_place_left_in_its_file_goes_to_the_same_text_between_the_same_neighbours():
+    from context.next_edit import context_names, next_repeat_elsewhere, repeat_elsewhere
+
+    code = "client = connect(host, timeout=5)\n"
+    history = _rename_at(code, code.index("5"), "5", "10")
+    edit = repeat_elsewhere(history, "r.py")
+    assert edit is not None and context_names(edit)[:3] == ["timeout", "host", "connect"]
+    other = "a = connect(other, retries=5)\nb = connect(host, timeout=5)\n"
+    found = next_repeat_elsewhere(edit, other)
+    assert _applied(other, found) == other.replace("timeout=5", "timeout=10")
+    # Only between neighbours on both sides: `timeout=5` alone, on a line unlike it, is not enough.
+    assert next_repeat_elsewhere(edit, "limit(timeout=5, x)\n") is None
+    # Not while its own file has a place left for it, nor for a rename (which goes its own way).
+    two = code + "backup = connect(host, timeout=5)\n"
+    assert repeat_elsewhere(_rename_at(two, two.index("5"), "5", "10"), "r.py") is None
+    assert repeat_elsewhere(_rename_at(code, code.index("host"), "host", "server"), "r.py") is None
+    # A name added to an import is no change for other files: each imports what it needs.
+    imports = "from shop.report import total\n\nprint(total)\n"
+    assert repeat_elsewhere(_rename_at(imports, imports.index("\n"), "", ", subtotal"), "r.py") is None
+
+
 # -- the model path (context/next_edit_model.py) ---------------------------------------------------
 
 def _renamed():
