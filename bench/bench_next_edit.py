@@ -376,27 +376,41 @@ def _carried_case(git_dir, sha, diff, tree, touched, path, changes, max_steps) -
             break
     else:
         return None
-    if repeat is not None:
-        return _repeat_chain(git_dir, sha, tree, touched, path, history, uri, cursor, repeat, max_steps)
-    texts: dict[str, str] = {}
+    files = _CommitFiles(git_dir, sha, touched)
+    if repeat is None:
+        return _rename_chain(files, diff, tree, touched, path, history, uri, cursor, rename, max_steps)
+    return _repeat_chain(files, tree, path, history, uri, cursor, repeat, max_steps)
 
-    def text_of(name: str) -> str:
-        if name not in texts:
-            texts[name] = git(git_dir, "show", f"{sha}^:{name}")
-        return texts[name]
 
-    after_lines: dict[str, set[str]] = {}
+class _CommitFiles:
+    """A commit's files as they were before it (`text`) and the lines of those it changed after it
+    (`after`: empty for a file it left alone), each read from git once."""
 
-    def after_of(name: str) -> set[str]:
-        if name not in after_lines:
-            after_lines[name] = set(git(git_dir, "show", f"{sha}:{name}").splitlines()) if name in touched \
+    def __init__(self, git_dir: Path, sha: str, touched: set[str]):
+        self.git_dir, self.sha, self.touched = git_dir, sha, touched
+        self._texts: dict[str, str] = {}
+        self._after: dict[str, set[str]] = {}
+
+    def text(self, name: str) -> str:
+        if name not in self._texts:
+            self._texts[name] = git(self.git_dir, "show", f"{self.sha}^:{name}")
+        return self._texts[name]
+
+    def after(self, name: str) -> set[str]:
+        if name not in self._after:
+            changed = name in self.touched
+            self._after[name] = set(git(self.git_dir, "show", f"{self.sha}:{name}").splitlines()) if changed \
                 else set()
-        return after_lines[name]
+        return self._after[name]
 
-    word = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(rename.old) + r"(?![A-Za-z0-9_])")
-    candidates = [name for name in tree if name != path and word.search(text_of(name))]
-    project_defines = any(defines(text_of(name), rename.old) for name in candidates)  # what the index says
-    wanted = sum(_renamed_lines(diff, name, rename.old, rename.new) for name in touched if name != path)
+
+def _follow(files: _CommitFiles, history: EditHistory, uri: str, path: str, cursor: int,
+            candidates: list[str], find, max_steps: int) -> dict:
+    """The chain of next edits from `path`'s last edit, as a user pressing Tab: the file's own next
+    edit, else `find(current uri, file names to try in order, opened)` -> (edit, file name) in
+    another file (those the chain has been to first, as open documents, then `candidates`); each
+    offer is applied while it is right (the line it makes is a line of that file after the commit)
+    and the chain stops at the first wrong one."""
     opened = {path: uri}  # the files the chain has been to: open documents, searched first
     offered = right = right_elsewhere = elsewhere_offered = 0
     wrong = None  # the offer that ended the chain, when a wrong one did
@@ -405,27 +419,18 @@ def _carried_case(git_dir, sha, diff, tree, touched, path, changes, max_steps) -
         began = time.perf_counter()
         found, target = predict(history, current_uri, cursor), current_path
         if found is None:
-            carried = carried_rename(history, current_uri)
-            found, target = None, None
-            if carried is not None and (carried.at_definition or project_defines):
-                carried = widened(carried, [(n, history.text(u)) for n, u in opened.items()])
-                order = [n for n in opened if n != current_path] + [n for n in candidates if n not in opened]
-                for name in order:
-                    text = history.text(opened[name]) if name in opened else text_of(name)
-                    found = next_use_elsewhere(carried, text, name)
-                    if found is not None:
-                        target = name
-                        break
+            order = [n for n in opened if n != current_path] + [n for n in candidates if n not in opened]
+            found, target = find(current_uri, order, opened)
         times.append(time.perf_counter() - began)
         if found is None:
             break
         if target not in opened:
             opened[target] = f"file:///repo/{target}"
-            history.open(opened[target], text_of(target))
+            history.open(opened[target], files.text(target))
         text = history.text(opened[target])
         made = text[: found.start] + found.text + text[found.end :]
         line = _line_at(made, found.start)
-        good = line in after_of(target) and line != _line_at(text, found.start)
+        good = line in files.after(target) and line != _line_at(text, found.start)
         offered += 1
         elsewhere_offered += target != path
         if not good:
@@ -435,58 +440,56 @@ def _carried_case(git_dir, sha, diff, tree, touched, path, changes, max_steps) -
         right_elsewhere += target != path
         history.change(opened[target], found.start, found.end, found.text)
         current_uri, current_path, cursor = opened[target], target, found.start + len(found.text)
-    return {"commit": sha[:10], "path": path, "kind": "rename", "old": rename.old, "new": rename.new,
-            "offered": offered, "right": right, "offered_elsewhere": elsewhere_offered,
-            "right_elsewhere": right_elsewhere, "wanted_elsewhere": wanted, "wrong": wrong,
+    return {"offered": offered, "right": right, "offered_elsewhere": elsewhere_offered,
+            "right_elsewhere": right_elsewhere, "wrong": wrong,
             "p50_ms": round(1000 * statistics.median(times), 3) if times else 0.0}
 
 
-def _repeat_chain(git_dir, sha, tree, touched, path, history, uri, cursor, repeat, max_steps) -> dict:
-    """A repeat with no place left in its file, followed as `_carried_case` follows a rename: to the
-    files (in path order) that hold the names around the change, as the server asks its index."""
+def _first_in(order: list[str], history: EditHistory, opened: dict[str, str], files: _CommitFiles, place):
+    """(the first edit `place(text, name)` finds in the files of `order`, that file), or (None, None)."""
+    for name in order:
+        text = history.text(opened[name]) if name in opened else files.text(name)
+        found = place(text, name)
+        if found is not None:
+            return found, name
+    return None, None
+
+
+def _rename_chain(files, diff, tree, touched, path, history, uri, cursor, rename, max_steps) -> dict:
+    word = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(rename.old) + r"(?![A-Za-z0-9_])")
+    candidates = [name for name in tree if name != path and word.search(files.text(name))]
+    project_defines = any(defines(files.text(name), rename.old) for name in candidates)  # what the index says
+    wanted = sum(_renamed_lines(diff, name, rename.old, rename.new) for name in touched if name != path)
+
+    def find(current_uri, order, opened):
+        carried = carried_rename(history, current_uri)
+        if carried is None or not (carried.at_definition or project_defines):
+            return None, None
+        carried = widened(carried, [(n, history.text(u)) for n, u in opened.items()])
+        return _first_in(order, history, opened, files,
+                         lambda text, name: next_use_elsewhere(carried, text, name))
+
+    chain = _follow(files, history, uri, path, cursor, candidates, find, max_steps)
+    return {"commit": files.sha[:10], "path": path, "kind": "rename", "old": rename.old, "new": rename.new,
+            **chain, "wanted_elsewhere": wanted}
+
+
+def _repeat_chain(files, tree, path, history, uri, cursor, repeat, max_steps) -> dict:
+    """A repeat with no place left in its file, followed as a rename is: to the files (in path
+    order) that hold the names around the change, as the server asks its index."""
     names = [re.compile(r"(?<![A-Za-z0-9_])" + re.escape(n) + r"(?![A-Za-z0-9_])")
              for n in context_names(repeat)[:3]]
-    texts = {name: git(git_dir, "show", f"{sha}^:{name}") for name in tree if name != path}
-    candidates = [name for name, text in texts.items() if any(word.search(text) for word in names)]
-    opened, current_uri, current_path = {path: uri}, uri, path
-    offered = right = elsewhere_offered = right_elsewhere = 0
-    wrong, times = None, []
-    for _ in range(max_steps):
-        began = time.perf_counter()
-        found, target = predict(history, current_uri, cursor), current_path
-        if found is None:
-            edit, target = repeat_elsewhere(history, current_uri), None
-            for name in ([n for n in opened if n != current_path] + [n for n in candidates if n not in opened]
-                         if edit is not None else []):
-                text = history.text(opened[name]) if name in opened else texts[name]
-                found = next_repeat_elsewhere(edit, text)
-                if found is not None:
-                    target = name
-                    break
-        times.append(time.perf_counter() - began)
-        if found is None:
-            break
-        if target not in opened:
-            opened[target] = f"file:///repo/{target}"
-            history.open(opened[target], texts[target])
-        text = history.text(opened[target])
-        made = text[: found.start] + found.text + text[found.end :]
-        line = _line_at(made, found.start)
-        after = set(git(git_dir, "show", f"{sha}:{target}").splitlines()) if target in touched else set()
-        good = line in after and line != _line_at(text, found.start)
-        offered += 1
-        elsewhere_offered += target != path
-        if not good:
-            wrong = {"path": target, "was": _line_at(text, found.start), "made": line}
-            break
-        right += 1
-        right_elsewhere += target != path
-        history.change(opened[target], found.start, found.end, found.text)
-        current_uri, current_path, cursor = opened[target], target, found.start + len(found.text)
-    return {"commit": sha[:10], "path": path, "kind": "repeat", "old": repeat.old, "new": repeat.new,
-            "offered": offered, "right": right, "offered_elsewhere": elsewhere_offered,
-            "right_elsewhere": right_elsewhere, "wanted_elsewhere": 0, "wrong": wrong,
-            "p50_ms": round(1000 * statistics.median(times), 3) if times else 0.0}
+    candidates = [name for name in tree if name != path and any(w.search(files.text(name)) for w in names)]
+
+    def find(current_uri, order, opened):
+        edit = repeat_elsewhere(history, current_uri)
+        if edit is None:
+            return None, None
+        return _first_in(order, history, opened, files, lambda text, name: next_repeat_elsewhere(edit, text))
+
+    chain = _follow(files, history, uri, path, cursor, candidates, find, max_steps)
+    return {"commit": files.sha[:10], "path": path, "kind": "repeat", "old": repeat.old, "new": repeat.new,
+            **chain, "wanted_elsewhere": 0}
 
 
 def across_summary(rows: list[dict]) -> dict:
