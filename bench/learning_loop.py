@@ -49,6 +49,7 @@ from pygls.exceptions import JsonRpcException  # noqa: E402
 from bench.simulated_user import (  # noqa: E402
     HELD_OUT_MODULES,
     TRAINING_MODULES,
+    UNTOUCHED_MODULES,
     USERS,
     Spot,
     copy_modules,
@@ -80,9 +81,10 @@ class Plan:
     user: str = "docstring"  # the simulated user's hidden preference (`simulated_user.USERS`)
     seed: int = 0  # train.seed: the trainer's sampling and shuffling
     task_set: str | None = None  # train.task_set: the gate's regression tasks (None: the bundled set)
+    gate_spots: int = 32  # train.gate_spots: the gate's spots in files no episode is about
 
 
-SHORT = Plan(rounds=1, train_spots=12, eval_spots=12, steps=4, agent=True)
+SHORT = Plan(rounds=1, train_spots=12, eval_spots=12, steps=4, agent=True, gate_spots=8)
 # The settings of the measured runs in docs/benchmarks.md, the user-by-seed matrix's (`./dev demo
 # --full` runs them).
 FULL = Plan(rounds=2, train_spots=48, eval_spots=40, steps=30, agent=False, learning_rate=2e-4)
@@ -114,6 +116,7 @@ threads = {threads or os.cpu_count() or 1}
 max_new_tokens = {plan.max_new_tokens}
 learning_rate = {plan.learning_rate}
 seed = {plan.seed}
+gate_spots = {plan.gate_spots}
 {f'task_set = "{plan.task_set}"' if plan.task_set else ""}
 """
 
@@ -368,10 +371,15 @@ async def agent_edit(data: Path) -> dict:
 
 async def run(plan: Plan, data: Path, device: str = "cpu", train_threads: int | None = None) -> dict:
     workspace = data / "workspace"
-    copy_modules(workspace, TRAINING_MODULES + HELD_OUT_MODULES)
+    copy_modules(workspace, TRAINING_MODULES + UNTOUCHED_MODULES)
+    # The held-out modules reach the server only as open buffers (never written to the workspace), so
+    # the gate, which looks for spots in the workspace's files, never sees them.
+    copy_modules(data / "held-out", HELD_OUT_MODULES)
     (workspace / ".squidcode.toml").write_text(workspace_config(data, plan, device, train_threads))
-    modules = TRAINING_MODULES + HELD_OUT_MODULES
-    spots = {name: find_spots((workspace / name).read_text(), name) for name in modules}
+    spots = {name: find_spots((workspace / name).read_text(), name) for name in TRAINING_MODULES
+             if (workspace / name).is_file()}
+    spots.update({name: find_spots((data / "held-out" / name).read_text(), name) for name in HELD_OUT_MODULES
+                  if (data / "held-out" / name).is_file()})
     train_spots = pick([s for m in TRAINING_MODULES for s in spots.get(m, [])], plan.train_spots)
     eval_spots = pick([s for m in HELD_OUT_MODULES for s in spots.get(m, [])], plan.eval_spots)
     report: dict = {"plan": plan.__dict__, "train_spots": len(train_spots), "eval_spots": len(eval_spots),
@@ -507,8 +515,11 @@ def plot_matrix(reports: list[dict], path: Path) -> bool:
         return False
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for report in reports:
-        rounds = [0] + [e["round"] for e in report["rounds"] if e["train"]["state"] == "promoted"]
-        ax.plot(rounds, [h["keep_rate"] for h in report["held_out"]], "o-",
+        keeps = [h["keep_rate"] for h in report["held_out"]]
+        rounds = [0] + [e.get("round") for e in report["rounds"] if e["train"].get("state") == "promoted"]
+        if len(rounds) != len(keeps) or None in rounds:  # a report that does not say which round promoted
+            rounds = list(range(len(keeps)))
+        ax.plot(rounds, keeps, "o-",
                 label=f"{report['plan']['user']} seed {report['plan']['seed']}")
     ax.set_xlabel("training round (promoted adapters)")
     ax.set_ylabel("held-out keep rate")
@@ -571,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task-set", type=Path,
                         help="train.task_set: verifiable tasks whose newest part is the gate's regression "
                              "set (default: the bundled set)")
+    parser.add_argument("--gate-spots", type=int,
+                        help="override train.gate_spots (the gate's spots in files no episode is about)")
     parser.add_argument("--out", type=Path, help="where the JSON report goes")
     parser.add_argument("--keep-data", action="store_true", help="keep the workspace, store and adapters")
     args = parser.parse_args(argv)
@@ -579,7 +592,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.eval_spots or plan.eval_spots, args.steps or plan.steps,
                 plan.agent and not args.no_agent, args.learning_rate or plan.learning_rate,
                 args.max_new_tokens or plan.max_new_tokens, args.user[0],
-                task_set=str(args.task_set.resolve()) if args.task_set else None)
+                task_set=str(args.task_set.resolve()) if args.task_set else None,
+                gate_spots=plan.gate_spots if args.gate_spots is None else args.gate_spots)
     if args.seeds is None and len(args.user) == 1 and not args.earlier:
         return run_one(plan, args)
     # The matrix: every user with every seed, each run a fresh workspace, store and trainer.

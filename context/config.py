@@ -266,6 +266,13 @@ class TrainConfig:
     # An adapter must change something: its KL from the model it would replace at least this, and
     # some greedy answer on the gate's examples different (identical answers are never promoted).
     promote_min_kl: float = field(default=1e-4, metadata=_range(0.0, 100.0))
+    # What the user would keep (`feedback.train.gate.keep_estimate`, with a learned preference) must
+    # rise by more than 0 and by at least this many standard errors of its paired gain.
+    promote_keep_margin: float = field(default=1.0, metadata=_range(0.0, 10.0))
+    # Spots the gate also scores by the learned preference: positions in the workspace's Python
+    # files that no recorded episode is about (a function's body, a statement), prompted as the
+    # server prompts there. 0: the held-out episodes alone.
+    gate_spots: int = field(default=32, metadata=_range(0, 10_000))
     # Verifiable tasks (JSON, see tests/data/grpo_tasks.json): the fixed regression set, and the
     # training data while the feedback store has no episodes. None: the bundled set.
     task_set: str | None = None

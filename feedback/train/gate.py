@@ -1,11 +1,24 @@
 """The promotion gate: evaluate an adapter on held-out episodes and a fixed regression set, and
 promote it only if it changes something (its greedy answers, and its KL from what it would replace),
-the reward holds (within a tolerance of the adapter it would replace) and its KL from the base model
-stays under a limit."""
+the user would keep more of what it shows than of what the adapter it would replace shows (by a
+margin above the noise of that estimate), the regression reward holds (within a tolerance) and its
+KL from the base model stays under a limit.
+
+What the user would keep is estimated per example (`keep_estimate`), from what the user did where
+that is known and from their learned preference where it is not: an answer equal to the text the
+user ended with at a held-out episode would have been kept; one equal to the answer they undid
+(reverted, or rewrote) would not; anything else, and every answer at a gate spot (a position in a
+file no episode is about, prompted as the server prompts it there), is scored by the learned
+P(kept). Nothing shown keeps nothing. The held-out reward (the training reward over the held-out
+episodes) did not predict what users keep (bench/gate_vs_keep.py: r = -0.10 over 39 promoted
+rounds), so it is reported, and it decides only when no preference could be learned.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import textwrap
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -14,7 +27,10 @@ from .dataset import TrainingExample
 from .policy import SampledGroup, example_prompt_ids, group_logprobs, reference_logprobs, sample_example
 from .trainer import RewardFn
 
-__all__ = ["EvalResult", "GateDecision", "decide_promotion", "eval_metrics", "evaluate"]
+__all__ = ["EvalResult", "GateDecision", "KeepEstimate", "decide_promotion", "eval_metrics", "evaluate",
+           "keep_estimate", "keep_estimates", "keep_gain"]
+
+GATE_SPOT = "gate_spot"  # `TrainingExample.verification["source"]` of a gate spot
 
 
 @dataclass(frozen=True)
@@ -47,9 +63,10 @@ def eval_metrics(result: EvalResult) -> dict:
 @torch.no_grad()
 def evaluate(
     model, tokenizer, examples: Sequence[TrainingExample], reward_fn: RewardFn, max_new_tokens: int,
-    *, adapter: bool = True, replaces: str | None = None,
+    *, adapter: bool = True, replaces: str | None = None, kl: bool = True,
 ) -> EvalResult:
-    """Greedy answers for `examples`, scored; `adapter=False` evaluates the base model (KL 0).
+    """Greedy answers for `examples`, scored; `adapter=False` evaluates the base model (KL 0), and
+    so does `kl=False` (the answers alone, no KL measured).
 
     `replaces`: the name of another adapter loaded beside the active one (the one in use), whose
     KL from the active adapter's answers becomes `change_kl`."""
@@ -60,7 +77,7 @@ def evaluate(
         prompt = example_prompt_ids(tokenizer, example)
         if adapter:
             group = sample_example(model, tokenizer, example, prompt, 1, max_new_tokens, temperature=0.0)
-            kls.append(_k3_kl(model, group))
+            kls.append(_k3_kl(model, group) if kl else 0.0)
             if replaces is not None:
                 changes.append(_k3_kl_from_adapter(model, group, replaces))
         else:
@@ -72,6 +89,78 @@ def evaluate(
     change_kl = sum(changes) / len(changes) if changes else None
     return EvalResult(sum(rewards) / len(rewards), sum(kls) / len(kls), len(examples), tuple(outputs),
                       change_kl)
+
+
+def _norm(text: str) -> str:
+    """A text as the user sees it: trailing blanks and blank lines at either end dropped, and the
+    first line's indentation (the cursor's, which an answer may or may not repeat)."""
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if not lines:
+        return ""
+    lines[0] = lines[0].lstrip()
+    return "\n".join(lines)
+
+
+def keep_estimate(answer: str, example: TrainingExample,
+                  preference: Callable[[str], float] | None) -> tuple[float | None, str]:
+    """(how likely the user keeps `answer` as shown at `example`, how that was decided): "silent"
+    (nothing shown: 0), "kept" (the text the user ended with there: 1), "undone" (the answer they
+    reverted or rewrote there: 0), "estimated" (the learned preference's P(kept)), or "unknown"
+    (None: no preference). A gate spot has no outcome: the preference alone decides."""
+    shown = _norm(answer)
+    if not shown:
+        return 0.0, "silent"
+    if example.verification.get("source") != GATE_SPOT:
+        if example.kept_text is not None and shown == _norm(example.kept_text):
+            return 1.0, "kept"
+        undone = example.reverted_text if example.reverted else (
+            example.output if example.output is not None and example.kept_text is not None
+            and _norm(example.output) != _norm(example.kept_text) else None)
+        if undone is not None and shown == _norm(undone):
+            return 0.0, "undone"
+    if preference is None:
+        return None, "unknown"
+    return preference(textwrap.dedent(answer)), "estimated"
+
+
+@dataclass(frozen=True)
+class KeepEstimate:
+    """`keep_estimate` over a model's greedy answers, one per example in order."""
+
+    scores: tuple[float | None, ...]
+    kinds: tuple[str, ...]
+
+    @property
+    def mean(self) -> float:
+        known = [s for s in self.scores if s is not None]
+        return sum(known) / len(known) if known else 0.0
+
+    def counts(self) -> dict[str, int]:
+        return {kind: self.kinds.count(kind) for kind in sorted(set(self.kinds))}
+
+
+def keep_estimates(outputs: Sequence[str], examples: Sequence[TrainingExample],
+                   preference: Callable[[str], float] | None) -> KeepEstimate:
+    pairs = [keep_estimate(answer, ex, preference) for answer, ex in zip(outputs, examples, strict=True)]
+    return KeepEstimate(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
+
+
+def keep_gain(candidate: KeepEstimate, baseline: KeepEstimate) -> tuple[float, float, int]:
+    """(mean gain, its standard error, examples compared): paired over the examples both answers
+    could be judged at."""
+    diffs = [c - b for c, b in zip(candidate.scores, baseline.scores, strict=True)
+             if c is not None and b is not None]
+    if not diffs:
+        return 0.0, 0.0, 0
+    mean = sum(diffs) / len(diffs)
+    if len(diffs) < 2:
+        return mean, math.inf, 1
+    variance = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
+    return mean, math.sqrt(variance / len(diffs)), len(diffs)
 
 
 def _k3(logps: torch.Tensor, ref: torch.Tensor, group: SampledGroup) -> float:
@@ -118,10 +207,14 @@ def _change(
 def decide_promotion(
     candidate: EvalResult, baseline: EvalResult, candidate_regression: EvalResult,
     baseline_regression: EvalResult, *, tolerance: float, max_kl: float, min_kl: float = 0.0,
+    keep: tuple[KeepEstimate, KeepEstimate] | None = None, keep_margin: float = 1.0,
 ) -> GateDecision:
     """Promote only when the candidate changes something (some greedy answer differs from the
-    baseline's, and its KL from what it would replace is at least `min_kl`), both rewards hold
-    within `tolerance`, and the KL from the base model is at most `max_kl`."""
+    baseline's, and its KL from what it would replace is at least `min_kl`), the regression reward
+    holds within `tolerance`, the KL from the base model is at most `max_kl`, and the user would
+    keep more: with `keep` ((candidate, baseline) estimates), a mean gain above 0 and at least
+    `keep_margin` standard errors of it; without (no preference learned), the held-out reward
+    holding within `tolerance`."""
     reasons = []
     same, compared, change_kl = _change(candidate, baseline, candidate_regression, baseline_regression)
     if same is not None and compared and same == compared:
@@ -129,7 +222,16 @@ def decide_promotion(
     elif change_kl < min_kl:
         reasons.append(f"no change: KL {change_kl:.2g} from the model it would replace < {min_kl:g} "
                        "(train.promote_min_kl)")
-    if candidate.mean_reward < baseline.mean_reward - tolerance:
+    gain = se = compared_keep = None
+    if keep is not None:
+        gain, se, compared_keep = keep_gain(*keep)
+        if compared_keep == 0:
+            reasons.append("no answer the user's keeping could be judged at")
+        elif gain <= 0 or gain < keep_margin * se:
+            reasons.append(f"kept (estimated) {keep[0].mean:.3f} against {keep[1].mean:.3f}: a gain of "
+                           f"{gain:+.3f} is not above {keep_margin:g} standard errors ({se:.3f}) over "
+                           f"{compared_keep} answers")
+    elif candidate.mean_reward < baseline.mean_reward - tolerance:
         reasons.append(
             f"held-out reward {candidate.mean_reward:.3f} < {baseline.mean_reward:.3f} - {tolerance}"
         )
@@ -144,8 +246,10 @@ def decide_promotion(
     if reasons:
         return GateDecision(False, tuple(reasons))
     changed = "" if same is None else f", outputs changed on {compared - same}/{compared} examples"
+    kept = "" if keep is None else (f"kept (estimated) {keep[0].mean:.3f} (was {keep[1].mean:.3f}, "
+                                    f"{gain:+.3f} +- {se:.3f} over {compared_keep} answers), ")
     return GateDecision(True, (
-        f"held-out reward {candidate.mean_reward:.3f} (was {baseline.mean_reward:.3f}), "
+        f"{kept}held-out reward {candidate.mean_reward:.3f} (was {baseline.mean_reward:.3f}), "
         f"regression {candidate_regression.mean_reward:.3f} (was {baseline_regression.mean_reward:.3f}), "
         f"KL {kl:.4f}{changed}",
     ))

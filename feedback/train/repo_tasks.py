@@ -41,7 +41,8 @@ from context.squid.references import select_definitions
 
 from .dataset import TrainingExample
 
-__all__ = ["Position", "repository_tasks", "split_files", "statement_positions", "workspace_tasks"]
+__all__ = ["Position", "body_positions", "repository_tasks", "split_files", "statement_positions",
+           "workspace_tasks"]
 
 COMPLETION_INSTRUCTION = "Continue the code at the cursor."
 # Statements whose line starts a block are asked for by their header only.
@@ -90,6 +91,29 @@ def statement_positions(text: str, max_lines: int) -> list[Position]:
     return [found[k] for k in sorted(found)]
 
 
+def body_positions(text: str) -> list[Position]:
+    """The bodies of a Python file's functions, each whole (docstring included): the cursor of a
+    developer about to write a function below its `def` line, in file order; [] when the file does
+    not parse."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return []
+    lines = text.splitlines()
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.body:
+            continue
+        first, last = node.body[0], node.body[-1]
+        start = first.lineno - 1
+        line = lines[start] if start < len(lines) else ""
+        indent = line[: len(line) - len(line.lstrip())]
+        if first.lineno == node.lineno or first.col_offset != len(indent) or not indent:
+            continue  # `def f(): return 1`, or a body that shares its line
+        found.append(Position(start, last.end_lineno or last.lineno, indent))
+    return sorted(found, key=lambda p: p.start)
+
+
 def _defines(document_text: str, name: str) -> bool:
     """Whether a definition document (`# path:line`, then the definition) defines `name` itself (its
     header's name, not a parameter or a method listed under it), at the top level of its module: a
@@ -106,17 +130,20 @@ def repository_tasks(
     completion: CompletionConfig = _COMPLETION, squid: SquidCacheConfig = _SQUID,
     roots: Iterable[Path] = (), per_file: int = 4, max_tasks: int = 64, seed: int = 0,
     require_reference: bool = True, label: Callable[[str], str] | None = None,
+    positions_of: Callable[[str], list[Position]] | None = None,
 ) -> list[TrainingExample]:
     """Up to `per_file` tasks from each of `files` ((path, text) pairs of Python files), at most
     `max_tasks` in all, picked at random (`seed`) among the statements a reference can help with
-    (all statements without `require_reference`). `symbols` is the index's `symbols_named`."""
+    (all statements without `require_reference`). `symbols` is the index's `symbols_named`.
+    `positions_of`: where the tasks may be in a file's text (default: `statement_positions`)."""
     rng = random.Random(seed)
     tasks: list[TrainingExample] = []
     roots = list(roots)
     for path, text in sorted(files):
         if len(tasks) >= max_tasks:
             break
-        positions = statement_positions(text, completion.max_lines)
+        positions = (statement_positions(text, completion.max_lines) if positions_of is None
+                     else positions_of(text))
         rng.shuffle(positions)
         taken = 0
         for position in positions:
@@ -199,11 +226,12 @@ def split_files(tasks: list[TrainingExample], holdout_fraction: float,
 
 def workspace_tasks(
     roots: list[Path], codec: Codec, *, index_path: Path | None = None, max_file_bytes: int = 200_000,
-    **options,
+    skip: Callable[[str], bool] = lambda path: False, **options,
 ) -> list[TrainingExample]:
     """`repository_tasks` over the Python files of a workspace, through its index: the server's
     (`context.index.indexer.default_index_path`) brought up to date first, or the one at
-    `index_path`. Paths in task groups are relative to their root."""
+    `index_path`; files whose path `skip` is true for are left out. Paths in task groups are
+    relative to their root."""
     from context.index.indexer import Indexer, default_index_path
     from context.index.store import IndexStore
 
@@ -214,7 +242,7 @@ def workspace_tasks(
         files = []
         rel = {}
         for row in store.all_files():
-            if row.language != "python" or row.size > max_file_bytes:
+            if row.language != "python" or row.size > max_file_bytes or skip(row.path):
                 continue
             try:
                 files.append((row.path, Path(row.path).read_text(encoding="utf-8")))

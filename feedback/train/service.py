@@ -267,8 +267,10 @@ def run_round(
         return RoundResult("stopped", trainer.step_count, registry.current_id(), message)
     write_status(paths.status, "evaluating", step=trainer.step_count, steps=target,
                  adapter=registry.current_id())
+    preference = fit.model.score if fit is not None and fit.model is not None else None
+    spots = gate_spots(config, runtime.tokenizer, roots, [*train, *held_out]) if preference else []
     decision, metrics = _gate(model, runtime.tokenizer, cfg, held_out, regression, promoted, decide_promotion,
-                              reward_fn)
+                              reward_fn, preference=preference, spots=spots)
     # Too few recorded episodes: the task set trained, and its regression part was the held-out set.
     metrics["data"] = {"source": "episodes" if from_episodes else "task set", "train": len(train),
                        "held_out": len(held_out), "regression": len(regression),
@@ -286,35 +288,94 @@ def run_round(
     return result
 
 
-def _gate(model, tokenizer, cfg: TrainConfig, held_out, regression, promoted, decide, reward_fn):
+def gate_spots(config: SquidConfig, tokenizer, roots: Sequence[Path],
+               examples: Sequence[TrainingExample]) -> list[TrainingExample]:
+    """Up to `train.gate_spots` spots for the gate, from the workspace's Python files that none of
+    the recorded `examples` is about: a function's body or a statement hidden, the cursor where it
+    starts, prompted as the server prompts there (its window, its Squid references). They have no
+    outcome; the learned preference scores the answers there (`gate.keep_estimate`)."""
+    if config.train.gate_spots <= 0 or not roots:
+        return []
+    from pygls.uris import to_fs_path
+
+    from context.prompt_record import TokenizerCodec
+
+    from .gate import GATE_SPOT
+    from .repo_tasks import body_positions, statement_positions, workspace_tasks
+
+    worked = set()
+    for ex in examples:
+        if ex.group.startswith("file:") and not is_repository_task(ex):
+            worked.add(str(Path(to_fs_path(ex.group.split("#", 1)[0]) or "").absolute()))
+    squid = config.squid if config.squid.enabled else replace(config.squid, max_documents=0)
+    max_lines = config.completion.max_lines
+
+    def positions(text: str):
+        return body_positions(text) + statement_positions(text, max_lines)
+
+    tasks = workspace_tasks(list(roots), TokenizerCodec(tokenizer), completion=config.completion, squid=squid,
+                            max_tasks=config.train.gate_spots, seed=config.train.seed, per_file=3,
+                            require_reference=False, positions_of=positions,
+                            skip=lambda path: str(Path(path).absolute()) in worked)
+    log.info("gate spots: %d in files no episode is about (%d files with episodes)", len(tasks), len(worked))
+    return [replace(t, id=f"spot-{t.id}", verification={**t.verification, "source": GATE_SPOT})
+            for t in tasks]
+
+
+def _gate(model, tokenizer, cfg: TrainConfig, held_out, regression, promoted, decide, reward_fn, *,
+          preference: Callable[[str], float] | None = None, spots: Sequence[TrainingExample] = ()):
     """Held-out episodes are scored as training scores them; the regression tasks by their tests
-    and solutions alone (the user's preference is not what they check)."""
-    from .gate import eval_metrics, evaluate
+    and solutions alone (the user's preference is not what they check). With a learned
+    `preference`, what the user would keep of the answers at the held-out episodes and at `spots`
+    is estimated for both adapters (`gate.keep_estimate`) and decides."""
+    from .gate import eval_metrics, evaluate, keep_estimate, keep_estimates
+
+    def spot_keep(text: str, example: TrainingExample) -> float:
+        return keep_estimate(text, example, preference)[0] or 0.0
 
     def on(examples, adapter=True, replaces=None):
+        if examples is spots:  # scored by the preference alone; no KL: the episodes' say how far it moved
+            return evaluate(model, tokenizer, examples, spot_keep, cfg.max_new_tokens, adapter=adapter,
+                            kl=False)
         fn = task_reward if examples is regression else reward_fn
         return evaluate(model, tokenizer, examples, fn, cfg.max_new_tokens, adapter=adapter,
                         replaces=replaces)
 
     if promoted is None:
-        candidate, candidate_reg = on(held_out), on(regression)
+        candidate, candidate_reg, candidate_spots = on(held_out), on(regression), on(spots)
         baseline, baseline_reg = on(held_out, adapter=False), on(regression, adapter=False)
+        baseline_spots = on(spots, adapter=False)
     else:
         # The adapter in use now is the one to beat: load it beside the candidate and compare (the
         # candidate's KL from it says how much the round changed).
         model.load_adapter(str(promoted.path), adapter_name="baseline")
         try:
             candidate, candidate_reg = on(held_out, replaces="baseline"), on(regression, replaces="baseline")
+            candidate_spots = on(spots)
             model.set_adapter("baseline")
-            baseline, baseline_reg = on(held_out), on(regression)
+            baseline, baseline_reg, baseline_spots = on(held_out), on(regression), on(spots)
         finally:
             model.set_adapter("default")
             model.delete_adapter("baseline")
+    keep = None
+    if preference is not None:
+        judged = [*held_out, *spots]
+        keep = (keep_estimates([*candidate.outputs, *candidate_spots.outputs], judged, preference),
+                keep_estimates([*baseline.outputs, *baseline_spots.outputs], judged, preference))
     decision = decide(candidate, baseline, candidate_reg, baseline_reg, tolerance=cfg.promote_tolerance,
-                      max_kl=cfg.promote_max_kl, min_kl=cfg.promote_min_kl)
+                      max_kl=cfg.promote_max_kl, min_kl=cfg.promote_min_kl, keep=keep,
+                      keep_margin=cfg.promote_keep_margin)
     metrics = {"held_out": eval_metrics(candidate), "held_out_baseline": eval_metrics(baseline),
                "regression": eval_metrics(candidate_reg), "regression_baseline": eval_metrics(baseline_reg),
                "reasons": list(decision.reasons)}
+    if keep is not None:
+        from .gate import keep_gain
+
+        gain, se, compared = keep_gain(*keep)
+        metrics["keep"] = {"candidate": round(keep[0].mean, 4), "baseline": round(keep[1].mean, 4),
+                           "gain": round(gain, 4), "se": round(se, 4) if se != float("inf") else None,
+                           "compared": compared, "spots": len(spots), "episodes": len(held_out),
+                           "candidate_kinds": keep[0].counts(), "baseline_kinds": keep[1].counts()}
     return decision, metrics
 
 

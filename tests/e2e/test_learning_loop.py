@@ -31,6 +31,7 @@ def test_the_loop_records_the_users_decisions_trains_on_them_and_swaps_the_adapt
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "learning_loop.py"), "--rounds", "1", "--steps", "1",
          "--train-spots", "9", "--eval-spots", "3", "--no-agent", "--max-new-tokens", "16",
+         "--gate-spots", "4",
          "--train-threads", "1",  # the suite runs on two workers: a 2-thread pool on busy cores crawls
          "--task-set", str(task_set), "--out", str(out)],
         capture_output=True, text=True, timeout=900, cwd=REPO,
@@ -63,6 +64,14 @@ def test_the_loop_records_the_users_decisions_trains_on_them_and_swaps_the_adapt
         preference = gate["preference"]
         assert preference["kept"] + preference["not_kept"] >= gate["data"]["train"]
         assert preference["reason"]
+        # With a preference that predicts the user, what they would keep decides (held-out episodes and
+        # gate spots in files no episode is about); without one, the held-out reward does.
+        if preference["enabled"]:
+            keep = gate["keep"]
+            assert keep["episodes"] == gate["data"]["held_out"] and 0 < keep["spots"] <= 4
+            assert keep["compared"] == keep["episodes"] + keep["spots"]
+        else:
+            assert "keep" not in gate
     assert gate["held_out"]["n"] >= 1 and gate["regression"]["n"] == 1  # the task set's newest
     if train["state"] == "promoted":
         assert entry["swap_s"] >= 0

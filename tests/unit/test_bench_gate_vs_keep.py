@@ -23,6 +23,13 @@ REPORT = {
 
 def test_each_promoted_round_pairs_its_gate_change_with_the_keep_change_after_it():
     found = pairs(REPORT)
-    assert [r for r, _, _ in found] == [1, 2]
-    assert found[0][1:] == pytest.approx((0.136, -0.05)) and found[1][1:] == pytest.approx((-0.018, 0.15))
+    assert [r[0] for r in found] == [1, 2]
+    assert found[0][1:3] == pytest.approx((0.136, -0.05)) and found[1][1:3] == pytest.approx((-0.018, 0.15))
+    assert found[0][3] is None  # a gate that did not estimate what is kept
     assert pairs({"held_out": [], "rounds": REPORT["rounds"]}) == []
+
+
+def test_a_gate_that_estimated_what_is_kept_pairs_that_gain_too():
+    rounds = [dict(REPORT["rounds"][0], gate={"keep": {"gain": 0.12, "se": 0.04}}), *REPORT["rounds"][1:]]
+    found = pairs({**REPORT, "rounds": rounds})
+    assert found[0][3] == 0.12 and found[1][3] is None

@@ -4,10 +4,21 @@ its rewards is promoted. `evaluate` on a tiny model records the answers and both
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from feedback.train.dataset import TrainingExample
-from feedback.train.gate import EvalResult, decide_promotion, eval_metrics, evaluate
+from feedback.train.gate import (
+    GATE_SPOT,
+    EvalResult,
+    KeepEstimate,
+    decide_promotion,
+    eval_metrics,
+    evaluate,
+    keep_estimate,
+    keep_estimates,
+    keep_gain,
+)
 from feedback.train.policy import attach_lora
 
 from .conftest import tiny_model, tiny_tokenizer
@@ -111,3 +122,108 @@ def test_evaluate_measures_the_kl_from_the_adapter_it_would_replace():
     assert model.active_adapter == "default"
     assert candidate.mean_kl > 1e-3
     assert abs(candidate.change_kl - candidate.mean_kl) < 1e-5
+
+
+# What the user would keep: the gate's measure when a preference was learned.
+
+def episode(i: int, *, output: str, kept: str | None = None, reverted: bool = False) -> TrainingExample:
+    """A held-out completion episode as the store gives it: the answer served without the cursor's
+    indentation (`output`), the text the user ended with, with it (`kept_text`)."""
+    return TrainingExample(id=f"h{i}", created_at=i, instruction="", original="", output=output,
+                           kept_text=None if kept is None else "    " + kept, reverted=reverted,
+                           reverted_text="    " + output if reverted else None, prompt_text="def f():\n",
+                           prompt_lead="    ")
+
+
+def short(text: str) -> float:
+    """A preference standing in for a learned one: P(kept) falls with the number of lines."""
+    return 1.0 / len(text.strip().splitlines())
+
+
+KEPT = episode(0, output="return a + b", kept="return a + b")
+MODIFIED = episode(1, output="x = 1\n    return x", kept="x = 1")
+REVERTED = episode(2, output="return None\n    pass", reverted=True)
+SPOT = TrainingExample(id="spot-1", created_at=0, instruction="", original="", kept_text="    return a + b",
+                       verification={"source": GATE_SPOT})
+
+
+def test_an_answer_the_user_ended_with_is_kept_and_one_they_undid_is_not():
+    # The cursor's indentation and trailing blanks do not make an answer a different one.
+    assert keep_estimate("    return a + b\n", KEPT, short) == (1.0, "kept")
+    assert keep_estimate("x = 1", MODIFIED, short) == (1.0, "kept")  # what stood after their rewrite
+    assert keep_estimate("    x = 1\n    return x", MODIFIED, short) == (0.0, "undone")  # what they rewrote
+    assert keep_estimate("return None\n    pass", REVERTED, short) == (0.0, "undone")
+    assert keep_estimate("  \n", KEPT, short) == (0.0, "silent")  # nothing shown keeps nothing
+
+
+def test_an_answer_nobody_judged_is_scored_by_the_preference_or_not_at_all():
+    assert keep_estimate("return a - b\n    # two", KEPT, short) == (0.5, "estimated")
+    assert keep_estimate("raise ValueError", REVERTED, short) == (1.0, "estimated")
+    assert keep_estimate("raise ValueError", REVERTED, None) == (None, "unknown")
+    # A gate spot has no outcome: the code that stands there is not what a user kept.
+    assert keep_estimate("return a + b\n    # and more", SPOT, short) == (0.5, "estimated")
+    assert keep_estimate("return a + b", SPOT, short) == (1.0, "estimated")
+
+
+def test_the_gain_is_paired_over_the_answers_both_models_could_be_judged_at():
+    examples = [KEPT, MODIFIED, REVERTED]
+    candidate = keep_estimates(["return a + b", "x = 1", "raise ValueError"], examples, None)
+    served = ["return a + b", "x = 1\n    return x", "return None\n    pass"]
+    baseline = keep_estimates(served, examples, None)
+    assert candidate.scores == (1.0, 1.0, None) and candidate.counts() == {"kept": 2, "unknown": 1}
+    assert baseline.scores == (1.0, 0.0, 0.0)
+    gain, se, compared = keep_gain(candidate, baseline)
+    assert (gain, compared) == (0.5, 2) and se == pytest.approx(0.5)
+
+
+def keep_of(scores: list[float]) -> KeepEstimate:
+    return KeepEstimate(tuple(scores), ("estimated",) * len(scores))
+
+
+CHANGED = ("return b + a", *HELD_OUT[1:])
+
+
+def test_a_gain_within_its_noise_is_not_promoted_whatever_the_held_out_reward():
+    # The held-out reward rose by 0.003 (a round promoted so cost 12.5 points of what users kept);
+    # what they would keep rose by one answer and fell by another: no gain at all.
+    baseline = keep_of([1, 0, 0.4, 0.6, 0.3, 0.2, 0.8, 0.5, 0.1])
+    candidate = keep_of([0, 1, 0.4, 0.6, 0.3, 0.2, 0.8, 0.5, 0.12])
+    decision = decide_promotion(
+        evaluated(0.427, CHANGED, kl=0.013), evaluated(0.424, HELD_OUT),
+        evaluated(0.431, REGRESSION, kl=0.011), evaluated(0.396, REGRESSION), **LIMITS,
+        keep=(candidate, baseline), keep_margin=1.0,
+    )
+    assert not decision.promote
+    assert decision.reasons == ("kept (estimated) 0.436 against 0.433: a gain of +0.002 is not above 1 "
+                                "standard errors (0.167) over 9 answers",)
+
+
+def test_a_held_out_reward_that_rose_while_keeping_fell_is_not_promoted():
+    baseline = keep_of([1, 1, 0.5, 0.5])
+    candidate = keep_of([0, 1, 0.4, 0.3])
+    decision = decide_promotion(
+        evaluated(0.488, CHANGED, kl=0.013), evaluated(0.352, HELD_OUT),
+        evaluated(0.396, REGRESSION, kl=0.011), evaluated(0.390, REGRESSION), **LIMITS,
+        keep=(candidate, baseline),
+    )
+    assert not decision.promote and decision.reasons[0].startswith("kept (estimated) 0.425 against 0.750")
+
+
+def test_a_clear_gain_in_what_users_keep_is_promoted_though_the_held_out_reward_fell():
+    baseline = keep_of([0, 0, 0.2, 0.5, 0.3, 1])
+    candidate = keep_of([1, 1, 0.4, 0.6, 0.3, 1])
+    decision = decide_promotion(
+        evaluated(0.391, CHANGED, kl=0.013), evaluated(0.409, HELD_OUT),
+        evaluated(0.389, REGRESSION, kl=0.011), evaluated(0.390, REGRESSION), **LIMITS,
+        keep=(candidate, baseline),
+    )
+    assert decision.promote
+    assert decision.reasons[0].startswith(
+        "kept (estimated) 0.717 (was 0.333, +0.383 +- 0.197 over 6 answers)")
+    # The same gain with a margin of 3 standard errors is not enough; the regression set still binds.
+    held = (evaluated(0.391, CHANGED, kl=0.013), evaluated(0.409, HELD_OUT))
+    assert not decide_promotion(*held, evaluated(0.389, REGRESSION, kl=0.011), evaluated(0.390, REGRESSION),
+                                **LIMITS, keep=(candidate, baseline), keep_margin=3.0).promote
+    lost = decide_promotion(*held, evaluated(0.30, REGRESSION, kl=0.011), evaluated(0.390, REGRESSION),
+                            **LIMITS, keep=(candidate, baseline))
+    assert lost.reasons == ("regression reward 0.300 < 0.390 - 0.02",)

@@ -16,7 +16,14 @@ from context.index.store import IndexStore
 from context.squid.keys import token_hash
 from context.squid.references import CompletionReferences
 from context.squid.service import SquidService
-from feedback.train.repo_tasks import repository_tasks, split_files, statement_positions, workspace_tasks
+from feedback.train.repo_tasks import (
+    Position,
+    body_positions,
+    repository_tasks,
+    split_files,
+    statement_positions,
+    workspace_tasks,
+)
 from feedback.train.service import episode_reward, is_repository_task, load_training_data, task_reward
 
 HEADERS = textwrap.dedent('''\
@@ -205,3 +212,36 @@ def test_a_rounds_inputs_change_with_the_workspaces_code_and_the_episodes(worksp
     off = SquidConfig(train=TrainConfig(repository_tasks=0))
     (workspace / "local.py").write_text(LOCAL_ONLY)
     assert training_inputs(off, source, [workspace]) == training_inputs(off, source, [tmp_path / "elsewhere"])
+
+
+def test_body_positions_are_whole_function_bodies_below_their_def_line():
+    text = ('def f(x):\n    """Doc."""\n    return x\n\n\ndef g(): return 1\n\n\n'
+            'class A:\n    def m(self):\n        pass\n')
+    assert body_positions(text) == [Position(1, 3, "    "), Position(10, 11, "        ")]
+    assert body_positions("def f(:\n") == []
+
+
+def test_gate_spots_are_served_prompts_in_files_no_episode_is_about(runtime, workspace, tmp_path,
+                                                                   monkeypatch):
+    from context.config import SquidConfig
+    from feedback.train.dataset import TrainingExample
+    from feedback.train.gate import GATE_SPOT
+    from feedback.train.service import gate_spots
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    worked_on = TrainingExample(id="e1", created_at=1.0, instruction="", original="", kept_text="    pass",
+                                group=f"{(workspace / 'client.py').as_uri()}#read_headers")
+    config = SquidConfig(train=TrainConfig(gate_spots=12))
+    spots = gate_spots(config, runtime.tokenizer, [workspace], [worked_on])
+    assert spots and {s.group for s in spots} == {"headers.py", "local.py"}  # not client.py, nor broken.py
+    assert all(s.verification["source"] == GATE_SPOT and s.id.startswith("spot-") for s in spots)
+    assert not any(map(is_repository_task, spots))  # never trained on, never in the held-out set
+    # A function's whole body is one kind of spot: the cursor below `def`, the body gone.
+    body = next(s for s in spots if s.kept_text.startswith('    """Split'))
+    assert body.served.text.endswith('def parse_header(text: str) -> tuple[str, str]:\n    ')
+    assert "partition" not in body.served.text
+    assert body.prompt_text + body.prompt_lead == body.served.text
+    # Episodes about nothing in the workspace leave every parsing file to the gate; 0 spots: none.
+    assert {s.group for s in gate_spots(config, runtime.tokenizer, [workspace], [])} == {
+        "headers.py", "client.py", "local.py"}
+    assert gate_spots(SquidConfig(train=TrainConfig(gate_spots=0)), runtime.tokenizer, [workspace], []) == []
