@@ -118,6 +118,12 @@ def load_training_data(
     return train, held_out, regression
 
 
+def _served_squid(config: SquidConfig):
+    """The Squid settings tasks are prompted with: the server's, or none when it serves without
+    references (asked for without them, wherever they are)."""
+    return config.squid if config.squid.enabled else replace(config.squid, max_documents=0)
+
+
 def repository_training_tasks(config: SquidConfig, tokenizer, roots: Sequence[Path]) -> list[TrainingExample]:
     """`train.repository_tasks` tasks from the workspace's code (none when it is 0), with the
     completion and Squid settings the server serves with."""
@@ -127,9 +133,7 @@ def repository_training_tasks(config: SquidConfig, tokenizer, roots: Sequence[Pa
 
     from .repo_tasks import workspace_tasks
 
-    squid = config.squid
-    if not squid.enabled:  # served without references: asked for without them, wherever they are
-        squid = replace(squid, max_documents=0)
+    squid = _served_squid(config)
     tasks = workspace_tasks(list(roots), TokenizerCodec(tokenizer), completion=config.completion, squid=squid,
                             max_tasks=config.train.repository_tasks, seed=config.train.seed,
                             require_reference=squid.max_documents > 0)
@@ -307,7 +311,7 @@ def gate_spots(config: SquidConfig, tokenizer, roots: Sequence[Path],
     for ex in examples:
         if ex.group.startswith("file:") and not is_repository_task(ex):
             worked.add(str(Path(to_fs_path(ex.group.split("#", 1)[0]) or "").absolute()))
-    squid = config.squid if config.squid.enabled else replace(config.squid, max_documents=0)
+    squid = _served_squid(config)
     max_lines = config.completion.max_lines
 
     def positions(text: str):
