@@ -15,7 +15,8 @@ The old text is looked for after the cursor (then from the top). A renamed name,
 a whole name or a part of one between underscores: `blacklist` in `add_blacklist`), in code before
 prose (comments and strings, but for doctest lines and calls written out: developers rename the code
 first), every use on that line at once; a name local to a Python function (its parameter, or
-assigned in it but for `global` and `nonlocal`) in that function only. A repeat, between the
+assigned in it but for `global` and `nonlocal`) in that function only. A word whose case changed in
+prose (`click` -> `Click` in a docstring) goes on in prose only. A repeat, between the
 same neighbours it had on its line, `CONTEXT` characters each side, then fewer, then on one side
 only, then alone (an insertion always needs neighbours; one at the end of its line goes at the end
 of another). The first place found gets the same change; never where the new text stands already
@@ -272,13 +273,16 @@ def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
             return None
         python = uri.endswith((".py", ".pyi"))
         scope = _local_scope(last, old, new) if python else None
-        found = _next_rename(text, old, new, cursor, done, scope)
+        # A word's case changed in a comment or a string (`click` -> `Click`) is an edit of the words:
+        # it goes on in prose only (`click.echo` in code is another thing).
+        words = old.lower() == new.lower() and _in_prose(last.before, _prose_spans(last.before), last.start)
+        found = _next_rename(text, old, new, cursor, done, scope, words)
         part = _part_rename(last) if found is None else None
         if part is not None and part != renamed and not undone(edits[:-1], *part):
             # `test_distinct` -> `test_isdistinct` was `distinct` -> `isdistinct` in a longer name
             # (an accepted suggestion, or a rename typed over one part): that rename goes on.
             scope = _local_scope(last, *part) if python else None
-            found = _next_rename(text, *part, cursor, done, scope)
+            found = _next_rename(text, *part, cursor, done, scope, words)
         return found
     old, new = last.old, last.new
     if undone(edits[:-1], old, new) or (not (old + new).strip() and not _within_text(last)):
@@ -287,13 +291,13 @@ def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
 
 
 def _next_rename(text: str, old: str, new: str, cursor: int, done: tuple[int, int],
-                 scope: tuple[int, int] | None = None) -> Prediction | None:
+                 scope: tuple[int, int] | None = None, words: bool = False) -> Prediction | None:
     """The renamed name's next use (as a whole name or a part of one between underscores:
     `blacklist` in `add_blacklist`) in code first, then in prose (comments, and strings other than
     doctest lines and calls: a developer renames the code before the words about it). Every use of
     the name on that line is renamed at once (`self.start = start`). A name local to a function
     (`scope`, its span in `text`) is renamed within that function only: another function's name
-    of the same spelling is another variable."""
+    of the same spelling is another variable. With `words`, in prose only."""
     part = re.compile(r"(?<![A-Za-z0-9])(" + re.escape(old) + r")(?![A-Za-z0-9])")
     prose = _prose_spans(text)
     modules = _module_spans(text)  # `from report import` names a module, not the renamed name
@@ -306,7 +310,10 @@ def _next_rename(text: str, old: str, new: str, cursor: int, done: tuple[int, in
         # A call written out in prose (`such as fn([v1, v2])`) is an example of the code.
         return inside(span) and (text.startswith("(", span[1]) or not _in_prose(text, prose, span[0]))
 
-    for pattern, where in ((part, in_code), (part, inside)):
+    def in_words(span: tuple[int, int]) -> bool:
+        return inside(span) and not in_code(span)
+
+    for pattern, where in ((part, in_words),) if words else ((part, in_code), (part, inside)):
         found = _next_group(text, pattern, cursor, done, old, new, where)
         if found is not None:
             return _whole_line_rename(text, pattern, found, done, old, new, where)

@@ -250,6 +250,20 @@ def test_a_call_written_in_prose_is_renamed_with_the_code():
     assert nxt is not None and nxt.start == text.index("fn([") and nxt.text == "func"
 
 
+def test_a_words_case_changed_in_prose_goes_on_in_prose_only():
+    """`posix` -> `POSIX` in a docstring is an edit of the words: the next docstring line gets it,
+    then nothing; the code's `force_posix` and `posixpath` are names, left as they are."""
+    code = ('def app_dir(force_posix=False):\n    """Mac OS X (posix):\n      ~/.app\n    Unix (posix):\n'
+            '      ~/.app\n    """\n    if force_posix:\n        return posixpath.join("~", ".app")\n')
+    at = code.index("posix):")
+    history = _rename_at(code, at, "posix", "POSIX")
+    assert _walk(history, "r.py", at + 5) == ["    Unix (POSIX):"]
+    # The same change of case typed in code is a rename of the name, code first.
+    at = code.index("force_posix:") + len("force_")
+    history = _rename_at(code, at, "posix", "POSIX")
+    assert _walk(history, "r.py", at + 5)[0] == "def app_dir(force_POSIX=False):"
+
+
 def test_a_new_name_that_holds_the_old_one_is_not_offered_where_it_stands():
     code = "def get(seq, default=no_default):\n    if default is no_default:\n        return seq\n"
     history = _rename_at(code, code.index("no_default"), "", "_")
