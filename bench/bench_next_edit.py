@@ -19,6 +19,10 @@ the same substitution as the first, the kind the deterministic path is for):
              averaged over n; 100 when both change nothing, 0 for no prediction
   latency    p50 / p95 of `predict`
 
+The one-line changes of a case need not be neighbours in the commit: a change of several lines may
+stand between them. "rename_or_repeat_adjacent" is the rename/repeat cases whose next change is the
+commit's very next hunk of that file, the stricter reading of "the next hunk".
+
 With `--model`, the model path (`context.next_edit_model`, the embedded model in this process)
 alone on every case, and both (the model only where the deterministic path has nothing). With
 `--references` also the model path with its related code ("model+refs"): the definitions of the
@@ -98,6 +102,14 @@ def one_line_changes(diff: str) -> dict[str, list[tuple[int, str, str]]]:
                 if old.startswith("-") and new.startswith("+"):
                     out.setdefault(path, []).append((int(match.group(1)), old[1:], new[1:]))
     return out
+
+
+def adjacent(git_dir: Path, sha: str, path: str, first: int, second: int) -> bool:
+    """Whether the commit changes nothing of `path` between its old lines `first` and `second`: no
+    other hunk (a change of several lines, which the cases skip) stands between the two changes."""
+    diff = git(git_dir, "show", "--format=", "-U0", sha, "--", path)
+    return not any(first < int(match.group(1)) < second
+                   for match in map(_HUNK.match, diff.splitlines()) if match)
 
 
 def char_change(old: str, new: str) -> tuple[int, int, str]:
@@ -542,6 +554,8 @@ def main() -> int:
         runtime = ModelRuntime(ModelConfig(threads=args.threads)).load().prepare()
         modes += ["model", "both"] + (["model+refs"] if args.references else [])
     found = list(cases(args.git_dir, args.commits))
+    next_hunk = [adjacent(args.git_dir, sha, path, first[0], second[0])
+                 for sha, path, _, first, second, _ in found]
     repository = RepositoryReferences(args.git_dir, runtime) if args.references else None
     out, rows = {}, []
     for mode in modes:
@@ -550,10 +564,14 @@ def main() -> int:
             refs = repository.for_case(sha, path, before) if mode == "model+refs" else None
             row = run_case(before, first, second, changes, mode, runtime, refs)
             mode_rows.append(dict(row, commit=sha[:10], path=path, mode=mode))
+        for row, is_next in zip(mode_rows, next_hunk, strict=True):
+            row["adjacent"] = is_next
         rows += mode_rows
         key = (lambda name: name) if mode == "deterministic" else (lambda name, m=mode: f"{m}:{name}")
         out.update({key("all"): summary(mode_rows),
                     key("rename_or_repeat"): summary([r for r in mode_rows if r["repeat_case"]]),
+                    key("rename_or_repeat_adjacent"): summary([r for r in mode_rows
+                                                               if r["repeat_case"] and r["adjacent"]]),
                     key("other"): summary([r for r in mode_rows if not r["repeat_case"]])})
     if repository is not None:
         out["model+refs:documents_composed"] = repository.documents

@@ -123,3 +123,30 @@ def test_a_repeat_across_files_is_followed_and_a_wrong_offer_ends_the_chain(tmp_
     assert (row["offered_elsewhere"], row["right_elsewhere"]) == (2, 1)
     assert row["wrong"]["path"] == "retry.py"
     assert across_summary([row])["right_elsewhere"] == 0.5
+
+
+def test_a_case_is_adjacent_only_when_no_other_hunk_stands_between_its_two_changes(tmp_path):
+    from bench.bench_next_edit import adjacent
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    lines = [f"x{i} = {i}" for i in range(1, 11)]
+    (tmp_path / "m.py").write_text("\n".join(lines) + "\n")
+    git("add", ".")
+    git("commit", "-qm", "one")
+    changed = list(lines)
+    for i in (0, 3, 4, 8):  # one-line changes at lines 1 and 9, a two-line change at 4-5
+        changed[i] = changed[i].replace("=", "= 2 *")
+    (tmp_path / "m.py").write_text("\n".join(changed) + "\n")
+    git("commit", "-qam", "two")
+    [(sha, path, _, first, second, _)] = list(cases(tmp_path / ".git", 10))
+    assert (first[0], second[0]) == (1, 9) and not adjacent(tmp_path / ".git", sha, path, 1, 9)
+    changed[1], changed[6] = "x2 = -2", "x7 = -7"  # two one-line changes, nothing between
+    (tmp_path / "m.py").write_text("\n".join(changed) + "\n")
+    git("commit", "-qam", "three")
+    [(sha, path, _, first, second, _), _] = list(cases(tmp_path / ".git", 10))
+    assert (first[0], second[0]) == (2, 7) and adjacent(tmp_path / ".git", sha, path, 2, 7)
