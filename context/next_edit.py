@@ -15,8 +15,11 @@ The old text is looked for after the cursor (then from the top). A renamed name,
 a whole name or a part of one between underscores: `blacklist` in `add_blacklist`), in code before
 prose (comments and strings, but for doctest lines and calls written out: developers rename the code
 first), every use on that line at once; a name local to a Python function (its parameter, or
-assigned in it but for `global` and `nonlocal`) in that function only. A word whose case changed in
-prose (`click` -> `Click` in a docstring) goes on in prose only. A repeat, between the
+assigned in it but for `global` and `nonlocal`) in that function only; when one name holds the
+other, its whole uses first (`comp` -> `compose`), or only (`encode` -> `encode_request`). A word
+whose case changed in prose (`click` -> `Click` in a docstring) goes on in prose only. A call's
+keyword argument renamed (`data=` -> `content=`) goes to the next call's keyword of that name
+first. A repeat, between the
 same neighbours it had on its line, `CONTEXT` characters each side, then fewer, then on one side
 only, then alone (an insertion always needs neighbours; one at the end of its line goes at the end
 of another). The first place found gets the same change; never where the new text stands already
@@ -276,6 +279,15 @@ def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
         # A word's case changed in a comment or a string (`click` -> `Click`) is an edit of the words:
         # it goes on in prose only (`click.echo` in code is another thing).
         words = old.lower() == new.lower() and _in_prose(last.before, _prose_spans(last.before), last.start)
+        left = last.start
+        while left > 0 and (last.before[left - 1].isalnum() or last.before[left - 1] == "_"):
+            left -= 1
+        if python and last.before.startswith(old, left) and _call_keyword(last.before, left, left + len(old)):
+            # A call's keyword (`post(url, data=body)` -> `content=body`) names the callee's
+            # parameter: the other calls' keywords of that name first, not the variables so named.
+            found = _next_keyword(text, old, new, cursor, done)
+            if found is not None:
+                return found
         found = _next_rename(text, old, new, cursor, done, scope, words)
         part = _part_rename(last) if found is None else None
         if part is not None and part != renamed and not undone(edits[:-1], *part):
@@ -290,6 +302,35 @@ def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
     return _next_repeat(last, text, cursor, done)
 
 
+def _call_keyword(text: str, start: int, end: int) -> bool:
+    """Whether the name at [start, end) of `text` is a keyword argument of a call (`f(x, data=1)`),
+    not a parameter of a def or an assignment."""
+    if not re.match(r"[ \t]*=(?!=)", text[end:end + 8]):
+        return False
+    before = text[max(0, start - 2000):start].rstrip()
+    if not before.endswith(("(", ",")):
+        return False
+    depth = 0
+    for i in range(len(before) - 1, -1, -1):
+        char = before[i]
+        if char in ")]}":
+            depth += 1
+        elif char in "([{":
+            if depth == 0:
+                head = before[:i]
+                return char == "(" and re.search(r"\bdef\s+\w+\s*$", head) is None and \
+                    re.search(r"[\w)\]]\s*$", head) is not None
+            depth -= 1
+    return False
+
+
+def _next_keyword(text: str, old: str, new: str, cursor: int, done: tuple[int, int]) -> Prediction | None:
+    """The next keyword argument `old=` of a call, renamed."""
+    pattern = re.compile(r"(?<![A-Za-z0-9_.])(" + re.escape(old) + r")(?=[ \t]*=(?!=))")
+    found = _next_group(text, pattern, cursor, done, old, new, lambda span: _call_keyword(text, *span))
+    return None if found is None else Prediction(found[0], found[1], new, "rename")
+
+
 def _next_rename(text: str, old: str, new: str, cursor: int, done: tuple[int, int],
                  scope: tuple[int, int] | None = None, words: bool = False) -> Prediction | None:
     """The renamed name's next use (as a whole name or a part of one between underscores:
@@ -297,7 +338,8 @@ def _next_rename(text: str, old: str, new: str, cursor: int, done: tuple[int, in
     doctest lines and calls: a developer renames the code before the words about it). Every use of
     the name on that line is renamed at once (`self.start = start`). A name local to a function
     (`scope`, its span in `text`) is renamed within that function only: another function's name
-    of the same spelling is another variable. With `words`, in prose only."""
+    of the same spelling is another variable. When one name holds the other, whole uses first, and
+    only they when the names differ by parts between underscores. With `words`, in prose only."""
     part = re.compile(r"(?<![A-Za-z0-9])(" + re.escape(old) + r")(?![A-Za-z0-9])")
     prose = _prose_spans(text)
     modules = _module_spans(text)  # `from report import` names a module, not the renamed name
@@ -313,7 +355,20 @@ def _next_rename(text: str, old: str, new: str, cursor: int, done: tuple[int, in
     def in_words(span: tuple[int, int]) -> bool:
         return inside(span) and not in_code(span)
 
-    for pattern, where in ((part, in_words),) if words else ((part, in_code), (part, inside)):
+    if words:
+        order = ((part, in_words),)
+    elif old in new or new in old:
+        # `comp` -> `compose`: whole uses first, then parts of longer names (`test_comp`). But when
+        # the names differ by whole parts between underscores (`encode` -> `encode_request`,
+        # `relative_url` -> `url`), a longer name holding the name is another name built the same
+        # way (`encode_response`, `is_relative_url`): whole uses only.
+        whole = re.compile(r"(?<![A-Za-z0-9_])(" + re.escape(old) + r")(?![A-Za-z0-9_])")
+        old_parts, new_parts = set(old.strip("_").split("_")), set(new.strip("_").split("_"))
+        by_parts = old_parts < new_parts or new_parts < old_parts
+        order = ((whole, in_code), (whole, inside)) + (() if by_parts else ((part, in_code), (part, inside)))
+    else:
+        order = ((part, in_code), (part, inside))
+    for pattern, where in order:
         found = _next_group(text, pattern, cursor, done, old, new, where)
         if found is not None:
             return _whole_line_rename(text, pattern, found, done, old, new, where)

@@ -264,6 +264,43 @@ def test_a_words_case_changed_in_prose_goes_on_in_prose_only():
     assert _walk(history, "r.py", at + 5)[0] == "def app_dir(force_POSIX=False):"
 
 
+def test_a_name_renamed_to_one_that_holds_it_goes_to_its_whole_uses_first():
+    """`encode` -> `encode_request`: `encode_response` is another name built on `encode`, not a use."""
+    code = ("from streams import ByteStream, encode, encode_response\n\n\n"
+            "def build(data):\n    return encode_response(data) or encode(data)\n")
+    at = code.index("encode,")
+    history = _rename_at(code, at, "encode", "encode_request")
+    assert _walk(history, "r.py", at + len("encode_request")) == [
+        "    return encode_response(data) or encode_request(data)"]
+    # A word lengthened (`comp` -> `compose`): whole uses first, then the parts of longer names.
+    code = "from toolz import comp\n\n\ndef test_comp():\n    assert comp(inc)(1) == 2\n"
+    at = code.index("comp\n")
+    history = _rename_at(code, at, "comp", "compose")
+    assert _walk(history, "r.py", at + len("compose")) == ["    assert compose(inc)(1) == 2",
+                                                          "def test_compose():"]
+    # Names that hold nothing of each other keep the part rule: `blacklist` in `add_blacklist`.
+    code = "blacklist = set()\n\n\ndef add_blacklist(name):\n    blacklist.add(name)\n"
+    history = _rename_at(code, 0, "blacklist", "denylist")
+    assert _walk(history, "r.py", len("denylist"))[0] == "def add_denylist(name):"
+
+
+def test_a_calls_keyword_renamed_goes_to_the_next_calls_keyword_not_the_variable():
+    code = ('def test_post(client, data):\n    first = client.post("/a", data=b"x")\n'
+            '    data = make()\n    return client.post("/b", data=data, timeout=1)\n')
+    at = code.index("data=b")
+    history = _rename_at(code, at, "data", "content")
+    text = history.text("r.py")
+    nxt = predict(history, "r.py", at + len("content"))
+    # Not the parameter `data` nor `data = make()`: the next call's keyword, its value left alone.
+    assert nxt is not None and nxt.start == text.index("data=data") and nxt.text == "content"
+    history.change("r.py", nxt.start, nxt.end, nxt.text)
+    assert 'client.post("/b", content=data, timeout=1)' in history.text("r.py")
+    # A def's parameter with a default is no call's keyword: its uses in the body go on as before.
+    code = "def get(url, data=None):\n    return send(url, data)\n"
+    history = _rename_at(code, code.index("data="), "data", "body")
+    assert _walk(history, "r.py", code.index("data=") + 4) == ["    return send(url, body)"]
+
+
 def test_a_new_name_that_holds_the_old_one_is_not_offered_where_it_stands():
     code = "def get(seq, default=no_default):\n    if default is no_default:\n        return seq\n"
     history = _rename_at(code, code.index("no_default"), "", "_")
