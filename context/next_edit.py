@@ -455,11 +455,37 @@ def _whole_line_rename(text: str, pattern: re.Pattern, found: tuple[int, int], d
     return Prediction(found[0], end, "".join(pieces), "rename")
 
 
+def _wordy(char: str) -> bool:
+    return char.isalnum() or char == "_"
+
+
+def _word_edit(before: str, start: int, old: str, new: str) -> tuple[int, str, str]:
+    """The edit `old` -> `new` at `start` of `before`, widened to whole words where an end of it falls
+    inside one: an editor's diff cuts a change where the texts stop agreeing (`not show_pos` ->
+    `not self.show_pos` is `elf.s` put after `not s`), but the change is of the word (`show_pos` ->
+    `self.show_pos`), and only that word is a place for it again."""
+    end = start + len(old)
+    if start > 0 and _wordy(before[start - 1]) and (
+            _wordy((old or new)[:1] or " ") or (end < len(before) and _wordy(before[end]))):
+        left = start
+        while left > 0 and _wordy(before[left - 1]):
+            left -= 1
+        old, new, start = before[left:start] + old, before[left:start] + new, left
+    end = start + len(old)
+    if end < len(before) and _wordy(before[end]) and (_wordy(old[-1:] or " ") or _wordy(new[-1:] or " ")):
+        right = end
+        while right < len(before) and _wordy(before[right]):
+            right += 1
+        old, new = old + before[end:right], new + before[end:right]
+    return start, old, new
+
+
 def _next_repeat(last: Edit, text: str, cursor: int, done: tuple[int, int],
                  levels: Sequence[tuple[int, int]] = _NEIGHBOURS) -> Prediction | None:
     """The same change where the same text stands between the same neighbours, the widest that
     match first (of `levels`: characters left and right)."""
-    old, new, start, before = last.old, last.new, last.start, last.before
+    before = last.before
+    start, old, new = _word_edit(before, last.start, last.old, last.new)
     line_start = before.rfind("\n", 0, start) + 1
     line_end = before.find("\n", start + len(old))
     line_end = len(before) if line_end < 0 else line_end

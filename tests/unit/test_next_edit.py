@@ -321,11 +321,23 @@ def test_a_space_put_into_a_word_is_repeated_but_indentation_is_not():
     code = "x = 1  # pragma: nocover\ny = 2\nz = 3  # pragma: nocover\n"
     history = _rename_at(code, code.index("cover"), "", " ")
     found = predict(history, "r.py", code.index("cover") + 1)
-    assert found is not None and history.text("r.py")[: found.start].endswith("z = 3  # pragma: no")
-    assert found.text == " " and found.start == found.end
+    assert found is not None
+    history.change("r.py", found.start, found.end, found.text)
+    assert history.text("r.py") == code.replace("nocover", "no cover")
     # A line indented further is not a change to carry to the next line.
     code = "if a:\n    b = 1\n    c = 2\n"
     assert predict(_rename_at(code, code.index("b ="), "", "    "), "r.py", 0) is None
+
+
+def test_a_change_inside_a_word_is_repeated_at_that_word_only():
+    """`not show_pos` -> `not self.show_pos` reaches the editor as `elf.s` typed after `not s`: a
+    change of the word `show_pos`, not of every `not s` (`not self.finished` is left alone)."""
+    code = ("def render(self, show_pos):\n    percent = not show_pos\n"
+            "    done = not self.finished\n    if show_pos:\n        return percent\n")
+    at = code.index("show_pos\n") + 1
+    history = _rename_at(code, at, "", "elf.s")
+    assert "not self.show_pos" in history.text("r.py")
+    assert _walk(history, "r.py", at + 5)[0] == "    if self.show_pos:"
 
 
 def test_text_added_at_the_end_of_a_line_goes_only_at_the_end_of_another():
