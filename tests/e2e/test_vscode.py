@@ -264,6 +264,11 @@ def test_next_edits_are_shown_accepted_with_tab_and_followed_to_the_next(vscode_
     accepted = [line for line in run.report["extension_log"].splitlines()
                 if f"executeCommand {ACCEPT} ok" in line]
     assert len(accepted) >= 3, ctx
+    # One request per pause in typing: no suggestion is shown twice over (a second Tab would fall
+    # through to the editor and indent the line).
+    shown = [line.split("] ", 1)[-1] for line in run.report["extension_log"].splitlines()
+             if "next edit at " in line]
+    assert all(a != b for a, b in zip(shown, shown[1:], strict=False)), ctx
 
 
 def test_a_renamed_function_goes_on_in_the_file_that_imports_it_with_tab(vscode_run: VSCodeRun):

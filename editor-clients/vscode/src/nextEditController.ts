@@ -139,6 +139,9 @@ export class NextEditController implements vscode.Disposable {
       return;
     }
     this.clear();
+    // One request per pause in typing: a change within the pause replaces the one waiting (two timers
+    // would ask twice, and an answer that came back before the second asked was shown twice).
+    clearTimeout(this.timer);
     if (this.enabled()) {
       this.timer = setTimeout(() => void this.refresh(editor, editor.selection.active, false), PAUSE_MS);
     }
