@@ -19,10 +19,10 @@ assigned in it but for `global` and `nonlocal`) in that function only; when one 
 other, its whole uses first (`comp` -> `compose`), or only (`encode` -> `encode_request`). A word
 whose case changed in prose (`click` -> `Click` in a docstring) goes on in prose only. A call's
 keyword argument renamed (`data=` -> `content=`) goes to the next call's keyword of that name
-first. A repeat, between the
-same neighbours it had on its line, `CONTEXT` characters each side, then fewer, then on one side
-only, then alone (an insertion always needs neighbours; one at the end of its line goes at the end
-of another). The first place found gets the same change; never where the new text stands already
+first. A repeat, between the same neighbours it had on its line, `CONTEXT` characters each side,
+then fewer, then on one side only, then alone (an insertion always needs neighbours; one at the end
+of its line goes at the end of another; an edit ending inside a word is the change of that word).
+The first place found gets the same change; never where the new text stands already
 (`_no_default` holds `no_default`).
 
 When no use of a renamed name is left in its file, the rename is carried to other files
@@ -280,7 +280,7 @@ def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
         # it goes on in prose only (`click.echo` in code is another thing).
         words = old.lower() == new.lower() and _in_prose(last.before, _prose_spans(last.before), last.start)
         left = last.start
-        while left > 0 and (last.before[left - 1].isalnum() or last.before[left - 1] == "_"):
+        while left > 0 and _wordy(last.before[left - 1]):
             left -= 1
         if python and last.before.startswith(old, left) and _call_keyword(last.before, left, left + len(old)):
             # A call's keyword (`post(url, data=body)` -> `content=body`) names the callee's
