@@ -57,6 +57,7 @@ CONTEXT = 12  # characters of the edited line each side of the edit that a repea
 _NEIGHBOURS = ((CONTEXT, CONTEXT), (6, 6), (3, 3), (CONTEXT, 0), (6, 0), (3, 0), (0, CONTEXT), (0, 6), (0, 3),
                (0, 0))
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NOT_AFTER_WORD, _NOT_BEFORE_WORD = r"(?<![A-Za-z0-9_])", r"(?![A-Za-z0-9_])"
 
 
 @dataclass(frozen=True)
@@ -493,12 +494,20 @@ def _next_repeat(last: Edit, text: str, cursor: int, done: tuple[int, int],
     for left_size, right_size in levels:
         if not old and not left_size and not right_size:
             break  # an insertion needs neighbours to say where it goes
-        left = before[max(line_start, start - left_size) : start] if left_size else ""
-        right = before[start + len(old) : min(line_end, start + len(old) + right_size)] if right_size else ""
+        outer_left = max(line_start, start - left_size) if left_size else start
+        outer_right = min(line_end, start + len(old) + right_size) if right_size else start + len(old)
+        left, right = before[outer_left:start], before[start + len(old) : outer_right]
         if bool(left_size) != bool(right_size) and not _telling(left or right):
             continue  # one side only, and it says too little (a lone `)`) to put the change anywhere
         head = re.escape(left) if left_size else (r"(?<![A-Za-z0-9])" if word else "")
         tail = re.escape(right) if right_size else (r"(?![A-Za-z0-9])" if word else "")
+        # Where the neighbours end at a word's end, so they must where they match: `default` is
+        # not the start of `defaults`.
+        if _wordy((left + old + right or " ")[0]) and not (outer_left and _wordy(before[outer_left - 1])):
+            head = _NOT_AFTER_WORD + head
+        if _wordy((left + old + right or " ")[-1]) and not (
+                outer_right < len(before) and _wordy(before[outer_right])):
+            tail = tail + _NOT_BEFORE_WORD
         if (right_size or not old) and start + len(old) == line_end:
             # The edit was at the end of its line: so at the end of another (an insertion always:
             # text added after a line's code does not go inside another's).

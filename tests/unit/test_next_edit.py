@@ -340,6 +340,14 @@ def test_a_change_inside_a_word_is_repeated_at_that_word_only():
     assert _walk(history, "r.py", at + 5)[0] == "    if self.show_pos:"
 
 
+def test_a_change_after_a_whole_word_goes_after_that_whole_word_only():
+    """A comma put after `default` (`By default, it`) is not put into `defaults`."""
+    code = ('"""Wrap text.\n\nBy default it wraps.\nThis defaults to the width.\n'
+            'Left as the default the tabs stay.\n"""\n')
+    history = _rename_at(code, code.index("default it") + 7, "", ",")
+    assert _walk(history, "r.py", code.index("default it") + 8)[0] == "Left as the default, the tabs stay."
+
+
 def test_text_added_at_the_end_of_a_line_goes_only_at_the_end_of_another():
     code = "a = run()\nb = run() + 1\nc = run()\n"
     history = EditHistory()
