@@ -82,6 +82,9 @@ class Plan:
     seed: int = 0  # train.seed: the trainer's sampling and shuffling
     task_set: str | None = None  # train.task_set: the gate's regression tasks (None: the bundled set)
     gate_spots: int = 32  # train.gate_spots: the gate's spots in files no episode is about
+    # Other [train] settings, as TOML lines (`loss_type = "grpo"`): a variant measured beside the
+    # product's defaults, recorded with the run.
+    train_settings: tuple[str, ...] = ()
 
 
 SHORT = Plan(rounds=1, train_spots=12, eval_spots=12, steps=4, agent=True, gate_spots=8)
@@ -118,6 +121,7 @@ learning_rate = {plan.learning_rate}
 seed = {plan.seed}
 gate_spots = {plan.gate_spots}
 {f'task_set = "{plan.task_set}"' if plan.task_set else ""}
+{chr(10).join(plan.train_settings)}
 """
 
 
@@ -584,6 +588,9 @@ def main(argv: list[str] | None = None) -> int:
                              "set (default: the bundled set)")
     parser.add_argument("--gate-spots", type=int,
                         help="override train.gate_spots (the gate's spots in files no episode is about)")
+    parser.add_argument("--train-setting", action="append", default=[], type=train_setting,
+                        metavar="KEY=VALUE", help="another [train] setting for the run, its value as "
+                        "TOML (`loss_type='\"grpo\"'`, `group_size=8`); repeatable")
     parser.add_argument("--out", type=Path, help="where the JSON report goes")
     parser.add_argument("--keep-data", action="store_true", help="keep the workspace, store and adapters")
     args = parser.parse_args(argv)
@@ -593,7 +600,8 @@ def main(argv: list[str] | None = None) -> int:
                 plan.agent and not args.no_agent, args.learning_rate or plan.learning_rate,
                 args.max_new_tokens or plan.max_new_tokens, args.user[0],
                 task_set=str(args.task_set.resolve()) if args.task_set else None,
-                gate_spots=plan.gate_spots if args.gate_spots is None else args.gate_spots)
+                gate_spots=plan.gate_spots if args.gate_spots is None else args.gate_spots,
+                train_settings=tuple(args.train_setting))
     if args.seeds is None and len(args.user) == 1 and not args.earlier:
         return run_one(plan, args)
     # The matrix: every user with every seed, each run a fresh workspace, store and trainer.
@@ -640,6 +648,32 @@ def earlier_reports(paths: list[Path]) -> list[str]:
         else:
             raise SystemExit(f"--with {path}: neither a run's report nor a matrix of them")
     return list(dict.fromkeys(found))
+
+
+WRITTEN = ("dir", "device", "steps", "threads", "max_new_tokens", "learning_rate", "seed", "gate_spots",
+           "task_set")  # the [train] settings `workspace_config` writes itself (their own flags)
+
+
+def train_setting(text: str) -> str:
+    """`--train-setting`: KEY=VALUE, a `train` setting other than those with their own flag, its value
+    in TOML; the TOML line for the workspace's configuration."""
+    import tomllib
+    from dataclasses import fields
+
+    from context.config import TrainConfig
+
+    key, _, value = text.partition("=")
+    key, value = key.strip(), value.strip()
+    if key not in {f.name for f in fields(TrainConfig)}:
+        raise argparse.ArgumentTypeError(f"{key!r} is not a train setting")
+    if key in WRITTEN:
+        raise argparse.ArgumentTypeError(f"{key!r} has its own flag (or is the loop's own: dir, device)")
+    try:
+        tomllib.loads(f"{key} = {value}")
+    except tomllib.TOMLDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a TOML value ({exc}); a string is quoted") \
+            from None
+    return f"{key} = {value}"
 
 
 def seed_list(text: str) -> list[int]:

@@ -1,0 +1,32 @@
+"""bench/learning_loop.py --train-setting: a variant's [train] settings reach the product's configuration
+as written, and a setting that is not one, or has its own flag, or is no TOML value is refused."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from bench.learning_loop import Plan, train_setting, workspace_config  # noqa: E402
+from context.config import load_file_config  # noqa: E402
+
+
+def test_a_train_setting_reaches_the_product_configuration(tmp_path):
+    settings = (train_setting('loss_type="grpo"'), train_setting(" group_size = 8 "))
+    plan = Plan(rounds=1, train_spots=1, eval_spots=1, steps=3, agent=False, train_settings=settings)
+    (tmp_path / ".squidcode.toml").write_text(workspace_config(tmp_path / "data", plan))
+    config, problems = load_file_config([tmp_path])
+    assert problems == []
+    assert (config.train.loss_type, config.train.group_size, config.train.steps) == ("grpo", 8, 3)
+
+
+@pytest.mark.parametrize("text, says", [("nope=1", "not a train setting"), ("steps=3", "its own flag"),
+                                        ("loss_type=grpo", "not a TOML value")])
+def test_a_wrong_train_setting_is_refused_with_the_reason(text, says):
+    with pytest.raises(argparse.ArgumentTypeError, match=says):
+        train_setting(text)
