@@ -90,7 +90,11 @@ class Plan:
 SHORT = Plan(rounds=1, train_spots=12, eval_spots=12, steps=4, agent=True, gate_spots=8)
 # The settings of the measured runs in docs/benchmarks.md, the user-by-seed matrix's (`./dev demo
 # --full` runs them).
-FULL = Plan(rounds=2, train_spots=48, eval_spots=40, steps=30, agent=False, learning_rate=2e-4)
+# Each step samples 8 answers for each of its 2 prompts (the product's 4 twice over): the oneline user
+# gained +12.5 points in a round at seeds 0 and 1 with 8, and +7.5 / +0 with 4 (docs/benchmarks.md,
+# "Variants of the objective for the oneline user").
+FULL = Plan(rounds=2, train_spots=48, eval_spots=40, steps=30, agent=False, learning_rate=2e-4,
+            train_settings=("group_size = 8",))
 
 
 def _say(message: str) -> None:
@@ -601,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.max_new_tokens or plan.max_new_tokens, args.user[0],
                 task_set=str(args.task_set.resolve()) if args.task_set else None,
                 gate_spots=plan.gate_spots if args.gate_spots is None else args.gate_spots,
-                train_settings=tuple(args.train_setting))
+                train_settings=merged_settings(plan.train_settings, args.train_setting))
     if args.seeds is None and len(args.user) == 1 and not args.earlier:
         return run_one(plan, args)
     # The matrix: every user with every seed, each run a fresh workspace, store and trainer.
@@ -674,6 +678,13 @@ def train_setting(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{value!r} is not a TOML value ({exc}); a string is quoted") \
             from None
     return f"{key} = {value}"
+
+
+def merged_settings(plan: tuple[str, ...], given: list[str]) -> tuple[str, ...]:
+    """The plan's `[train]` lines with `--train-setting`'s after them, a key given on the command line
+    replacing the plan's (`--full --train-setting group_size=4` measures the product's group)."""
+    keys = {line.partition("=")[0].strip() for line in given}
+    return tuple(line for line in plan if line.partition("=")[0].strip() not in keys) + tuple(given)
 
 
 def seed_list(text: str) -> list[int]:

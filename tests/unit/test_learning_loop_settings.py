@@ -30,3 +30,12 @@ def test_a_train_setting_reaches_the_product_configuration(tmp_path):
 def test_a_wrong_train_setting_is_refused_with_the_reason(text, says):
     with pytest.raises(argparse.ArgumentTypeError, match=says):
         train_setting(text)
+
+
+def test_a_setting_on_the_command_line_replaces_the_plans_own():
+    from bench.learning_loop import FULL, merged_settings
+
+    assert "group_size = 8" in FULL.train_settings
+    merged = merged_settings(FULL.train_settings, [train_setting("group_size=4"), train_setting("beta=0.1")])
+    assert merged == ("group_size = 4", "beta = 0.1")
+    assert merged_settings(("group_size = 8",), []) == ("group_size = 8",)
