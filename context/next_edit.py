@@ -15,8 +15,10 @@ The old text is looked for after the cursor (then from the top). A renamed name,
 a whole name or a part of one between underscores: `blacklist` in `add_blacklist`), in code before
 prose (comments and strings, but for doctest lines and calls written out: developers rename the code
 first), every use on that line at once; a name local to a Python function (its parameter, or
-assigned in it but for `global` and `nonlocal`) in that function only; when one name holds the
-other, its whole uses first (`comp` -> `compose`), or only (`encode` -> `encode_request`). A word
+assigned in it but for `global` and `nonlocal`) in that function only, its whole uses (and the
+function's own locals named after it) before parts of other names; not in the value a renamed
+assignment target is made from (`prefix = f(prefix)` -> `usage_prefix = f(prefix)`); when one name
+holds the other, its whole uses first (`comp` -> `compose`), or only (`encode` -> `encode_request`). A word
 whose case changed in prose (`click` -> `Click` in a docstring) goes on in prose only. A call's
 keyword argument renamed (`data=` -> `content=`) goes to the next call's keyword of that name
 first. A repeat, between the same neighbours it had on its line, `CONTEXT` characters each side,
@@ -289,7 +291,7 @@ def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
             found = _next_keyword(text, old, new, cursor, done)
             if found is not None:
                 return found
-        found = _next_rename(text, old, new, cursor, done, scope, words)
+        found = _next_rename(text, old, new, cursor, done, scope, words, _own_value(last, text, old, done))
         part = _part_rename(last) if found is None else None
         if part is not None and part != renamed and not undone(edits[:-1], *part):
             # `test_distinct` -> `test_isdistinct` was `distinct` -> `isdistinct` in a longer name
@@ -332,20 +334,37 @@ def _next_keyword(text: str, old: str, new: str, cursor: int, done: tuple[int, i
     return None if found is None else Prediction(found[0], found[1], new, "rename")
 
 
+def _own_value(edit: Edit, text: str, old: str, done: tuple[int, int]) -> tuple[int, int] | None:
+    """Where the edit renamed the target of an assignment (`prefix = f(prefix)` -> `usage_prefix =
+    f(prefix)`), the span in `text` of the value it is assigned: the old name there is the value the
+    new variable is made from, not a use to rename."""
+    line_start = edit.before.rfind("\n", 0, edit.start) + 1
+    if not re.fullmatch(r"[ \t]*[A-Za-z0-9_]*", edit.before[line_start:edit.start]):
+        return None
+    line_end = text.find("\n", done[1])
+    line_end = len(text) if line_end < 0 else line_end
+    target = re.match(r"[A-Za-z0-9_]*[ \t]*(?::[^=\n]*)?=(?!=)", text[done[1]:line_end])
+    return (done[1] + target.end(), line_end) if target else None
+
+
 def _next_rename(text: str, old: str, new: str, cursor: int, done: tuple[int, int],
-                 scope: tuple[int, int] | None = None, words: bool = False) -> Prediction | None:
+                 scope: tuple[int, int] | None = None, words: bool = False,
+                 value: tuple[int, int] | None = None) -> Prediction | None:
     """The renamed name's next use (as a whole name or a part of one between underscores:
     `blacklist` in `add_blacklist`) in code first, then in prose (comments, and strings other than
     doctest lines and calls: a developer renames the code before the words about it). Every use of
     the name on that line is renamed at once (`self.start = start`). A name local to a function
     (`scope`, its span in `text`) is renamed within that function only: another function's name
     of the same spelling is another variable. When one name holds the other, whole uses first, and
-    only they when the names differ by parts between underscores. With `words`, in prose only."""
+    only they when the names differ by parts between underscores. With `words`, in prose only. Not
+    in `value`, the span of the value a renamed assignment target is made from."""
     part = re.compile(r"(?<![A-Za-z0-9])(" + re.escape(old) + r")(?![A-Za-z0-9])")
     prose = _prose_spans(text)
     modules = _module_spans(text)  # `from report import` names a module, not the renamed name
 
     def inside(span: tuple[int, int]) -> bool:
+        if value is not None and value[0] <= span[0] < value[1]:
+            return False
         return (scope is None or scope[0] <= span[0] and span[1] <= scope[1]) and not any(
             start <= span[0] < end for start, end in modules)
 
@@ -367,6 +386,26 @@ def _next_rename(text: str, old: str, new: str, cursor: int, done: tuple[int, in
         old_parts, new_parts = set(old.strip("_").split("_")), set(new.strip("_").split("_"))
         by_parts = old_parts < new_parts or new_parts < old_parts
         order = ((whole, in_code), (whole, inside)) + (() if by_parts else ((part, in_code), (part, inside)))
+    elif scope is not None:
+        # A function's local (`text` -> `generator` of `def pager(text)`) is a variable: its uses
+        # are whole names, or parts of other locals of that function named after it (`def
+        # add_blacklist` beside `blacklist`); a part of another name (`_default_text_stdout()`,
+        # `self._body_iter`) is another thing, renamed after them.
+        body = text[scope[0]:scope[1]]
+
+        def local(span: tuple[int, int]) -> bool:
+            left, right = span
+            while left > 0 and _wordy(text[left - 1]):
+                left -= 1
+            while right < len(text) and _wordy(text[right]):
+                right += 1
+            name = text[left:right]
+            nested = r"^\s*(?:async\s+)?(?:def|class)\s+" + name + r"\b"
+            return name == old or not text[:left].rstrip().endswith(".") and (
+                _bound(body, name) or re.search(nested, body, re.M) is not None)
+
+        order = ((part, lambda span: in_code(span) and local(span)),
+                 (part, lambda span: inside(span) and local(span)), (part, in_code), (part, inside))
     else:
         order = ((part, in_code), (part, inside))
     for pattern, where in order:

@@ -211,6 +211,30 @@ def test_a_local_renamed_in_its_body_stays_in_its_function_and_a_global_does_not
     assert _walk(history, "r.py", at) == ["CAP = 3", "    return found[:CAP]", "    global CAP"]
 
 
+def test_a_parameter_goes_to_its_whole_uses_before_parts_of_other_names():
+    """`text` -> `generator` in `pager(text)`: `_default_text_stdout()` is another function, renamed
+    (if at all) after the parameter's own uses; a local function named after it (`add_text`) is not."""
+    code = ("def pager(text, color=None):\n    stdout = _default_text_stdout()\n"
+            "    return _nullpager(stdout, text, color)\n")
+    history = _rename_at(code, code.index("text"), "text", "generator")
+    assert _walk(history, "r.py", code.index("text") + len("generator"))[0] == \
+        "    return _nullpager(stdout, generator, color)"
+    code = ("def check(blacklist=None):\n    seen = other_blacklist_size()\n\n"
+            "    def add_blacklist(x):\n        blacklist.add(x)\n")
+    history = _rename_at(code, code.index("blacklist"), "blacklist", "denylist")
+    assert _walk(history, "r.py", code.index("blacklist") + len("denylist"))[0] == "    def add_denylist(x):"
+
+
+def test_an_assignment_renamed_keeps_the_old_name_in_its_own_value():
+    """`prefix = f(prefix)` -> `usage_prefix = f(prefix)` makes a new variable from the old one: the
+    old name in its value stays; its next use below is renamed."""
+    code = ("def write_usage(prog, prefix):\n    prefix = '%s%s ' % (prefix, prog)\n"
+            "    width = term_len(prefix)\n")
+    at = code.index("    prefix =") + 4
+    history = _rename_at(code, at, "prefix", "usage_prefix")
+    assert _walk(history, "r.py", at + len("usage_prefix"))[0] == "    width = term_len(usage_prefix)"
+
+
 def test_a_functions_own_name_renamed_at_its_def_goes_to_its_callers():
     at = INVENTORY.index("in_stock(\n")
     history = _rename_at(INVENTORY, at, "in_stock", "available")
