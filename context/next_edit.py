@@ -339,7 +339,7 @@ def _own_value(edit: Edit, text: str, old: str, done: tuple[int, int]) -> tuple[
     f(prefix)`), the span in `text` of the value it is assigned: the old name there is the value the
     new variable is made from, not a use to rename."""
     line_start = edit.before.rfind("\n", 0, edit.start) + 1
-    if not re.fullmatch(r"[ \t]*[A-Za-z0-9_]*", edit.before[line_start:edit.start]):
+    if not re.fullmatch(r"[ \t]*[A-Za-z0-9_.]*", edit.before[line_start:edit.start]):
         return None
     line_end = text.find("\n", done[1])
     line_end = len(text) if line_end < 0 else line_end
@@ -429,6 +429,11 @@ def _local_scope(edit: Edit, old: str, new: str) -> tuple[int, int] | None:
     edit is in no function or the name is not local to the innermost one (an attribute, a global, a
     function's own name)."""
     before = edit.before
+    left = edit.start
+    while left > 0 and _wordy(before[left - 1]):
+        left -= 1
+    if before[:left].rstrip(" \t").endswith("."):
+        return None  # an attribute (`self.func`), not the parameter of the same name
     lines = before.split("\n")
     starts = [0]
     for line in lines[:-1]:

@@ -235,6 +235,16 @@ def test_an_assignment_renamed_keeps_the_old_name_in_its_own_value():
     assert _walk(history, "r.py", at + len("usage_prefix"))[0] == "    width = term_len(usage_prefix)"
 
 
+def test_an_attribute_named_like_a_parameter_is_renamed_beyond_that_function():
+    """`self.func = func` -> `self._func = func`: the attribute is used in the other methods; the
+    parameter `func` (and the value it gives) is another name."""
+    code = ("class FunctionAuth:\n    def __init__(self, func):\n        self.func = func\n\n"
+            "    def auth_flow(self, request):\n        yield self.func(request)\n")
+    at = code.index("self.func") + len("self.")
+    history = _rename_at(code, at, "", "_")
+    assert _walk(history, "r.py", at + 1)[0] == "        yield self._func(request)"
+
+
 def test_a_functions_own_name_renamed_at_its_def_goes_to_its_callers():
     at = INVENTORY.index("in_stock(\n")
     history = _rename_at(INVENTORY, at, "in_stock", "available")
