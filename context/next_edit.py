@@ -11,8 +11,10 @@ from the old name to the new. `predict` reads the last edit:
 - a **repeat**: any other edit within a line (an argument added to a call, an operator changed,
   `(object)` dropped from a class line).
 
-The old text is looked for after the cursor (then from the top). A renamed name, at its next use (as
-a whole name or a part of one between underscores: `blacklist` in `add_blacklist`), in code before
+The old text is looked for after the cursor, at every step of the order below, before it is looked
+for from the top (developers go down a file: a weaker place below beats a stronger one above). A
+renamed name, at its next use (as a whole name or a part of one between underscores: `blacklist` in
+`add_blacklist`), in code before
 prose (comments and strings, but for doctest lines and calls written out: developers rename the code
 first), every use on that line at once; a name local to a Python function (its parameter, or
 assigned in it but for `global` and `nonlocal`) in that function only, its whole uses (and the
@@ -357,7 +359,8 @@ def _next_rename(text: str, old: str, new: str, cursor: int, done: tuple[int, in
     (`scope`, its span in `text`) is renamed within that function only: another function's name
     of the same spelling is another variable. When one name holds the other, whole uses first, and
     only they when the names differ by parts between underscores. With `words`, in prose only. Not
-    in `value`, the span of the value a renamed assignment target is made from."""
+    in `value`, the span of the value a renamed assignment target is made from. A use below the
+    cursor at any of these steps before one above it (the first step's first from the top)."""
     part = re.compile(r"(?<![A-Za-z0-9])(" + re.escape(old) + r")(?![A-Za-z0-9])")
     prose = _prose_spans(text)
     modules = _module_spans(text)  # `from report import` names a module, not the renamed name
@@ -408,11 +411,13 @@ def _next_rename(text: str, old: str, new: str, cursor: int, done: tuple[int, in
                  (part, lambda span: inside(span) and local(span)), (part, in_code), (part, inside))
     else:
         order = ((part, in_code), (part, inside))
+    above = None
     for pattern, where in order:
         found = _next_group(text, pattern, cursor, done, old, new, where)
-        if found is not None:
+        if found is not None and found[0] >= cursor:
             return _whole_line_rename(text, pattern, found, done, old, new, where)
-    return None
+        above = above or (found and (pattern, found, where))
+    return None if above is None else _whole_line_rename(text, above[0], above[1], done, old, new, above[2])
 
 
 _DEF = re.compile(r"[ \t]*(?:async[ \t]+)?def[ \t]+([A-Za-z_][A-Za-z0-9_]*)")
@@ -528,13 +533,16 @@ def _word_edit(before: str, start: int, old: str, new: str) -> tuple[int, str, s
 def _next_repeat(last: Edit, text: str, cursor: int, done: tuple[int, int],
                  levels: Sequence[tuple[int, int]] = _NEIGHBOURS) -> Prediction | None:
     """The same change where the same text stands between the same neighbours, the widest that
-    match first (of `levels`: characters left and right)."""
+    match first (of `levels`: characters left and right), below the cursor before above it: the
+    first place below at any level, else the widest level's first place from the top (developers
+    go down the file; `_NEIGHBOURS`' narrower levels there beat a wider one's place above)."""
     before = last.before
     start, old, new = _word_edit(before, last.start, last.old, last.new)
     line_start = before.rfind("\n", 0, start) + 1
     line_end = before.find("\n", start + len(old))
     line_end = len(before) if line_end < 0 else line_end
     word = bool(_IDENT.fullmatch(old))
+    above = None
     for left_size, right_size in levels:
         if not old and not left_size and not right_size:
             break  # an insertion needs neighbours to say where it goes
@@ -558,9 +566,10 @@ def _next_repeat(last: Edit, text: str, cursor: int, done: tuple[int, int],
             tail = r"(?=\r?\n|\Z)"
         pattern = re.compile(head + "(" + re.escape(old) + ")" + tail)
         found = _next_group(text, pattern, cursor, done, old, new)
-        if found is not None:
+        if found is not None and found[0] >= cursor:
             return Prediction(found[0], found[1], new, "repeat")
-    return None
+        above = above or found
+    return None if above is None else Prediction(above[0], above[1], new, "repeat")
 
 
 def _skipped(text: str, span: tuple[int, int], done: tuple[int, int], old: str, new: str) -> bool:

@@ -245,6 +245,24 @@ def test_an_attribute_named_like_a_parameter_is_renamed_beyond_that_function():
     assert _walk(history, "r.py", at + 1)[0] == "        yield self._func(request)"
 
 
+def test_a_place_below_the_cursor_comes_before_a_better_matched_one_above():
+    """The same argument added to `parse(...)`: the call above has the edit's very neighbours, the
+    one below only some; developers go down the file, so the one below is offered. With none below,
+    the one above is."""
+    code = ("x = parse(raw, strict)\n\ndef load(raw):\n    return parse(raw, strict)\n\n"
+            "def read(data):\n    return parse(data, strict)\n")
+    at = code.index("raw, strict)\n\ndef read") + len("raw, strict")
+    history = EditHistory()
+    history.open("r.py", code)
+    history.change("r.py", at, at, ", True")
+    text = history.text("r.py")
+    nxt = predict(history, "r.py", at + len(", True"))
+    assert (text[nxt.start - 12:nxt.start], nxt.text) == ("parse(data, strict"[-12:], ", True")
+    history.change("r.py", nxt.start, nxt.end, nxt.text)
+    nxt = predict(history, "r.py", nxt.start + len(nxt.text))
+    assert text.count("\n", 0, nxt.start) == 0 and nxt.text == ", True"
+
+
 def test_a_functions_own_name_renamed_at_its_def_goes_to_its_callers():
     at = INVENTORY.index("in_stock(\n")
     history = _rename_at(INVENTORY, at, "in_stock", "available")
