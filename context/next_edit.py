@@ -480,13 +480,34 @@ def _bound(body: str, name: str) -> bool:
     word = r"(?<![A-Za-z0-9_.])" + re.escape(name) + r"(?![A-Za-z0-9_])"
     if re.search(r"^\s*(?:global|nonlocal)\b[^\n]*" + word, body, re.M):
         return False
-    close = body.find(")", body.find("("))
-    signature = body[body.find("(") + 1 : close if close >= 0 else len(body)]
-    if re.search(word + r"\s*(?=[:=,*]|$)", signature.replace("\n", " ")) or re.search(
-        r"[(,]\s*\**" + re.escape(name) + r"(?![A-Za-z0-9_])", "(" + signature):
+    if name in _parameters(body):
         return True
     return bool(re.search(r"^\s*" + word + r"\s*(?::[^=\n]*)?=(?!=)|\bfor\s+[^\n]*?" + word + r"[^\n]*?\bin\b"
                           r"|\bas\s+" + word, body, re.M))
+
+
+def _parameters(source: str) -> list[str]:
+    """The parameter names of the def that `source` starts with: the first name of each of its
+    signature's top-level comma-separated parts (`timeout: OptionalTimeout = None` is `timeout`)."""
+    opened = source.find("(")
+    if opened < 0:
+        return []
+    names, depth, part = [], 0, ""
+    for char in source[opened + 1:]:
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            if depth == 0:
+                break
+            depth -= 1
+        if char == "," and depth == 0:
+            names.append(part)
+            part = ""
+        else:
+            part += char
+    names.append(part)
+    firsts = (re.match(r"\s*\**([A-Za-z_][A-Za-z0-9_]*)", piece) for piece in names)
+    return [match.group(1) for match in firsts if match]
 
 
 def _whole_line_rename(text: str, pattern: re.Pattern, found: tuple[int, int], done: tuple[int, int],

@@ -263,6 +263,17 @@ def test_a_place_below_the_cursor_comes_before_a_better_matched_one_above():
     assert text.count("\n", 0, nxt.start) == 0 and nxt.text == ", True"
 
 
+def test_a_type_renamed_in_an_annotation_with_a_default_goes_to_the_next_signature():
+    """`timeout: OptionalTimeout = None`: the annotation is a type, not a parameter of `read` (the
+    parameter is `timeout`), so its rename goes on to `write`'s signature."""
+    code = ("async def read(self, n: int, timeout: OptionalTimeout = None) -> bytes:\n    return b''\n\n"
+            "async def write(self, data: bytes, timeout: OptionalTimeout = None) -> None:\n    pass\n")
+    at = code.index("OptionalTimeout")
+    history = _rename_at(code, at, "OptionalTimeout", "TimeoutConfig")
+    assert _walk(history, "r.py", at + len("TimeoutConfig")) == [
+        "async def write(self, data: bytes, timeout: TimeoutConfig = None) -> None:"]
+
+
 def test_a_functions_own_name_renamed_at_its_def_goes_to_its_callers():
     at = INVENTORY.index("in_stock(\n")
     history = _rename_at(INVENTORY, at, "in_stock", "available")
