@@ -25,7 +25,9 @@ whose case changed in prose (`click` -> `Click` in a docstring) goes on in prose
 keyword argument renamed (`data=` -> `content=`) goes to the next call's keyword of that name
 first. A repeat, between the same neighbours it had on its line, `CONTEXT` characters each side,
 then fewer, then on one side only, then alone (an insertion always needs neighbours; one at the end
-of its line goes at the end of another; an edit ending inside a word is the change of that word).
+of its line goes at the end of another; an edit ending inside a word is the change of that word,
+then, with no place for that, the change as made). A rename with no use left to rename (a local
+`item_value` -> `_`, an import's module) is tried as a repeat.
 The first place found gets the same change; never where the new text stands already
 (`_no_default` holds `no_default`).
 
@@ -300,6 +302,11 @@ def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
             # (an accepted suggestion, or a rename typed over one part): that rename goes on.
             scope = _local_scope(last, *part) if python else None
             found = _next_rename(text, *part, cursor, done, scope, words)
+        if found is None:
+            # No use left: the same change where the same text stands between the full neighbours
+            # (`for idx, (item_key, item_value) in` in the next function); not at a narrower level:
+            # those would put it where the rules above refuse (a module, a longer name).
+            found = _next_repeat(last, text, cursor, done, _NEIGHBOURS[:1])
         return found
     old, new = last.old, last.new
     if undone(edits[:-1], old, new) or (not (old + new).strip() and not _within_text(last)):
@@ -556,9 +563,20 @@ def _next_repeat(last: Edit, text: str, cursor: int, done: tuple[int, int],
     """The same change where the same text stands between the same neighbours, the widest that
     match first (of `levels`: characters left and right), below the cursor before above it: the
     first place below at any level, else the widest level's first place from the top (developers
-    go down the file; `_NEIGHBOURS`' narrower levels there beat a wider one's place above)."""
-    before = last.before
-    start, old, new = _word_edit(before, last.start, last.old, last.new)
+    go down the file; `_NEIGHBOURS`' narrower levels there beat a wider one's place above). The
+    change of the whole words it falls in first (`_word_edit`), then, with no place for that, the
+    change as made (`_timeout` dropped from `read_timeout=` goes on to `write_timeout=`)."""
+    as_made = (last.start, last.old, last.new)
+    words = _word_edit(last.before, *as_made)
+    found = _repeat_at(last.before, text, cursor, done, levels, *words)
+    if found is None and words != as_made:
+        found = _repeat_at(last.before, text, cursor, done, levels, *as_made)
+    return found
+
+
+def _repeat_at(before: str, text: str, cursor: int, done: tuple[int, int], levels: Sequence[tuple[int, int]],
+               start: int, old: str, new: str) -> Prediction | None:
+    """`_next_repeat` for the change `old` -> `new` at `start` of `before`."""
     line_start = before.rfind("\n", 0, start) + 1
     line_end = before.find("\n", start + len(old))
     line_end = len(before) if line_end < 0 else line_end

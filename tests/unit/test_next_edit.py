@@ -274,6 +274,31 @@ def test_a_type_renamed_in_an_annotation_with_a_default_goes_to_the_next_signatu
         "async def write(self, data: bytes, timeout: TimeoutConfig = None) -> None:"]
 
 
+def test_a_rename_with_no_use_left_goes_on_as_a_repeat():
+    """`item_value` -> `_` in one loop: the local has no other use in its function, so the same
+    change goes to the same loop in the next function."""
+    code = ("def keys(self):\n    for idx, (item_key, item_value) in enumerate(self._list):\n"
+            "        yield item_key\n\n"
+            "def index(self, key):\n    for idx, (item_key, item_value) in enumerate(self._list):\n"
+            "        if item_key == key:\n            return idx\n")
+    at = code.index("item_value")
+    history = _rename_at(code, at, "item_value", "_")
+    assert _walk(history, "r.py", at + 1) == ["    for idx, (item_key, _) in enumerate(self._list):"]
+
+
+def test_a_change_with_no_place_for_its_whole_word_goes_where_it_was_made():
+    """`platforms: Any` -> `platform_rules: t.ClassVar[tuple]` is, as the editor's diff has it, `s: Any`
+    -> `_rules: t.ClassVar[tuple]` after `platform`. The whole words' change (`platforms: Any`) has no
+    other place; the change as made goes on to `browsers: Any`."""
+    code = ("class Parser:\n    platforms: Any = (\n        1,\n    )\n"
+            "    browsers: Any = (\n        2,\n    )\n")
+    at = code.index("s: Any")
+    history = EditHistory()
+    history.open("r.py", code)
+    history.change("r.py", at, at + len("s: Any"), "_rules: t.ClassVar[tuple]")
+    assert _walk(history, "r.py", at)[0] == "    browser_rules: t.ClassVar[tuple] = ("
+
+
 def test_a_functions_own_name_renamed_at_its_def_goes_to_its_callers():
     at = INVENTORY.index("in_stock(\n")
     history = _rename_at(INVENTORY, at, "in_stock", "available")
