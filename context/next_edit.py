@@ -606,9 +606,23 @@ def _repeat_at(before: str, text: str, cursor: int, done: tuple[int, int], level
         pattern = re.compile(head + "(" + re.escape(old) + ")" + tail)
         found = _next_group(text, pattern, cursor, done, old, new)
         if found is not None and found[0] >= cursor:
-            return Prediction(found[0], found[1], new, "repeat")
+            return _placed(before, start, old, new, text, found)
         above = above or found
-    return None if above is None else Prediction(above[0], above[1], new, "repeat")
+    return None if above is None else _placed(before, start, old, new, text, above)
+
+
+def _placed(before: str, start: int, old: str, new: str, text: str, span: tuple[int, int]) -> Prediction:
+    """The repeat of `old` -> `new` (made at `start` of `before`) at `span` of `text`; where the
+    marks the change put after the old text stand there already (`"arg"` -> `"ARG".` where `"arg".`
+    stands), the change takes them in rather than doubling them."""
+    end = span[1]
+    for size in range(len(new), 0, -1):
+        added = new[-size:]
+        if not any(_wordy(char) for char in added) and not old.endswith(added) and \
+                text.startswith(added, end) and not before.startswith(added, start + len(old)):
+            end += size
+            break
+    return Prediction(span[0], end, new, "repeat")
 
 
 def _skipped(text: str, span: tuple[int, int], done: tuple[int, int], old: str, new: str) -> bool:

@@ -299,6 +299,17 @@ def test_a_change_with_no_place_for_its_whole_word_goes_where_it_was_made():
     assert _walk(history, "r.py", at)[0] == "    browser_rules: t.ClassVar[tuple] = ("
 
 
+def test_marks_a_repeat_adds_that_stand_there_already_are_not_doubled():
+    """`"arg"` -> `"ARG".` (the editor's diff: `arg"` -> `ARG".`) where `"arg".` stands: `"ARG".`,
+    not `"ARG"..`."""
+    code = "first = 'Missing \"arg\"'\nsecond = 'Missing \"arg\".'\n"
+    at = code.index("arg")
+    history = EditHistory()
+    history.open("r.py", code)
+    history.change("r.py", at, at + len('arg"'), 'ARG".')
+    assert _walk(history, "r.py", at + len('ARG".'))[0] == "second = 'Missing \"ARG\".'"
+
+
 def test_a_functions_own_name_renamed_at_its_def_goes_to_its_callers():
     at = INVENTORY.index("in_stock(\n")
     history = _rename_at(INVENTORY, at, "in_stock", "available")
