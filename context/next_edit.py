@@ -14,22 +14,22 @@ from the old name to the new. `predict` reads the last edit:
 The old text is looked for after the cursor, at every step of the order below, before it is looked
 for from the top (developers go down a file: a weaker place below beats a stronger one above). A
 renamed name, at its next use (as a whole name or a part of one between underscores: `blacklist` in
-`add_blacklist`), in code before
-prose (comments and strings, but for doctest lines and calls written out: developers rename the code
-first), every use on that line at once; a name local to a Python function (its parameter, or
-assigned in it but for `global` and `nonlocal`) in that function only, its whole uses (and the
-function's own locals named after it) before parts of other names; not in the value a renamed
-assignment target is made from (`prefix = f(prefix)` -> `usage_prefix = f(prefix)`); when one name
-holds the other, its whole uses first (`comp` -> `compose`), or only (`encode` -> `encode_request`). A word
-whose case changed in prose (`click` -> `Click` in a docstring) goes on in prose only. A call's
-keyword argument renamed (`data=` -> `content=`) goes to the next call's keyword of that name
-first. A repeat, between the same neighbours it had on its line, `CONTEXT` characters each side,
-then fewer, then on one side only, then alone (an insertion always needs neighbours; one at the end
-of its line goes at the end of another; an edit ending inside a word is the change of that word,
-then, with no place for that, the change as made). A rename with no use left to rename (a local
-`item_value` -> `_`, an import's module) is tried as a repeat.
-The first place found gets the same change; never where the new text stands already
-(`_no_default` holds `no_default`).
+`add_blacklist`), in code before prose (comments and strings, but for doctest lines and calls
+written out: developers rename the code first), every use on that line at once; a name local to a
+Python function (its parameter, or assigned in it but for `global` and `nonlocal`) in that function
+only, its whole uses (and the function's own locals named after it) before parts of other names; not
+in the value a renamed assignment target is made from (`prefix = f(prefix)` -> `usage_prefix =
+f(prefix)`); when one name holds the other, its whole uses first (`comp` -> `compose`), or only
+(`encode` -> `encode_request`). A word whose case changed in prose (`click` -> `Click` in a
+docstring), or a builtin's name changed there (`a list of` -> `a sequence of`), goes on in prose
+only; a builtin renamed in code, at its whole uses. A call's keyword argument renamed (`data=` ->
+`content=`) goes to the next call's keyword of that name first. A repeat, between the same
+neighbours it had on its line, `CONTEXT` characters each side, then fewer, then on one side only,
+then alone (an insertion always needs neighbours; one at the end of its line goes at the end of
+another; an edit ending inside a word is the change of that word, then, with no place for that, the
+change as made). A rename with no use left to rename (a local `item_value` -> `_`, an import's
+module) is tried as a repeat. The first place found gets the same change; never where the new text
+stands already (`_no_default` holds `no_default`).
 
 When no use of a renamed name is left in its file, the rename is carried to other files
 (`carried_rename`, `next_use_elsewhere`; Python only): when the file now defines the new name where
@@ -47,6 +47,7 @@ offered. The model path (a rewrite of the region around the cursor from the rece
 from __future__ import annotations
 
 import bisect
+import builtins
 import keyword
 import re
 import time
@@ -62,6 +63,7 @@ CONTEXT = 12  # characters of the edited line each side of the edit that a repea
 # The neighbours (left, right) a repeat tries in turn: both sides, then one, then none.
 _NEIGHBOURS = ((CONTEXT, CONTEXT), (6, 6), (3, 3), (CONTEXT, 0), (6, 0), (3, 0), (0, CONTEXT), (0, 6), (0, 3),
                (0, 0))
+_BUILTINS = frozenset(dir(builtins))
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NOT_AFTER_WORD, _NOT_BEFORE_WORD = r"(?<![A-Za-z0-9_])", r"(?![A-Za-z0-9_])"
 
@@ -285,7 +287,10 @@ def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
         scope = _local_scope(last, old, new) if python else None
         # A word's case changed in a comment or a string (`click` -> `Click`) is an edit of the words:
         # it goes on in prose only (`click.echo` in code is another thing).
-        words = old.lower() == new.lower() and _in_prose(last.before, _prose_spans(last.before), last.start)
+        # So is a builtin's name in prose (`a list of two-tuples` -> `a sequence of`): `list(x)` in
+        # code is the builtin.
+        words = (old.lower() == new.lower() or old in _BUILTINS) and \
+            _in_prose(last.before, _prose_spans(last.before), last.start)
         left = last.start
         while left > 0 and _wordy(last.before[left - 1]):
             left -= 1
@@ -387,6 +392,10 @@ def _next_rename(text: str, old: str, new: str, cursor: int, done: tuple[int, in
 
     if words:
         order = ((part, in_words),)
+    elif old in _BUILTINS:
+        # A builtin (`dict` -> `RequestExtensions`): its whole uses; `as_dict` is another name.
+        whole = re.compile(r"(?<![A-Za-z0-9_])(" + re.escape(old) + r")(?![A-Za-z0-9_])")
+        order = ((whole, in_code), (whole, inside))
     elif old in new or new in old:
         # `comp` -> `compose`: whole uses first, then parts of longer names (`test_comp`). But when
         # the names differ by whole parts between underscores (`encode` -> `encode_request`,

@@ -310,6 +310,20 @@ def test_marks_a_repeat_adds_that_stand_there_already_are_not_doubled():
     assert _walk(history, "r.py", at + len('ARG".'))[0] == "second = 'Missing \"ARG\".'"
 
 
+def test_a_builtins_name_changed_in_prose_goes_on_in_prose_and_in_code_as_a_whole_name():
+    """`list` -> `sequence` in a docstring is a change of the words: `list(history)` in code is the
+    builtin. `dict` -> `Extensions` in code goes to whole uses: `as_dict` is another name."""
+    code = ('def send(data):\n    """data: a dict or list of pairs."""\n    history = list(data)\n'
+            '    """Returns a list of responses."""\n')
+    at = code.index("list of pairs")
+    history = _rename_at(code, at, "list", "sequence")
+    assert _walk(history, "r.py", at + len("sequence"))[0] == '    """Returns a sequence of responses."""'
+    code = "def send(extensions: dict):\n    timeout.as_dict()\n    other: dict = {}\n"
+    at = code.index("dict")
+    history = _rename_at(code, at, "dict", "Extensions")
+    assert _walk(history, "r.py", at + len("Extensions"))[0] == "    other: Extensions = {}"
+
+
 def test_a_functions_own_name_renamed_at_its_def_goes_to_its_callers():
     at = INVENTORY.index("in_stock(\n")
     history = _rename_at(INVENTORY, at, "in_stock", "available")
