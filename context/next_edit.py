@@ -574,7 +574,8 @@ def _next_repeat(last: Edit, text: str, cursor: int, done: tuple[int, int],
     first place below at any level, else the widest level's first place from the top (developers
     go down the file; `_NEIGHBOURS`' narrower levels there beat a wider one's place above). The
     change of the whole words it falls in first (`_word_edit`), then, with no place for that, the
-    change as made (`_timeout` dropped from `read_timeout=` goes on to `write_timeout=`)."""
+    change as made (`platforms: Any` -> `platform_rules: T`, made as `s: Any` -> `_rules: T` after
+    `platform`, goes on to `browsers: Any`)."""
     as_made = (last.start, last.old, last.new)
     words = _word_edit(last.before, *as_made)
     found = _repeat_at(last.before, text, cursor, done, levels, *words)
