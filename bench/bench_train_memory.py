@@ -1,7 +1,7 @@
 """Peak memory and step time of the trainer at the learning loop's settings, phase by phase.
 
 The learning loop (`bench/learning_loop.py --full`) trains with the product's settings plus its own:
-G = 8 samples of up to 32 tokens for 2 prompts a step, lr 2e-4, one torch thread per core, prompts
+G = 4 samples of up to 32 tokens for 2 prompts a step, lr 2e-4, one torch thread per core, prompts
 of 256 tokens before the cursor, and Squid on as the product ships it (up to 4 reference documents
 of up to 512 tokens, composed as prefilled caches before the prompt). This runs the same trainer on
 the same kind of examples without the editor: completion tasks made from the loop's training modules
@@ -111,7 +111,7 @@ def loop_config(threads: int):
     from bench.learning_loop import FULL
     from context.config import TrainConfig
 
-    settings = tomllib.loads("\n".join(FULL.train_settings))  # group_size = 8
+    settings = tomllib.loads("\n".join(FULL.train_settings))  # the plan's own [train] lines
     return replace(TrainConfig(), steps=FULL.steps, threads=threads, max_new_tokens=FULL.max_new_tokens,
                    learning_rate=FULL.learning_rate, seed=0, checkpoint_every=10**6, **settings)
 

@@ -33,9 +33,9 @@ def test_a_wrong_train_setting_is_refused_with_the_reason(text, says):
 
 
 def test_a_setting_on_the_command_line_replaces_the_plans_own():
-    from bench.learning_loop import FULL, merged_settings
+    from bench.learning_loop import merged_settings
 
-    assert "group_size = 8" in FULL.train_settings
-    merged = merged_settings(FULL.train_settings, [train_setting("group_size=4"), train_setting("beta=0.1")])
-    assert merged == ("group_size = 4", "beta = 0.1")
-    assert merged_settings(("group_size = 8",), []) == ("group_size = 8",)
+    plan = ("group_size = 8", 'loss_type = "grpo"')
+    merged = merged_settings(plan, [train_setting("group_size=4"), train_setting("beta=0.1")])
+    assert merged == ('loss_type = "grpo"', "group_size = 4", "beta = 0.1")
+    assert merged_settings(plan, []) == plan
