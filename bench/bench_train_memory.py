@@ -103,17 +103,17 @@ class Phases:
 # -- the loop's settings ------------------------------------------------------------------------
 
 
-def loop_config(threads: int):
+def loop_config(threads: int, train_settings: tuple[str, ...] = ()):
     """`TrainConfig` as `bench/learning_loop.py --full` writes it (`workspace_config`, FULL), with
-    `threads` torch threads (the loop: one per core)."""
+    `threads` torch threads (the loop: one per core) and `train_settings`, TOML lines: the plan's own
+    and `--train-setting`'s (`main` merges them; a side does not import the loop, which the `before`
+    side would take from its own tree)."""
     import tomllib
 
-    from bench.learning_loop import FULL
     from context.config import TrainConfig
 
-    settings = tomllib.loads("\n".join(FULL.train_settings))  # the plan's own [train] lines
-    return replace(TrainConfig(), steps=FULL.steps, threads=threads, max_new_tokens=FULL.max_new_tokens,
-                   learning_rate=FULL.learning_rate, seed=0, checkpoint_every=10**6, **settings)
+    return replace(TrainConfig(), steps=30, threads=threads, max_new_tokens=32, learning_rate=2e-4, seed=0,
+                   checkpoint_every=10**6, **tomllib.loads("\n".join(train_settings)))
 
 
 def loop_examples(tokenizer, workdir: Path, count: int, references: int):
@@ -171,7 +171,8 @@ def _load(threads: int):
 # -- the sides ----------------------------------------------------------------------------------
 
 
-def run_ours(steps: int, workdir: Path, threads: int, references: int) -> dict:
+def run_ours(steps: int, workdir: Path, threads: int, references: int,
+             settings: tuple[str, ...] = ()) -> dict:
     import torch
 
     from feedback.train import gate
@@ -180,7 +181,7 @@ def run_ours(steps: int, workdir: Path, threads: int, references: int) -> dict:
     from feedback.train.references import ReferenceComposer
     from feedback.train.service import task_reward
 
-    config = loop_config(threads)
+    config = loop_config(threads, settings)
     runtime = _load(config.threads)
     loaded_mb = _status_kib("VmRSS") / 1024
     examples = loop_examples(runtime.tokenizer, workdir, 16 + GATE_EXAMPLES, references)
@@ -220,7 +221,8 @@ def run_ours(steps: int, workdir: Path, threads: int, references: int) -> dict:
     }
 
 
-def run_trl(steps: int, workdir: Path, threads: int, references: int) -> dict:
+def run_trl(steps: int, workdir: Path, threads: int, references: int,
+            settings: tuple[str, ...] = ()) -> dict:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
@@ -229,7 +231,7 @@ def run_trl(steps: int, workdir: Path, threads: int, references: int) -> dict:
     from feedback.train.policy import LORA_TARGETS
     from feedback.train.service import task_reward
 
-    config = loop_config(threads)
+    config = loop_config(threads, settings)
     runtime = _load(config.threads)
     loaded_mb = _status_kib("VmRSS") / 1024
     examples = loop_examples(runtime.tokenizer, workdir, 16 + GATE_EXAMPLES, references)[:-GATE_EXAMPLES]
@@ -288,20 +290,30 @@ def main() -> None:
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {', '.join(SIDES)}")
     parser.add_argument("--before", default="HEAD", help="the git revision the `before` side runs")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--train-setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="another [train] setting (`group_size=8`), as bench/learning_loop.py takes it")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "train-memory.json")
     args = parser.parse_args()
+    if not args.side:  # here, where importing the loop cannot shadow the `before` side's modules
+        from bench.learning_loop import FULL, merged_settings, train_setting
+
+        try:
+            given = [train_setting(text) for text in args.train_setting]
+        except argparse.ArgumentTypeError as exc:
+            parser.error(str(exc))
+        args.train_setting = list(merged_settings(FULL.train_settings, given))
     if args.side:
         # A side that runs away fails with an allocation error instead of taking the machine's memory.
         limit = ADDRESS_SPACE_GIB * 2**30
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         with tempfile.TemporaryDirectory(prefix="squidcode-train-memory-") as tmp:
             run = run_trl if args.side == "trl" else run_ours  # `before` is `ours` on other sources
-            result = run(args.steps, Path(tmp), args.threads, args.references)
+            result = run(args.steps, Path(tmp), args.threads, args.references, tuple(args.train_setting))
         print("RESULT " + json.dumps(result), flush=True)
         return
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                      "load_before": os.getloadavg(), "steps": args.steps, "threads": args.threads,
-                     "references": args.references}
+                     "references": args.references, "train_settings": args.train_setting}
     results["before_revision"] = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=REPO,
                                                 capture_output=True, text=True, check=True).stdout.strip()
     for side in args.sides.split(","):
@@ -313,7 +325,9 @@ def main() -> None:
             subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
             env["SQUIDCODE_BENCH_SOURCE"] = str(source)
         proc = subprocess.run([sys.executable, __file__, "--side", side, "--steps", str(args.steps),
-                               "--threads", str(args.threads), "--references", str(args.references)],
+                               "--threads", str(args.threads), "--references", str(args.references),
+                               *("--train-setting=" + "=".join(part.strip() for part in line.split("=", 1))
+                                 for line in args.train_setting)],
                               capture_output=True, text=True, cwd=REPO, env=env)
         if side == "before":
             shutil.rmtree(source, ignore_errors=True)
