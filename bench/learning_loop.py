@@ -102,14 +102,17 @@ def _say(message: str) -> None:
 
 
 def workspace_config(data: Path, plan: Plan, device: str = "cpu", threads: int | None = None) -> str:
-    """The workspace's `.squidcode.toml`: the product's settings with short checkpoints, and every
-    file the loop writes kept under `data`; `device` "cuda" runs model and trainer on the GPU in
-    bfloat16 (bench/gpu_e2e.sh)."""
+    """The workspace's `.squidcode.toml`: the product's settings with short checkpoints, every
+    spot's whole 256-token window, and every file the loop writes kept under `data`; `device` "cuda"
+    runs model and trainer on the GPU in bfloat16 (bench/gpu_e2e.sh)."""
     gpu = '[model]\ndevice = "cuda"\ndtype = "bfloat16"\n\n' if device == "cuda" else ""
     return f"""# written by bench/learning_loop.py
 {gpu}[completion]
 debounce_ms = 0
 prefix_tokens = 256
+# The whole window at every spot: the budget a keystroke at a new place is tuned to per machine (192
+# tokens on a 2-core AMD EPYC, 448 on an Intel Xeon) would make the keep rates the machine's.
+keystroke_prefill_tokens = 0
 
 [feedback]
 db_path = "{data / 'feedback.db'}"

@@ -23,6 +23,8 @@ def test_a_train_setting_reaches_the_product_configuration(tmp_path):
     config, problems = load_file_config([tmp_path])
     assert problems == []
     assert (config.train.loss_type, config.train.group_size, config.train.steps) == ("grpo", 8, 3)
+    # Every spot answers from its whole window, whatever budget this machine's tuning would give.
+    assert (config.completion.prefix_tokens, config.completion.keystroke_prefill_tokens) == (256, 0)
 
 
 @pytest.mark.parametrize("text, says", [("nope=1", "not a train setting"), ("steps=3", "its own flag"),
