@@ -9,6 +9,9 @@ asked at the end of it. Reported for all cases and for the rename/repeat cases (
 the same substitution as the first, the kind the deterministic path is for):
 
   exact      the prediction changes the same characters to the same text as the next hunk
+  exact within two
+             exact, or (deterministic path) wrong and the place offered after it once the user waves
+             it off (`squidcode/nextEdit`'s `dismissed`) is exact
   in commit  the prediction is one of the commit's one-line changes of that file (a right edit the
              developer made elsewhere than at the next hunk: they may skip a docstring, go back up)
   none       no prediction
@@ -257,7 +260,13 @@ def run_case(before: str, first, second, changes=(), mode: str = "deterministic"
         start, end, text = edit
         return after[lo:start] + text + after[end:hi]
     chrf = delta_chrf(after[lo:hi], cut(expected), cut(edits[1]) if found else after[lo:hi])
-    return {"exact": got == want, "in_commit": got == want or in_commit, "none": found is None,
+    within_two = got == want
+    if found is not None and not within_two and mode == "deterministic":
+        # The user waves the wrong place off (`squidcode/nextEdit`'s `dismissed`): the place after it.
+        again = predict(history, "f.py", cursor, [(found.start, found.end)])
+        within_two = again is not None and after[: again.start] + again.text + after[again.end:] == want
+    return {"exact": got == want, "exact_within_two": within_two, "in_commit": got == want or in_commit,
+            "none": found is None,
             "seconds": seconds, "delta_chrf": chrf,
             "repeat_case": same_kind or rename,
             "reversal": bool(found) and found.text == old1[s1:e1] and after[found.start:found.end] == r1}
@@ -524,6 +533,7 @@ def summary(rows: list[dict]) -> dict:
     n = max(len(rows), 1)
     times = sorted(r["seconds"] for r in rows) or [0.0]
     return {"cases": len(rows), "exact": round(sum(r["exact"] for r in rows) / n, 3),
+            "exact_within_two": round(sum(r["exact_within_two"] for r in rows) / n, 3),
             "in_commit": round(sum(r["in_commit"] for r in rows) / n, 3),
             "none": round(sum(r["none"] for r in rows) / n, 3),
             "reversal": round(sum(r["reversal"] for r in rows) / n, 3),

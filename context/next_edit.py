@@ -53,6 +53,7 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 from urllib.parse import unquote, urlparse
 
 __all__ = ["CONTEXT", "CarriedRename", "Edit", "EditHistory", "ModelAnswer", "Prediction", "carried_rename",
@@ -101,6 +102,15 @@ class Prediction:
     text: str
     kind: str  # "rename" | "repeat" (this module) | "model" (`context.next_edit_model`)
     answer: ModelAnswer | None = None  # the model path's prompt and rewrite
+
+
+class _Done(NamedTuple):
+    """Where the last edit stands in the document now ([start, end)), and the places already offered
+    for the next one and waved off (`dismissed`: spans of the document as it is now)."""
+
+    start: int
+    end: int
+    dismissed: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
@@ -268,8 +278,11 @@ def undone(edits: Sequence[Edit], old: str, new: str) -> bool:
     return False
 
 
-def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
-    """The next edit after the document's last one, at the offset `cursor` of its current text."""
+def predict(history: EditHistory, uri: str, cursor: int,
+            dismissed: Iterable[tuple[int, int]] = ()) -> Prediction | None:
+    """The next edit after the document's last one, at the offset `cursor` of its current text; not
+    at a place of `dismissed` (spans of the current text offered before and waved off: the place
+    after them in the same order comes instead)."""
     edits = history.edits(uri)
     text = history.text(uri)
     if not edits or text is None:
@@ -277,7 +290,7 @@ def predict(history: EditHistory, uri: str, cursor: int) -> Prediction | None:
     last = edits[-1]
     if not last.before or "\n" in last.old or "\n" in last.new:
         return None
-    done = (last.start, last.start + len(last.new))  # where the last edit stands now
+    done = _Done(last.start, last.start + len(last.new), tuple(dismissed))  # where the last edit stands now
     renamed = _rename(last)
     if renamed is not None:
         old, new = renamed
@@ -341,14 +354,14 @@ def _call_keyword(text: str, start: int, end: int) -> bool:
     return False
 
 
-def _next_keyword(text: str, old: str, new: str, cursor: int, done: tuple[int, int]) -> Prediction | None:
+def _next_keyword(text: str, old: str, new: str, cursor: int, done: _Done) -> Prediction | None:
     """The next keyword argument `old=` of a call, renamed."""
     pattern = re.compile(r"(?<![A-Za-z0-9_.])(" + re.escape(old) + r")(?=[ \t]*=(?!=))")
     found = _next_group(text, pattern, cursor, done, old, new, lambda span: _call_keyword(text, *span))
     return None if found is None else Prediction(found[0], found[1], new, "rename")
 
 
-def _own_value(edit: Edit, text: str, old: str, done: tuple[int, int]) -> tuple[int, int] | None:
+def _own_value(edit: Edit, text: str, old: str, done: _Done) -> tuple[int, int] | None:
     """Where the edit renamed the target of an assignment (`prefix = f(prefix)` -> `usage_prefix =
     f(prefix)`), the span in `text` of the value it is assigned: the old name there is the value the
     new variable is made from, not a use to rename."""
@@ -361,7 +374,7 @@ def _own_value(edit: Edit, text: str, old: str, done: tuple[int, int]) -> tuple[
     return (done[1] + target.end(), line_end) if target else None
 
 
-def _next_rename(text: str, old: str, new: str, cursor: int, done: tuple[int, int],
+def _next_rename(text: str, old: str, new: str, cursor: int, done: _Done,
                  scope: tuple[int, int] | None = None, words: bool = False,
                  value: tuple[int, int] | None = None) -> Prediction | None:
     """The renamed name's next use (as a whole name or a part of one between underscores:
@@ -526,7 +539,7 @@ def _parameters(source: str) -> list[str]:
     return [match.group(1) for match in firsts if match]
 
 
-def _whole_line_rename(text: str, pattern: re.Pattern, found: tuple[int, int], done: tuple[int, int],
+def _whole_line_rename(text: str, pattern: re.Pattern, found: tuple[int, int], done: _Done,
                        old: str, new: str, where=None) -> Prediction:
     """The rename at `found` and at every later use of the name on its line (for which `where`
     holds, given one), as one replacement."""
@@ -567,7 +580,7 @@ def _word_edit(before: str, start: int, old: str, new: str) -> tuple[int, str, s
     return start, old, new
 
 
-def _next_repeat(last: Edit, text: str, cursor: int, done: tuple[int, int],
+def _next_repeat(last: Edit, text: str, cursor: int, done: _Done,
                  levels: Sequence[tuple[int, int]] = _NEIGHBOURS) -> Prediction | None:
     """The same change where the same text stands between the same neighbours, the widest that
     match first (of `levels`: characters left and right), below the cursor before above it: the
@@ -584,7 +597,7 @@ def _next_repeat(last: Edit, text: str, cursor: int, done: tuple[int, int],
     return found
 
 
-def _repeat_at(before: str, text: str, cursor: int, done: tuple[int, int], levels: Sequence[tuple[int, int]],
+def _repeat_at(before: str, text: str, cursor: int, done: _Done, levels: Sequence[tuple[int, int]],
                start: int, old: str, new: str) -> Prediction | None:
     """`_next_repeat` for the change `old` -> `new` at `start` of `before`."""
     line_start = before.rfind("\n", 0, start) + 1
@@ -635,12 +648,14 @@ def _placed(before: str, start: int, old: str, new: str, text: str, span: tuple[
     return Prediction(span[0], end, new, "repeat")
 
 
-def _skipped(text: str, span: tuple[int, int], done: tuple[int, int], old: str, new: str) -> bool:
+def _skipped(text: str, span: tuple[int, int], done: _Done, old: str, new: str) -> bool:
     """Whether the match at `span` is no place for the change: it overlaps the edit just made (or
-    stands at its very place), or `new` stands there already (an insertion made there before, or
-    a new name that holds the old one: `no_default` in `_no_default`)."""
-    if (span[0] < done[1] and span[1] > done[0]) or span[0] == done[0] or span[1] == done[1]:
-        return True
+    stands at its very place) or a place offered and waved off, or `new` stands there already (an
+    insertion made there before, or a new name that holds the old one: `no_default` in
+    `_no_default`)."""
+    for start, end in ((done.start, done.end), *done.dismissed):
+        if (span[0] < end and span[1] > start) or span[0] == start or span[1] == end:
+            return True
     if not old:
         return text.startswith(new, span[0])
     at = new.find(old)
@@ -651,7 +666,7 @@ def _skipped(text: str, span: tuple[int, int], done: tuple[int, int], old: str, 
     return False
 
 
-def _next_group(text: str, pattern: re.Pattern, cursor: int, done: tuple[int, int], old: str, new: str,
+def _next_group(text: str, pattern: re.Pattern, cursor: int, done: _Done, old: str, new: str,
                 where=None) -> tuple[int, int] | None:
     """The span of group 1 of the first match at or after `cursor` (else the first from the top)
     that is not `_skipped` (and, given `where`, for which `where(span)` holds)."""
@@ -851,14 +866,14 @@ def repeat_elsewhere(history: EditHistory, uri: str) -> Edit | None:
     imports = [m.span() for pattern in (_FROM_IMPORT, _IMPORT) for m in pattern.finditer(last.before)]
     if any(start <= last.start <= end for start, end in imports):
         return None  # a name added to an import: each file imports what it needs
-    done = (last.start, last.start + len(last.new))
+    done = _Done(last.start, last.start + len(last.new))
     return last if _next_repeat(last, text, 0, done) is None else None
 
 
 def next_repeat_elsewhere(edit: Edit, text: str) -> Prediction | None:
     """The first place in another file's `text` where `edit` (a `repeat_elsewhere`) applies: the same
     text between the same neighbours on both sides, every line of the file in order."""
-    return _next_repeat(edit, text, 0, (-1, -1), _ELSEWHERE_LEVELS)
+    return _next_repeat(edit, text, 0, _Done(-1, -1), _ELSEWHERE_LEVELS)
 
 
 def context_names(edit: Edit) -> list[str]:

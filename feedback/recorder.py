@@ -407,6 +407,15 @@ class FeedbackRecorder:
         with self._lock:
             self.tracker.apply_changes(uri, changes, text_after)
 
+    def dismiss_shown(self, uri: str, kind: str, reason: str) -> None:
+        """The suggestion of `kind` shown in `uri`, if one is live, dismissed by the user (`reason`)."""
+        with self._lock:
+            shown = self._shown.pop((uri, kind), None)
+            if shown:
+                self._episodes.pop(shown[0], None)
+        if shown:
+            self._event(shown[0], "dismissed", {"reason": reason})
+
     def on_close(self, uri: str) -> None:
         with self._lock:
             self.tracker.close(uri)

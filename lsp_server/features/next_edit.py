@@ -136,15 +136,16 @@ def _predict_with_model(runtime, references, edits, text: str, cursor: int, stop
 ELSEWHERE_FILES = 200
 
 
-def elsewhere(ls: SquidServer, uri: str) -> tuple[str, str, int | None, Prediction] | None:
+def elsewhere(ls: SquidServer, uri: str, passed: frozenset[str] = frozenset()
+              ) -> tuple[str, str, int | None, Prediction] | None:
     """The edit just made in `uri` carried to the next other file it applies in: (that file's uri,
     its text, its version when open, the edit); None when there is none. A rename other modules see
     (`context.next_edit.carried_rename`) goes to the files that import the name or define it; a
     repeat with no place left in its file (`repeat_elsewhere`) to the same text between the same
     neighbours in a file of the same kind. Open documents first (as the editor holds them), then, by
     path, the workspace files the index says use (or define) the names. A rename of an imported
-    name goes on only when the project defines it (an open file or the index). Runs off the event
-    loop (it reads files)."""
+    name goes on only when the project defines it (an open file or the index). Not in the files of
+    `passed` (uris whose offer the user waved off). Runs off the event loop (it reads files)."""
     here = to_fs_path(uri)
     documents = [(other, to_fs_path(other) or other, document)
                  for other, document in list(ls.workspace.text_documents.items())]
@@ -185,7 +186,7 @@ def elsewhere(ls: SquidServer, uri: str) -> tuple[str, str, int | None, Predicti
     open_paths = set()
     for other, path, document in documents:
         open_paths.add(path)
-        if other == uri or path == here or not path.endswith(kind):
+        if other == uri or path == here or not path.endswith(kind) or other in passed:
             continue
         found = find(document.source, path)
         if found is not None:
@@ -193,7 +194,7 @@ def elsewhere(ls: SquidServer, uri: str) -> tuple[str, str, int | None, Predicti
     limit = service.config.max_file_bytes if service is not None else 0
     roots = [root.resolve() for root in ls.workspace_roots]
     for path in sorted(paths | defining):
-        if path in open_paths or path == here or not path.endswith(kind):
+        if path in open_paths or path == here or not path.endswith(kind) or from_fs_path(path) in passed:
             continue
         if not any(Path(path).resolve().is_relative_to(root) for root in roots):
             continue  # made a link out of the workspace since it was indexed: never read, never edited
@@ -211,9 +212,31 @@ def elsewhere(ls: SquidServer, uri: str) -> tuple[str, str, int | None, Predicti
     return None
 
 
+def _dismissed(params: Any, uri: str, text: str) -> tuple[list[tuple[int, int]], frozenset[str]]:
+    """The places of a request's `dismissed` (`Location`s offered before and waved off): spans of
+    `text` (the document `uri`), and the other documents named. Malformed entries are left out."""
+    spans, others = [], set()
+    for place in _field(params, "dismissed") or ():
+        where, rng = _field(place, "uri"), _field(place, "range")
+        if not isinstance(where, str):
+            continue
+        if where != uri:
+            others.add(where)
+            continue
+        try:
+            start, end = (types.Position(int(_field(_field(rng, key), "line")), int(_field(_field(rng, key),
+                                                                                         "character")))
+                          for key in ("start", "end"))
+        except (TypeError, ValueError):
+            continue
+        spans.append((offset_at(text, start), offset_at(text, end)))
+    return spans, frozenset(others)
+
+
 async def next_edit(ls: SquidServer, params: Any) -> dict:
-    """The answer to `squidcode/nextEdit` for `{textDocument: {uri, version?}, position}`: the
-    deterministic path's edit, else with `completion.next_edit_model` the model path's."""
+    """The answer to `squidcode/nextEdit` for `{textDocument: {uri, version?}, position,
+    dismissed?}`: the deterministic path's edit, else with `completion.next_edit_model` the model
+    path's; not at a place of `dismissed` (the one after it instead), nor in another file named there."""
     document = _field(params, "textDocument") or _field(params, "text_document")
     position = _field(params, "position")
     uri = _field(document, "uri")
@@ -223,13 +246,19 @@ async def next_edit(ls: SquidServer, params: Any) -> dict:
     cursor = offset_at(text, types.Position(int(_field(position, "line", 0)),
                                             int(_field(position, "character", 0))))
     version = _field(document, "version")
-    found = predict(ls.edit_history, uri, cursor)
+    dismissed, passed = _dismissed(params, uri, text)
+    if (dismissed or passed) and ls.feedback is not None:
+        ls.feedback.dismiss_shown(uri, "next_edit", "waved off")  # the one shown, as the user said
+    found = predict(ls.edit_history, uri, cursor, dismissed)
     if found is None:
-        other = await asyncio.to_thread(elsewhere, ls, uri)
+        other = await asyncio.to_thread(elsewhere, ls, uri, passed)
         if other is not None:
             uri, text, version, found = other
     if found is None and ls.config.completion.next_edit_model and ls.edit_history.edits(uri):
         found = await _model_path(ls, uri, text, cursor)
+        if found is not None and any(start < found.end and found.start < end or start == found.start
+                                     for start, end in dismissed):
+            found = None  # the model's rewrite lands on a place waved off
     if found is None:
         return {"edits": []}
     start, end = position_at(text, found.start), position_at(text, found.end)

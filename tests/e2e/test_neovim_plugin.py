@@ -102,7 +102,8 @@ def test_setup_registers_server_commands_and_accept_key(plugin_run: PluginRun):
     assert setup["squid_desc"].startswith("squidcode: agent {instruction}"), ctx
     assert setup["squid_range"] == ".", ctx
     assert setup["accept_map_desc"] == "squidcode: accept the inline completion (and report it)", ctx
-    assert sorted(setup["completions"]) == ["agent", "feedback", "next", "record", "share", "status"], ctx
+    assert sorted(setup["completions"]) == ["agent", "another", "feedback", "next", "record", "share",
+                                            "status"], ctx
     assert setup["statusline_before"] == "", ctx  # no client yet
     client = r["client"]
     assert client["cmd"] == SERVER_CMD, ctx
@@ -187,6 +188,12 @@ def test_a_next_edit_is_previewed_and_accepted(plugin_run: PluginRun):
     assert edit and edit["newText"] == "stock" and edit["kind"] == "rename", ctx
     assert edit["range"]["start"]["line"] == edit["range"]["end"]["line"], ctx
     assert r["next_edit_marks"] == 1, ctx
+    # Waved off (:Squid another): the use after it, in in_stock's docstring; then none is left.
+    another = r["another_edit"]
+    assert another and another["newText"] == "stock" and r["another_marks"] == 1, ctx
+    assert another["range"]["start"]["line"] == edit["range"]["start"]["line"] - 1, ctx
+    assert r["another_left"] is None, ctx
+    assert r["next_edit_again"]["range"] == edit["range"], ctx  # asked afresh: the first again
     assert r["next_edit_accepted"] is True, ctx
     # Accepting it ran its command: the server follows the edit (recording is off yet: no episode).
     assert r["accepted"][1]["ok"] is True, ctx

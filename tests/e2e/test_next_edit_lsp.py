@@ -52,10 +52,12 @@ def change(client: LanguageClient, version: int, line: int, start: int, end: int
             range=types.Range(types.Position(line, start), types.Position(line, end)), text=text)]))
 
 
-async def ask(client: LanguageClient, line: int, character: int) -> list[dict]:
-    result = await client.protocol.send_request_async(NEXT_EDIT, {
-        "textDocument": {"uri": client.uri, "version": 9},
-        "position": {"line": line, "character": character}})
+async def ask(client: LanguageClient, line: int, character: int, dismissed: list | None = None) -> list[dict]:
+    params = {"textDocument": {"uri": client.uri, "version": 9},
+              "position": {"line": line, "character": character}}
+    if dismissed is not None:
+        params["dismissed"] = dismissed
+    result = await client.protocol.send_request_async(NEXT_EDIT, params)
     return plain(result)["edits"]
 
 
@@ -97,6 +99,13 @@ async def test_a_typed_rename_is_offered_at_the_next_occurrence_then_the_one_aft
     assert episode["kind"] == "next_edit" and episode["output"] == "subtotal"
     assert episode["extra"]["replaces"] == "total" and episode["extra"]["next_edit_kind"] == "rename"
     assert {"shown", "accepted"} <= events and statuses == ["unchanged"]  # kept at its checkpoint
+    # The last use waved off: nothing is left (entries that are no place are left out, not an error),
+    # and its episode says the user waved it off.
+    waved = after["range"]
+    assert await ask(client, 3, 16, [{"uri": client.uri, "range": waved}, {"range": 3},
+                                     {"uri": client.uri, "range": {"start": "x"}}, "nowhere"]) == []
+    waved_id = after["command"]["arguments"][0]["episodeId"]
+    assert await _events(client.db_path, waved_id, "dismissed") == [{"reason": "waved off"}]
 
 
 async def _recorded(db_path: Path, episode_id: str) -> tuple[dict, set[str], list[str]]:
@@ -114,6 +123,24 @@ async def _recorded(db_path: Path, episode_id: str) -> tuple[dict, set[str], lis
                 return item.episode, {e["kind"] for e in item.events}, [o["status"] for o in item.outcomes]
         await asyncio.sleep(0.2)
     raise AssertionError(f"episode {episode_id} has no outcome")
+
+
+async def _events(db_path: Path, episode_id: str, kind: str) -> list[dict]:
+    """The data of the episode's events of `kind`, once there is one."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if db_path.exists():
+            store = FeedbackStore(db_path, readonly=True)
+            try:
+                items = store.episodes_with_outcomes()
+                item = next((i for i in items if i.episode["id"] == episode_id), None)
+            finally:
+                store.close()
+            found = [e["data"] for e in item.events if e["kind"] == kind] if item else []
+            if found:
+                return found
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"episode {episode_id} has no {kind} event")
 
 
 def inline(client: LanguageClient, line: int, character: int):
@@ -296,6 +323,13 @@ async def test_a_renamed_function_goes_on_in_the_files_that_import_it_and_not_in
     (second,) = await next_in("shop/report.py", 5, 22)
     assert at(second) == ("shop/checkout.py", 0, 32) and second["newText"] == "subtotal", second
     assert second["textDocument"]["version"] is None and second["kind"] == "rename"
+    # That file waved off: the next one that takes part.
+    result = await client.protocol.send_request_async(NEXT_EDIT, {
+        "textDocument": {"uri": uris["shop/report.py"], "version": versions["shop/report.py"]},
+        "position": {"line": 5, "character": 22},
+        "dismissed": [{"uri": second["textDocument"]["uri"], "range": second["range"]}]})
+    (passed,) = plain(result)["edits"]
+    assert at(passed) == ("shop/receipt.py", 4, 14), passed
     # copilot-lsp's client draws an edit in the buffer it asked from: it gets none in another file.
     copilot = plain(await client.protocol.send_request_async(COPILOT_INLINE_EDIT, {
         "textDocument": {"uri": uris["shop/report.py"], "version": versions["shop/report.py"]},

@@ -42,7 +42,7 @@ TYPED = "return "
 # A second file for next edits, written by the driver after the status checks (the index counts
 # them): `count` renamed to `item_count` on line 2, its next uses offered one after the other.
 NEXT_EDIT_TEXT = ("def report(items):\n    count = 0\n    for item in items:\n"
-                  "        count += item.quantity\n    return count\n")
+                  "        count += item.quantity\n    print(count)\n    return count\n")
 # A file that imports report.py's function: renaming it there goes on here.
 IMPORTER_TEXT = "from report import report\n\n\nprint(report([]))\n"
 OLD_DOCSTRING = '"""A tiny inventory module: the example workspace squidcode\'s demo completes in."""'
@@ -142,6 +142,7 @@ def vscode_run(request, model_cache_dir) -> VSCodeRun:
         "agentInstruction": "make the module docstring say what the module holds",
         "nextEdit": {"file": str(workspace / "report.py"), "text": NEXT_EDIT_TEXT, "line": 2,
                      "typed": {"old": "count", "new": "item_count"},
+                     "keys": ["Alt+BracketRight", "Tab", "Tab", "Tab"],
                      "importer": {"file": str(workspace / "uses_report.py"), "text": IMPORTER_TEXT,
                                   "column": 4, "renamed": {"old": "report", "new": "summary"}}},
     }
@@ -253,17 +254,21 @@ def test_status_and_feedback_commands(vscode_run: VSCodeRun):
 def test_next_edits_are_shown_accepted_with_tab_and_followed_to_the_next(vscode_run: VSCodeRun):
     run, ctx = vscode_run, vscode_run.context()
     _ok(run, "next-edit")
-    decorated, inline = run.report["next_edit_shown"]
-    # On another line than the cursor: a decoration; Tab applies it and moves the cursor to the next
-    # one, on whose line ghost text can draw the rename (insertions only), which Tab accepts.
+    decorated, another, inline, above = run.report["next_edit_shown"]
+    # On another line than the cursor: a decoration. Alt+] waves it off: the use after it instead.
+    # Tab applies that and moves the cursor to the next one, on whose line ghost text can draw the
+    # rename (insertions only), which Tab accepts; then the use waved off, above: the cursor goes
+    # there, and it is ghost text too.
     assert 'next edit at 4:9 (rename): "count" -> "item_count", shown as a decoration' in decorated, ctx
-    assert 'next edit at 5:12 (rename): "count" -> "item_count", shown inline' in inline, ctx
+    assert 'next edit at 5:11 (rename): "count" -> "item_count", shown as a decoration' in another, ctx
+    assert 'next edit at 6:12 (rename): "count" -> "item_count", shown inline' in inline, ctx
+    assert 'next edit at 4:9 (rename): "count" -> "item_count", shown inline' in above, ctx
     assert run.report["next_edit_ghost"] == "item_", ctx
     assert run.report["after_next_edit"] == NEXT_EDIT_TEXT.replace("count", "item_count"), ctx
-    # Both accepts ran the server's command (after the completion's, earlier in the run).
+    # The three accepts ran the server's command (after the completion's, earlier in the run).
     accepted = [line for line in run.report["extension_log"].splitlines()
                 if f"executeCommand {ACCEPT} ok" in line]
-    assert len(accepted) >= 3, ctx
+    assert len(accepted) >= 4, ctx
     # One request per pause in typing: no suggestion is shown twice over (a second Tab would fall
     # through to the editor and indent the line).
     shown = [line.split("] ", 1)[-1] for line in run.report["extension_log"].splitlines()

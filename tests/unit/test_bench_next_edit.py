@@ -150,3 +150,14 @@ def test_a_case_is_adjacent_only_when_no_other_hunk_stands_between_its_two_chang
     git("commit", "-qam", "three")
     [(sha, path, _, first, second, _), _] = list(cases(tmp_path / ".git", 10))
     assert (first[0], second[0]) == (2, 7) and adjacent(tmp_path / ".git", sha, path, 2, 7)
+
+
+def test_a_wrong_first_offer_whose_next_place_is_the_hunk_is_right_within_two():
+    before = "def f(count):\n    x = count\n    return count\n"
+    # `count` renamed in the signature; the developer's next hunk is the return, not the line between.
+    first, second = (1, "def f(count):", "def f(total):"), (3, "    return count", "    return total")
+    row = run_case(before, first, second)
+    assert row["exact"] is False and row["exact_within_two"] is True
+    # The line between is the first offer: exact at once, so within two as well.
+    row = run_case(before, first, (2, "    x = count", "    x = total"))
+    assert row["exact"] is True and row["exact_within_two"] is True

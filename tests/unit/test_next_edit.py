@@ -738,3 +738,38 @@ def test_the_model_path_reads_related_code_from_composed_caches(runtime):
     [(prompt, past)] = spy.calls
     assert past is None and "Related code" not in prompt and prompt.startswith(
         runtime.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+
+def test_a_place_waved_off_gives_the_next_one_in_the_same_order():
+    clock = Clock()
+    history = EditHistory(clock=clock)
+    history.open("a.py", CODE)
+    first = CODE.index("total")
+    type_over(history, "a.py", first, "total", "subtotal", clock)
+    text = history.text("a.py")
+    cursor = first + len("subtotal")
+    offered = predict(history, "a.py", cursor)
+    assert offered.start == text.index("total +=")
+    # Waved off: the use after it; then the one after that; with all of them off, none.
+    second = predict(history, "a.py", cursor, [(offered.start, offered.end)])
+    assert (second.start, second.text) == (text.index("total)"), "subtotal")
+    third = predict(history, "a.py", cursor, [(offered.start, offered.end), (second.start, second.end)])
+    assert third.start == text.index("total\n", second.end)
+    uses = [(p.start, p.end) for p in (offered, second, third)]
+    assert predict(history, "a.py", cursor, uses) is None
+    # Only the waved-off place is left out: one overlapping nothing changes nothing.
+    assert predict(history, "a.py", cursor, [(0, 3)]) == offered
+
+
+def test_a_repeat_waved_off_goes_on_to_the_next_place_it_fits():
+    code = "a = f(x)\nb = f(x)\nc = f(x)\n"
+    history = EditHistory()
+    history.open("r.py", code)
+    history.change("r.py", 6, 7, "x, y")  # f(x) -> f(x, y) on the first line
+    text = history.text("r.py")
+    cursor = text.index("\n")
+    offered = predict(history, "r.py", cursor)
+    assert offered.kind == "repeat" and text.rfind("\n", 0, offered.start) == text.index("\nb")
+    after = predict(history, "r.py", cursor, [(offered.start, offered.end)])
+    assert after.kind == "repeat" and text.rfind("\n", 0, after.start) == text.index("\nc")
+    assert after.text == offered.text

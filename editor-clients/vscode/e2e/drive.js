@@ -286,8 +286,9 @@ async function nextEditShown(seen) {
 }
 
 // A rename typed in a second file (written now, so the index counts above stay as they are): the
-// next use is shown as a decoration, Tab accepts it and moves to the one after, shown as ghost text
-// on the cursor's line, which Tab accepts too.
+// next use is shown as a decoration; `config.nextEdit.keys` are pressed on the edits shown in turn
+// (Tab accepts one and moves to the one after, shown as ghost text on the cursor's line; Alt+] waves
+// one off for the place after it).
 async function nextEditAndTab(editor) {
   const { file, text, line, typed, importer } = config.nextEdit;
   fs.writeFileSync(file, text);
@@ -325,16 +326,22 @@ async function nextEditAndTab(editor) {
     const seen = nextEditLines().length;
     const accepted = acceptsReported();
     await page.keyboard.insertText(typed.new);
-    for (let shown = 0; shown < 2; shown += 1) {
+    // Each key on the edit shown then: Tab accepts it, Alt+] waves it off for the place after it.
+    const keys = config.nextEdit.keys ?? ['Tab', 'Tab'];
+    for (const [shown, key] of keys.entries()) {
       const entry = await nextEditShown(seen + shown);
       report.next_edit_shown.push(entry);
       if (entry.includes('shown inline')) {
         report.next_edit_ghost = await waitFor('the next edit as ghost text', async () =>
           clean((await ghostText().allTextContents()).join('')).trim() || undefined, 15000);
+      } else {
+        // As a user sees it: the decoration alone, no completion's ghost text (which Tab would take).
+        await waitFor('no ghost text beside the decoration', async () => (await ghostText().count()) === 0, 10000);
       }
-      await page.keyboard.press('Tab');
+      await page.keyboard.press(key);
     }
-    await waitFor('both accepts reported', async () => acceptsReported() >= accepted + 2, 15000);
+    const tabs = keys.filter((key) => key === 'Tab').length;
+    await waitFor('the accepts reported', async () => acceptsReported() >= accepted + tabs, 15000);
     return saveAndRead(text, file);
   });
   if (importer) {
@@ -359,6 +366,7 @@ async function nextEditElsewhere(editor, importer) {
     await page.keyboard.insertText(importer.renamed.new);
     for (let shown = 0; shown < 3; shown += 1) {
       report.next_edit_elsewhere.push(await nextEditShown(seen + shown));
+      await waitFor('no ghost text beside the hint', async () => (await ghostText().count()) === 0, 10000);
       await page.keyboard.press('Tab');
     }
     await waitFor('both accepts reported', async () => acceptsReported() >= accepted + 2, 15000);

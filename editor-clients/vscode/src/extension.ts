@@ -92,8 +92,9 @@ function createClient(): LanguageClient {
         if (own) {
           return own;
         }
-        if (vscode.workspace.getConfiguration(SECTION).get('completion.enabled') === false) {
-          return undefined;
+        if (vscode.workspace.getConfiguration(SECTION).get('completion.enabled') === false ||
+            nextEdits?.holdsTab(document)) {
+          return undefined; // off, or a next edit's decoration is shown: Tab is its
         }
         const items = await next(document, position, context, token);
         if (nextEdits?.holdsTab(document)) {

@@ -21,13 +21,30 @@ export interface NextEdit {
   textDocument?: { uri: string; version?: number | null };
 }
 
+/** A place offered before and waved off (an LSP Location). */
+export interface Place {
+  uri: string;
+  range: Range;
+}
+
 export interface NextEditParams {
   textDocument: { uri: string; version: number };
   position: Position;
+  /** Places offered at this version and waved off: the server answers with the one after them. */
+  dismissed?: Place[];
 }
 
-export function nextEditParams(uri: string, version: number, position: Position): NextEditParams {
-  return { textDocument: { uri, version }, position: { line: position.line, character: position.character } };
+export function nextEditParams(uri: string, version: number, position: Position, dismissed: Place[] = []): NextEditParams {
+  const params: NextEditParams = {
+    textDocument: { uri, version },
+    position: { line: position.line, character: position.character },
+  };
+  return dismissed.length ? { ...params, dismissed } : params;
+}
+
+/** Where `edit` (answered to a request about `uri`) is, as a place to wave off. */
+export function placeOf(edit: NextEdit, uri: string): Place {
+  return { uri: edit.textDocument?.uri ?? uri, range: edit.range };
 }
 
 function isPosition(value: unknown): value is Position {

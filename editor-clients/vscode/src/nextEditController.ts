@@ -3,6 +3,8 @@
 // draw it so (insertions only), otherwise as a decoration at the edit (the replaced text struck
 // through, the new text after it). Tab accepts it (VS Code's own Tab for ghost text), runs the
 // server's accept command, then asks for the edit after it and moves the cursor there. Esc dismisses.
+// Alt+] waves a decoration's edit off and shows the place after it (those waved off stay off until
+// the document changes).
 // An edit in another file (a rename carried to a file that imports the name) is a hint at the
 // cursor's line naming that file; Tab opens it there and shows the edit, and Tab again accepts it.
 // While a decoration is shown, Tab is its: a completion's ghost text is hidden and none is shown.
@@ -22,6 +24,8 @@ import {
   NEXT_EDIT_METHOD,
   type NextEdit,
   nextEditParams,
+  type Place,
+  placeOf,
   type ServerCommand,
 } from './nextEdit';
 import type { Position } from './protocol';
@@ -35,6 +39,7 @@ export interface NextEditServer {
 export const ACCEPT_COMMAND = 'squidcode.nextEdit.accept';
 export const ACCEPTED_INLINE_COMMAND = 'squidcode.nextEdit.acceptedInline';
 export const DISMISS_COMMAND = 'squidcode.nextEdit.dismiss';
+export const ANOTHER_COMMAND = 'squidcode.nextEdit.another';
 const SHOWN_CONTEXT = 'squidcode.nextEditShown';
 // A pause in typing, not every keystroke: a rename typed over a name is one edit once it is typed.
 const PAUSE_MS = 250;
@@ -55,6 +60,8 @@ export class NextEditController implements vscode.Disposable {
   private timer: ReturnType<typeof setTimeout> | undefined;
   private asked = 0; // the newest request; an older answer is dropped
   private jumping = false; // opening another file's edit: the editor change is ours, not the user's
+  /** The places waved off (Alt+]) at a version of a document: they stay off until it changes. */
+  private waved: { document: vscode.TextDocument; version: number; places: Place[] } | undefined;
   private readonly decoration = vscode.window.createTextEditorDecorationType({
     backgroundColor: new vscode.ThemeColor('diffEditor.removedTextBackground'),
     textDecoration: 'line-through',
@@ -84,6 +91,7 @@ export class NextEditController implements vscode.Disposable {
         this.acceptedInline(command, end),
       ),
       vscode.commands.registerCommand(DISMISS_COMMAND, () => this.clear()),
+      vscode.commands.registerCommand(ANOTHER_COMMAND, () => this.another()),
     ];
   }
 
@@ -147,8 +155,10 @@ export class NextEditController implements vscode.Disposable {
     }
   }
 
-  /** Ask for the next edit at `position` and show it; `jump`: move the cursor to it first. */
-  private async refresh(editor: vscode.TextEditor, position: vscode.Position, jump: boolean): Promise<void> {
+  /** Ask for the next edit at `position` and show it; `jump`: move the cursor to it first;
+   * `dismissed`: places waved off at this version (the server answers with the one after them). */
+  private async refresh(editor: vscode.TextEditor, position: vscode.Position, jump: boolean,
+                        dismissed: Place[] = []): Promise<void> {
     const server = this.server();
     if (!server || vscode.window.activeTextEditor !== editor) {
       return;
@@ -158,13 +168,20 @@ export class NextEditController implements vscode.Disposable {
     const asked = ++this.asked;
     let edit: NextEdit | undefined;
     try {
-      edit = firstEdit(await server.request(NEXT_EDIT_METHOD, nextEditParams(document.uri.toString(), version, position)));
+      const params = nextEditParams(document.uri.toString(), version, position, dismissed);
+      edit = firstEdit(await server.request(NEXT_EDIT_METHOD, params));
     } catch (err) {
       this.log(`next edit: ${err instanceof Error ? err.message : String(err)}`);
       return;
     }
-    if (asked !== this.asked || document.version !== version || !edit) {
-      return; // superseded, typed on, or nothing to offer
+    if (asked !== this.asked || document.version !== version) {
+      return; // superseded, or typed on
+    }
+    if (!edit) {
+      if (dismissed.length) {
+        this.log('next edit: no other place');
+      }
+      return; // nothing to offer
     }
     if (inOtherDocument(edit, document.uri.toString())) {
       this.showElsewhere(editor, edit);
@@ -191,7 +208,7 @@ export class NextEditController implements vscode.Disposable {
       void vscode.commands.executeCommand('editor.action.inlineSuggest.trigger');
     } else {
       editor.setDecorations(this.decoration, [{ range, renderOptions: { after: { contentText: decorationText(edit) } } }]);
-      void vscode.commands.executeCommand('editor.action.inlineSuggest.hide');
+      void this.hideGhostText();
     }
   }
 
@@ -206,7 +223,16 @@ export class NextEditController implements vscode.Disposable {
     this.log(`next edit at ${where} (${edit.kind ?? 'edit'}): -> ${JSON.stringify(edit.newText)}, shown as a hint`);
     void vscode.commands.executeCommand('setContext', SHOWN_CONTEXT, true);
     editor.setDecorations(this.hint, [{ range, renderOptions: { after: { contentText: elsewhereText(edit, undefined) } } }]);
-    void vscode.commands.executeCommand('editor.action.inlineSuggest.hide');
+    void this.hideGhostText();
+  }
+
+  /** Tab is the shown decoration's: no completion's ghost text beside it. Hiding alone can lose to a
+   * completion VS Code was still drawing when the edit came (its answer left the provider just
+   * before); asking again explicitly replaces that one with the provider's answer now, which is none
+   * while the decoration holds Tab. */
+  private async hideGhostText(): Promise<void> {
+    await vscode.commands.executeCommand('editor.action.inlineSuggest.hide');
+    await vscode.commands.executeCommand('editor.action.inlineSuggest.trigger');
   }
 
   /** Tab on a hint: open the other file, move to its edit and show it there (Tab again accepts). */
@@ -231,6 +257,23 @@ export class NextEditController implements vscode.Disposable {
       this.jumping = false;
     }
     this.show(editor, edit, true);
+  }
+
+  /** Alt+] on a shown edit: not the one meant; wave it off and show the place after it. */
+  private async another(): Promise<void> {
+    const shown = this.shown;
+    const editor = vscode.window.activeTextEditor;
+    if (!shown || !editor || editor.document !== shown.document || shown.document.version !== shown.version) {
+      return;
+    }
+    const document = shown.document;
+    if (this.waved?.document !== document || this.waved.version !== document.version) {
+      this.waved = { document, version: document.version, places: [] };
+    }
+    this.waved.places.push(placeOf(shown.edit, document.uri.toString()));
+    this.clear();
+    clearTimeout(this.timer);
+    await this.refresh(editor, editor.selection.active, false, [...this.waved.places]);
   }
 
   /** Tab on a shown edit: apply it, report the acceptance, go to the next one. */

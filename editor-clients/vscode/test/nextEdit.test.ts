@@ -13,6 +13,7 @@ import {
   insertionsOnly,
   type NextEdit,
   nextEditParams,
+  placeOf,
 } from '../src/nextEdit';
 
 const at = (line: number, start: number, end: number) => ({
@@ -26,6 +27,18 @@ test('the request names the versioned document and the cursor', () => {
   assert.deepEqual(nextEditParams('file:///a.py', 7, { line: 3, character: 9 }), {
     textDocument: { uri: 'file:///a.py', version: 7 },
     position: { line: 3, character: 9 },
+  });
+});
+
+test('places waved off go with the request, each where its edit is', () => {
+  const here = { range: at(3, 8, 13), newText: 'subtotal' };
+  const there = { range: at(0, 20, 26), newText: 'summary', textDocument: { uri: 'file:///b.py', version: null } };
+  const waved = [placeOf(here, 'file:///a.py'), placeOf(there, 'file:///a.py')];
+  assert.deepEqual(waved, [{ uri: 'file:///a.py', range: at(3, 8, 13) }, { uri: 'file:///b.py', range: at(0, 20, 26) }]);
+  assert.deepEqual(nextEditParams('file:///a.py', 7, { line: 3, character: 9 }, waved), {
+    textDocument: { uri: 'file:///a.py', version: 7 },
+    position: { line: 3, character: 9 },
+    dismissed: waved,
   });
 });
 

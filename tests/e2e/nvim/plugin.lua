@@ -161,7 +161,7 @@ local function commands_and_health(squid, bufnr)
 end
 
 --- 6. A next edit: `items` renamed to `stock` in in_stock's signature, typed over as a user would;
---- :Squid next previews the next `items`, and again accepts it.
+--- :Squid next previews the next `items`; :Squid another the one after it; again accepts the first.
 local function next_edit(squid, bufnr)
   local row
   for i, line in ipairs(lines(bufnr)) do
@@ -185,6 +185,17 @@ local function next_edit(squid, bufnr)
   result.next_edit = shown and shown.edit or vim.NIL
   result.next_edit_marks = #vim.api.nvim_buf_get_extmarks(bufnr, vim.api.nvim_get_namespaces()['squidcode.next_edit'],
     0, -1, {})
+  -- Not the one meant: :Squid another waves it off and previews the place after it, then nothing is
+  -- left; :Squid next asks afresh and shows the first again, and again accepts it.
+  exec('Squid another')
+  local another = squid.state.next_edit
+  result.another_edit = another and another.edit or vim.NIL
+  result.another_marks = #vim.api.nvim_buf_get_extmarks(bufnr, vim.api.nvim_get_namespaces()['squidcode.next_edit'],
+    0, -1, {})
+  exec('Squid another')
+  result.another_left = squid.state.next_edit and squid.state.next_edit.edit or vim.NIL
+  exec('Squid next')
+  result.next_edit_again = squid.state.next_edit and squid.state.next_edit.edit or vim.NIL
   exec('Squid next')
   result.next_edit_accepted = squid.state.next_edit == nil
   local edit = shown and shown.edit

@@ -314,8 +314,9 @@ end
 --- Asks the server for the edit the user is about to make (squidcode/nextEdit, from the edits just
 --- made) and previews it: the text it replaces struck through, the new text beside it; an edit in
 --- another file is a hint at the end of the cursor's line (the next :Squid next goes there). Returns
---- the edit, or nil when there is none.
-function M.next_edit(bufnr)
+--- the edit, or nil when there is none. `dismissed`: places shown before and waved off (LSP
+--- Locations); the server answers with the place after them.
+function M.next_edit(bufnr, dismissed)
   bufnr = bufnr or vim.api.nvim_get_current_buf()
   M.clear_next_edit(bufnr)
   local client = M.client(bufnr)
@@ -324,6 +325,7 @@ function M.next_edit(bufnr)
   end
   local params = vim.lsp.util.make_position_params(0, client.offset_encoding)
   params.textDocument.version = vim.lsp.util.buf_versions[bufnr]
+  params.dismissed = dismissed
   local response = client:request_sync('squidcode/nextEdit', params, 2000, bufnr)
   local edit = response and response.result and response.result.edits and response.result.edits[1]
   if not edit then
@@ -340,6 +342,30 @@ function M.next_edit(bufnr)
   end
   M.state.next_edit = { bufnr = bufnr, edit = edit, encoding = client.offset_encoding, client_id = client.id,
                         target = target }
+  return edit
+end
+
+--- Waves off the previewed next edit and previews the one after it (the places waved off at this
+--- version of the buffer all stay off); with none previewed, the same as M.next_edit. Returns the
+--- edit, or nil when no other is left.
+function M.another_next_edit()
+  local bufnr = vim.api.nvim_get_current_buf()
+  local shown = M.state.next_edit
+  if not shown or shown.bufnr ~= bufnr then
+    return M.next_edit(bufnr)
+  end
+  local version = vim.lsp.util.buf_versions[bufnr]
+  local waved = M.state.waved
+  if not waved or waved.bufnr ~= bufnr or waved.version ~= version then
+    waved = { bufnr = bufnr, version = version, places = {} }
+    M.state.waved = waved
+  end
+  local uri = shown.target or (shown.edit.textDocument or {}).uri or vim.uri_from_bufnr(bufnr)
+  table.insert(waved.places, { uri = uri, range = shown.edit.range })
+  local edit = M.next_edit(bufnr, waved.places)
+  if not edit then
+    notify('next edit: no other place')
+  end
   return edit
 end
 
@@ -413,6 +439,7 @@ local subcommands = {
   },
   status = { run = function() M.show_status() end },
   next = { run = function() M.next() end },
+  another = { run = function() M.another_next_edit() end },
   feedback = { run = function() M.feedback() end },
   record = { args = { 'on', 'off' } },
   share = { args = { 'on', 'off' } },
@@ -431,7 +458,7 @@ local function squid_command(opts)
   local name, rest = opts.args:match('^%s*(%S+)%s*(.-)%s*$')
   local sub = subcommands[name or '']
   if not sub then
-    return notify('usage: :Squid agent {instruction} | next | status | feedback | record on|off | share on|off',
+    return notify('usage: :Squid agent {instruction} | next | another | status | feedback | record on|off | share on|off',
       vim.log.levels.ERROR)
   end
   sub.run(opts, rest)
@@ -487,13 +514,14 @@ function M.register()
     nargs = '+',
     range = true,
     complete = complete_squid,
-    desc = 'squidcode: agent {instruction} (on a range) | next | status | feedback | record on|off | share on|off',
+    desc = 'squidcode: agent {instruction} (on a range) | next | another | status | feedback | record on|off | share on|off',
   })
 end
 
 --- Configures and enables the server. Options (all optional): cmd, settings, backend_url,
 --- filetypes, accept_key ('<Tab>'; false for none), inline (true), next_edit_key (normal mode:
---- show the next edit, then accept it; none by default).
+--- show the next edit, then accept it; none by default), another_edit_key (normal mode: wave off the
+--- next edit shown and show the one after it; none by default).
 function M.setup(opts)
   opts = opts or {}
   M.register()
@@ -525,6 +553,10 @@ function M.setup(opts)
   end
   if opts.next_edit_key then
     vim.keymap.set('n', opts.next_edit_key, M.next, { desc = 'squidcode: show the next edit, then accept it' })
+  end
+  if opts.another_edit_key then
+    vim.keymap.set('n', opts.another_edit_key, M.another_next_edit,
+      { desc = 'squidcode: wave off the next edit shown and show the one after it' })
   end
   M.options = opts
   return M
