@@ -29,7 +29,10 @@ then alone (an insertion always needs neighbours; one at the end of its line goe
 another; an edit ending inside a word is the change of that word, then, with no place for that, the
 change as made). A rename with no use left to rename (a local `item_value` -> `_`, an import's
 module) is tried as a repeat. The first place found gets the same change; never where the new text
-stands already (`_no_default` holds `no_default`).
+stands already (`_no_default` holds `no_default`), nor, in Python, where a repeat would make code that
+parses not parse (a def's parameter `ctx: Context` put into a call), unless the change left its own
+code not parsing (`try:` -> `with f():` before its `except` goes). Places the user waved off
+(`predict`'s `dismissed`) are no place either: the one after them in the same order comes instead.
 
 When no use of a renamed name is left in its file, the rename is carried to other files
 (`carried_rename`, `next_use_elsewhere`; Python only): when the file now defines the new name where
@@ -46,6 +49,7 @@ offered. The model path (a rewrite of the region around the cursor from the rece
 
 from __future__ import annotations
 
+import ast
 import bisect
 import builtins
 import keyword
@@ -324,12 +328,12 @@ def predict(history: EditHistory, uri: str, cursor: int,
             # No use left: the same change where the same text stands between the full neighbours
             # (`for idx, (item_key, item_value) in` in the next function); not at a narrower level:
             # those would put it where the rules above refuse (a module, a longer name).
-            found = _next_repeat(last, text, cursor, done, _NEIGHBOURS[:1])
+            found = _next_repeat(last, text, cursor, done, _NEIGHBOURS[:1], python)
         return found
     old, new = last.old, last.new
     if undone(edits[:-1], old, new) or (not (old + new).strip() and not _within_text(last)):
         return None  # indentation or trailing blanks: not a change to repeat
-    return _next_repeat(last, text, cursor, done)
+    return _next_repeat(last, text, cursor, done, python=uri.endswith((".py", ".pyi")))
 
 
 def _call_keyword(text: str, start: int, end: int) -> bool:
@@ -581,25 +585,41 @@ def _word_edit(before: str, start: int, old: str, new: str) -> tuple[int, str, s
 
 
 def _next_repeat(last: Edit, text: str, cursor: int, done: _Done,
-                 levels: Sequence[tuple[int, int]] = _NEIGHBOURS) -> Prediction | None:
+                 levels: Sequence[tuple[int, int]] = _NEIGHBOURS, python: bool = False) -> Prediction | None:
     """The same change where the same text stands between the same neighbours, the widest that
     match first (of `levels`: characters left and right), below the cursor before above it: the
     first place below at any level, else the widest level's first place from the top (developers
     go down the file; `_NEIGHBOURS`' narrower levels there beat a wider one's place above). The
     change of the whole words it falls in first (`_word_edit`), then, with no place for that, the
     change as made (`platforms: Any` -> `platform_rules: T`, made as `s: Any` -> `_rules: T` after
-    `platform`, goes on to `browsers: Any`)."""
+    `platform`, goes on to `browsers: Any`). In `python` code, never where the change would break
+    the code around it (`_breaks`), unless it broke the code where it was made (`try:` -> `with
+    f():`, the `except` below it to go next: the developer is in the middle of a change)."""
+    if python and _judged_parse(last.before, last.start) and not _judged_parse(text, done.start):
+        python = False
     as_made = (last.start, last.old, last.new)
     words = _word_edit(last.before, *as_made)
-    found = _repeat_at(last.before, text, cursor, done, levels, *words)
+    found = _repeat_at(last.before, text, cursor, done, levels, *words, python=python)
     if found is None and words != as_made:
-        found = _repeat_at(last.before, text, cursor, done, levels, *as_made)
+        found = _repeat_at(last.before, text, cursor, done, levels, *as_made, python=python)
     return found
 
 
 def _repeat_at(before: str, text: str, cursor: int, done: _Done, levels: Sequence[tuple[int, int]],
-               start: int, old: str, new: str) -> Prediction | None:
+               start: int, old: str, new: str, python: bool = False) -> Prediction | None:
     """`_next_repeat` for the change `old` -> `new` at `start` of `before`."""
+    fits = None
+    if python:
+        parsed: dict[tuple[int, int], bool] = {}  # each block's parse, as it is, once
+        prose: list[tuple[int, int]] = []
+
+        def fits(span: tuple[int, int]) -> bool:
+            if not prose:
+                prose.extend(_prose_spans(text) or [(-1, -1)])
+            if _in_prose(text, prose, span[0]):
+                return True  # in a string or a comment: words, not code to break
+            return not _breaks(text, _placed(before, start, old, new, text, span), parsed)
+
     line_start = before.rfind("\n", 0, start) + 1
     line_end = before.find("\n", start + len(old))
     line_end = len(before) if line_end < 0 else line_end
@@ -627,7 +647,7 @@ def _repeat_at(before: str, text: str, cursor: int, done: _Done, levels: Sequenc
             # text added after a line's code does not go inside another's).
             tail = r"(?=\r?\n|\Z)"
         pattern = re.compile(head + "(" + re.escape(old) + ")" + tail)
-        found = _next_group(text, pattern, cursor, done, old, new)
+        found = _next_group(text, pattern, cursor, done, old, new, fits)
         if found is not None and found[0] >= cursor:
             return _placed(before, start, old, new, text, found)
         above = above or found
@@ -646,6 +666,75 @@ def _placed(before: str, start: int, old: str, new: str, text: str, span: tuple[
             end += size
             break
     return Prediction(span[0], end, new, "repeat")
+
+
+_BLOCK_HEAD = re.compile(r"[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]")
+
+
+def _block(text: str, offset: int) -> tuple[int, int, int] | None:
+    """The Python block the line at `offset` of `text` stands in, as (start, end, indent): from the
+    nearest `def` or `class` line above it indented less (or from the line itself when it is one, or
+    is at the top level) to the last line after it indented more (or a closing bracket's line at its
+    indent: `) -> None:`; after a decorator, the line it decorates). None when the line is not in
+    such a block."""
+    lines = text.split("\n")
+    row = text.count("\n", 0, offset)
+    own = _indent(lines[row])
+    head = row
+    if own and not _BLOCK_HEAD.match(lines[row]):
+        head = next((r for r in range(row - 1, -1, -1) if lines[r].strip() and _indent(lines[r]) < own
+                     and _BLOCK_HEAD.match(lines[r])), None)
+        if head is None:
+            return None
+    indent = _indent(lines[head])
+    last = opener = head  # `opener`: the block's last line at its indent (a decorator goes on)
+    for r in range(head + 1, len(lines)):
+        line = lines[r]
+        if line.strip() and _indent(line) <= indent:
+            closing = line.lstrip()[:1] in ")]}"
+            if _indent(line) < indent or not (closing or lines[opener].lstrip().startswith("@")):
+                break
+            opener = opener if closing else r
+        last = r
+    if last < row:
+        return None  # the line continues a statement the block does not hold
+    start = sum(len(line) + 1 for line in lines[:head])
+    end = start + sum(len(line) + 1 for line in lines[head:last + 1]) - 1
+    return start, end, indent
+
+
+def _parses(block: str, indent: int) -> bool:
+    """Whether `block`, each line indented at least `indent`, parses as Python once dedented."""
+    lines = block.split("\n")
+    if any(line.strip() and not line[:indent].isspace() and indent for line in lines):
+        return False  # a line less indented (a string's text at column 0): not a block to judge
+    try:
+        ast.parse("\n".join(line[indent:] for line in lines))
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def _judged_parse(text: str, offset: int) -> bool:
+    """Whether the block (`_block`) of the line at `offset` of `text` parses (False when it is in no
+    block to judge)."""
+    block = _block(text, offset)
+    return block is not None and _parses(text[block[0]:block[1]], block[2])
+
+
+def _breaks(text: str, found: Prediction, parsed: dict[tuple[int, int], bool]) -> bool:
+    """Whether `found` would break the Python code around it: its block (`_block`) parses now and
+    would not after it (`f(x)` -> `f(ctx: Context, x)`, a def's parameter put into a call). `parsed`
+    caches the blocks' parses as they are."""
+    block = _block(text, found.start)
+    if block is None or found.end > block[1]:
+        return False
+    start, end, indent = block
+    if (start, end) not in parsed:
+        parsed[(start, end)] = _parses(text[start:end], indent)
+    if not parsed[(start, end)]:
+        return False  # broken already (or not judged): the change is not what breaks it
+    return not _parses(text[start:found.start] + found.text + text[found.end:end], indent)
 
 
 def _skipped(text: str, span: tuple[int, int], done: _Done, old: str, new: str) -> bool:

@@ -773,3 +773,44 @@ def test_a_repeat_waved_off_goes_on_to_the_next_place_it_fits():
     after = predict(history, "r.py", cursor, [(offered.start, offered.end)])
     assert after.kind == "repeat" and text.rfind("\n", 0, after.start) == text.index("\nc")
     assert after.text == offered.text
+
+
+def test_a_repeat_never_goes_where_it_would_break_the_code():
+    code = ('def _start_of_option(value: str) -> bool:\n    return value[:1] == "-"\n\n\n'
+            'def _is_incomplete_option(args: list, param) -> bool:\n'
+            '    for arg in args:\n        if _start_of_option(arg):\n            return True\n'
+            '    return False\n')
+    history = EditHistory()
+    history.open("c.py", code)
+    at = code.index("value: str")
+    history.change("c.py", at, at, "ctx: Context, ")  # a parameter added to the def
+    text = history.text("c.py")
+    found = predict(history, "c.py", at + len("ctx: Context, "))
+    # Not into the call `_start_of_option(arg)` (an annotation there does not parse): the next def.
+    assert (found.start, found.end, found.text) == (text.index("args: list"),) * 2 + ("ctx: Context, ",)
+    # The same change in a file that is not Python is judged by its text alone: the call, nearer.
+    history.open("c.txt", code)
+    history.change("c.txt", at, at, "ctx: Context, ")
+    assert predict(history, "c.txt", at + len("ctx: Context, ")).start == text.index("(arg)") + 1
+
+
+def test_a_change_that_broke_its_own_code_goes_on_where_it_breaks_the_code_too():
+    # `try:` -> `with pytest.raises(E):` leaves an `except` with no `try` (the developer removes it
+    # next): the same change in the next test breaks that one the same way, and is offered. Text in
+    # a string is words, not code: a change there is judged by the text alone.
+    code = ("def test_a():\n    try:\n        f()\n    except E:\n        pass\n\n\n"
+            "def test_b():\n    try:\n        g()\n    except E:\n        pass\n")
+    history = EditHistory()
+    history.open("t.py", code)
+    at = code.index("try:")
+    history.change("t.py", at, at + len("try:"), "with pytest.raises(E):")
+    text = history.text("t.py")
+    found = predict(history, "t.py", at + len("with pytest.raises(E):"))
+    changed = text[:found.start] + found.text + text[found.end:]
+    assert changed == text.replace("try:", "with pytest.raises(E):")
+    data = 'boundary = b"--xyz"\ndata = """\n--xyz\nContent\n--xyz--\n"""\n'
+    history.open("m.py", data)
+    at = data.index('xyz"') + 3
+    history.change("m.py", at, at, "$")
+    text = history.text("m.py")
+    assert predict(history, "m.py", at + 1).start == text.index("--xyz\n", text.index('"""')) + 5
