@@ -60,6 +60,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 from urllib.parse import unquote, urlparse
 
+from .format_repeat import conversion_of, convert, expression_at, line_before_edits, next_conversion
+
 __all__ = ["CONTEXT", "CarriedRename", "Edit", "EditHistory", "ModelAnswer", "Prediction", "carried_rename",
            "context_names", "defines", "difference", "module_name", "next_repeat_elsewhere",
            "next_use_elsewhere", "predict", "repeat_elsewhere", "undone", "widened"]
@@ -333,7 +335,38 @@ def predict(history: EditHistory, uri: str, cursor: int,
     old, new = last.old, last.new
     if undone(edits[:-1], old, new) or (not (old + new).strip() and not _within_text(last)):
         return None  # indentation or trailing blanks: not a change to repeat
-    return _next_repeat(last, text, cursor, done, python=uri.endswith((".py", ".pyi")))
+    python = uri.endswith((".py", ".pyi"))
+    repeat = _next_repeat(last, text, cursor, done, python=python)
+    found = _next_conversion(edits, text, cursor, done, repeat) if python else None
+    return found or repeat
+
+
+def _next_conversion(edits: Sequence[Edit], text: str, cursor: int, done: _Done,
+                     repeat: Prediction | None) -> Prediction | None:
+    """When the edits made on the last one's line converted a %-format expression (`"%s" % x` ->
+    `"{}".format(x)` or `f"{x}"`), the next one in code converted the same way
+    (`context.format_repeat`): the one the repeat of the same text (`repeat`) falls in when it is
+    below the cursor (the same neighbours: `"sdist called %s" % format` -> `"bdist called %s" %
+    format`), else the same expression first, then any. None when the edits were no conversion."""
+    lines = line_before_edits(text, reversed(edits), done.start)
+    made = conversion_of(*lines) if lines is not None else None
+    if made is None:
+        return None
+    prose = _prose_spans(text)
+
+    def code(offset: int) -> bool:
+        return not _in_prose(text, prose, offset)
+
+    skip = ((done.start, done.end), *done.dismissed)
+    if repeat is not None and repeat.start >= cursor:
+        expression = expression_at(text, repeat.start)
+        in_code = expression is not None and code(expression.start)
+        converted = convert(expression, made[1]) if in_code else None
+        if converted is not None and not any(expression.start < end and start < expression.end
+                                             for start, end in skip):
+            return Prediction(expression.start, expression.end, converted, "repeat")
+    found = next_conversion(text, cursor, *made, skip, code)
+    return None if found is None else Prediction(*found, "repeat")
 
 
 def _call_keyword(text: str, start: int, end: int) -> bool:
