@@ -627,22 +627,31 @@ def _next_repeat(last: Edit, text: str, cursor: int, done: _Done,
     change as made (`platforms: Any` -> `platform_rules: T`, made as `s: Any` -> `_rules: T` after
     `platform`, goes on to `browsers: Any`). In `python` code, never where the change would break
     the code around it (`_breaks`), unless it broke the code where it was made (`try:` -> `with
-    f():`, the `except` below it to go next: the developer is in the middle of a change)."""
-    if python and _judged_parse(last.before, last.start) and not _judged_parse(text, done.start):
+    f():`, the `except` below it to go next: the developer is in the middle of a change); a word
+    split or joined in a string or a comment, in strings and comments only."""
+    before, end = last.before, last.start + len(last.old)
+    # A word split or joined in a string or a comment (`special_chars` -> `special-chars`) goes on in
+    # strings and comments: in code that is an expression (`__init_-(self)`), not a name.
+    words = python and 0 < last.start and end < len(before) and _wordy(before[last.start - 1]) and \
+        _wordy(before[end]) and not all(_wordy(char) for char in last.old + last.new) and \
+        _in_prose(before, _prose_spans(before), last.start)
+    if python and _judged_parse(before, last.start) and not _judged_parse(text, done.start):
         python = False
     as_made = (last.start, last.old, last.new)
-    words = _word_edit(last.before, *as_made)
-    found = _repeat_at(last.before, text, cursor, done, levels, *words, python=python)
-    if found is None and words != as_made:
-        found = _repeat_at(last.before, text, cursor, done, levels, *as_made, python=python)
+    whole = _word_edit(last.before, *as_made)
+    found = _repeat_at(last.before, text, cursor, done, levels, *whole, python=python, prose_only=words)
+    if found is None and whole != as_made:
+        found = _repeat_at(last.before, text, cursor, done, levels, *as_made, python=python, prose_only=words)
     return found
 
 
 def _repeat_at(before: str, text: str, cursor: int, done: _Done, levels: Sequence[tuple[int, int]],
-               start: int, old: str, new: str, python: bool = False) -> Prediction | None:
-    """`_next_repeat` for the change `old` -> `new` at `start` of `before`."""
+               start: int, old: str, new: str, python: bool = False,
+               prose_only: bool = False) -> Prediction | None:
+    """`_next_repeat` for the change `old` -> `new` at `start` of `before`; `prose_only`: in strings
+    and comments only."""
     fits = None
-    if python:
+    if python or prose_only:
         parsed: dict[tuple[int, int], bool] = {}  # each block's parse, as it is, once
         prose: list[tuple[int, int]] = []
 
@@ -651,7 +660,9 @@ def _repeat_at(before: str, text: str, cursor: int, done: _Done, levels: Sequenc
                 prose.extend(_prose_spans(text) or [(-1, -1)])
             if _in_prose(text, prose, span[0]):
                 return True  # in a string or a comment: words, not code to break
-            return not _breaks(text, _placed(before, start, old, new, text, span), parsed)
+            if prose_only:
+                return False
+            return not (python and _breaks(text, _placed(before, start, old, new, text, span), parsed))
 
     line_start = before.rfind("\n", 0, start) + 1
     line_end = before.find("\n", start + len(old))
@@ -706,19 +717,35 @@ _BLOCK_HEAD = re.compile(r"[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]")
 
 def _block(text: str, offset: int) -> tuple[int, int, int] | None:
     """The Python block the line at `offset` of `text` stands in, as (start, end, indent): from the
-    nearest `def` or `class` line above it indented less (or from the line itself when it is one, or
-    is at the top level) to the last line after it indented more (or a closing bracket's line at its
-    indent: `) -> None:`; after a decorator, the line it decorates). None when the line is not in
-    such a block."""
+    nearest `def` or `class` line above it indented less whose block holds it (or from the line
+    itself when it is one, or is at the top level) to the last line after it indented more (or a
+    closing bracket's line at its indent: `) -> None:`; after a decorator, the line it decorates).
+    None when the line is not in such a block."""
     lines = text.split("\n")
     row = text.count("\n", 0, offset)
-    own = _indent(lines[row])
+    limit = _indent(lines[row])
     head = row
-    if own and not _BLOCK_HEAD.match(lines[row]):
-        head = next((r for r in range(row - 1, -1, -1) if lines[r].strip() and _indent(lines[r]) < own
-                     and _BLOCK_HEAD.match(lines[r])), None)
-        if head is None:
-            return None
+    if limit and not _BLOCK_HEAD.match(lines[row]):
+        head = -1
+    while True:
+        if head < 0:  # the nearest head above, indented less than `limit`
+            head = next((r for r in range(row - 1, -1, -1) if lines[r].strip() and _indent(lines[r]) < limit
+                         and _BLOCK_HEAD.match(lines[r])), -1)
+            if head < 0:
+                return None
+        last = _block_end(lines, head)
+        if last >= row:
+            break
+        if head == row or not _indent(lines[head]):
+            return None  # the line continues a statement the block does not hold
+        limit, head = _indent(lines[head]), -1  # a nested def above it: the one around both
+    start = sum(len(line) + 1 for line in lines[:head])
+    end = start + sum(len(line) + 1 for line in lines[head:last + 1]) - 1
+    return start, end, _indent(lines[head])
+
+
+def _block_end(lines: list[str], head: int) -> int:
+    """The last line of the block whose first line is `head` (see `_block`)."""
     indent = _indent(lines[head])
     last = opener = head  # `opener`: the block's last line at its indent (a decorator goes on)
     for r in range(head + 1, len(lines)):
@@ -729,11 +756,7 @@ def _block(text: str, offset: int) -> tuple[int, int, int] | None:
                 break
             opener = opener if closing else r
         last = r
-    if last < row:
-        return None  # the line continues a statement the block does not hold
-    start = sum(len(line) + 1 for line in lines[:head])
-    end = start + sum(len(line) + 1 for line in lines[head:last + 1]) - 1
-    return start, end, indent
+    return last
 
 
 def _parses(block: str, indent: int) -> bool:
@@ -816,10 +839,12 @@ def _prose_spans(text: str) -> list[tuple[int, int]]:
 
 
 def _in_prose(text: str, spans: list[tuple[int, int]], offset: int) -> bool:
-    """Whether `offset` lies in a comment or a string, other than on a doctest line."""
+    """Whether `offset` lies in a comment or a string, other than on a doctest line of a string."""
     index = bisect.bisect_right(spans, (offset, len(text) + 1)) - 1
     if index < 0 or not spans[index][0] < offset < spans[index][1]:
         return False
+    if text.startswith("#", spans[index][0]):
+        return True  # a comment (`...  # pragma: no cover` is no doctest line)
     line = text[text.rfind("\n", 0, offset) + 1 : offset].lstrip()
     return not line.startswith(_DOCTEST)
 

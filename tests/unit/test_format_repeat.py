@@ -136,7 +136,8 @@ def test_an_expression_with_the_same_neighbours_comes_before_a_nearer_other_one(
             'def bdist(format):\n    click.echo("bdist called %s" % format)\n')
     history = EditHistory()
     history.open("c.py", code)
-    cursor = type_conversion(history, "c.py", '"sdist called %s" % format', '"sdist called {}".format(format)')
+    cursor = type_conversion(history, "c.py", '"sdist called %s" % format',
+                             '"sdist called {}".format(format)')
     text = history.text("c.py")
     found = predict(history, "c.py", cursor)
     assert (found.start, found.text) == (text.index('"bdist'), '"bdist called {}".format(format)')

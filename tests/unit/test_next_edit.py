@@ -814,3 +814,36 @@ def test_a_change_that_broke_its_own_code_goes_on_where_it_breaks_the_code_too()
     history.change("m.py", at, at, "$")
     text = history.text("m.py")
     assert predict(history, "m.py", at + 1).start == text.index("--xyz\n", text.index('"""')) + 5
+
+
+def test_a_comma_taken_out_goes_on_where_it_keeps_the_code_parsing_inside_a_nested_def_too():
+    code = ('@pytest.mark.parametrize("x", [1, 2,])\ndef test_a(m):\n    def f(_):\n        raise E()\n\n'
+            '    m.set(f)\n    try:\n        click.prompt("Password", hide_input=True)\n    except E:\n'
+            '        pass\n\n\ndef test_b():\n    assert sum([3, 4,]) == 7\n')
+    history = EditHistory()
+    history.open("t.py", code)
+    at = code.index(",])")
+    history.change("t.py", at, at + 1, "")  # `2,])` -> `2])`
+    text = history.text("t.py")
+    found = predict(history, "t.py", at)
+    # Not the call's comma (the call would not parse; its block is test_a's, around the nested def).
+    assert (found.start, found.end, found.text) == (text.index("4,])") + 1, text.index("4,])") + 2, "")
+
+
+def test_a_word_split_in_a_string_goes_on_in_strings_only():
+    code = 'HELP = "special_chars and more"\n\n\ndef run(self):\n    BaseCommand.__init__(self)\n'
+
+    history = EditHistory()
+    history.open("s.py", code)
+    at = code.index("_chars")
+    history.change("s.py", at, at + 1, "-")
+    text = history.text("s.py")
+    # Not `__init_-(self)`, an expression; no string holds the word: nothing.
+    assert predict(history, "s.py", at + 1) is None
+    # Where a comment holds it (on a line that starts with `...`, no doctest), there.
+    history.open("s.py", code + "    ...  # special_chars\n")
+    history.change("s.py", at, at + 1, "-")
+    text = history.text("s.py")
+    found = predict(history, "s.py", at + 1)
+    changed = text[:found.start] + found.text + text[found.end:]
+    assert changed == text.replace("# special_chars", "# special-chars")
