@@ -27,6 +27,7 @@ _SPEC = re.compile(r"%(?:\((?P<key>[^)]*)\))?(?P<flags>[-#0 +]*)(?P<width>\*|\d+
 # A string literal on one line (no f-string: its own braces are not a %-format's).
 _STRING = re.compile(r"""(?<![A-Za-z0-9_])(?P<prefix>[uUrR]?)(?P<quote>"|')"""
                      r"""(?P<body>(?:\\.|(?!(?P=quote))[^\\\n])*)(?P=quote)""")
+_QUOTED = re.compile(r"""(?P<quote>"|')(?:\\.|(?!(?P=quote))[^\\\n])*(?P=quote)""")
 _PERCENT = re.compile(r"[ \t]*%(?!=)[ \t]*")
 _ATTRIBUTE = re.compile(r"\.[A-Za-z_][A-Za-z0-9_]*")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d[\d_.]*[jJ]?")
@@ -67,7 +68,7 @@ class Expression:
 
 def _skip_string(text: str, at: int) -> int:
     """The end of the string literal at `at` (a quote), or -1 when it does not end on its line."""
-    match = _STRING.match(text, at)
+    match = _QUOTED.match(text, at)
     return match.end() if match else -1
 
 
@@ -148,9 +149,13 @@ def percent_expressions(text: str, start: int = 0, end: int | None = None) -> It
         after = _PERCENT.match(text, match.end())
         if not after:
             continue
+        left = text[max(0, match.start() - 80) : match.start()].rstrip(" \t")
+        if left.endswith(("'", '"', "*", "/", "%", "@", "**")):
+            continue  # the literal continues another (`"a" "%s"`), or is the right side of a product
         operand_end = _operand_end(text, after.end())
-        if operand_end < 0 or operand_end > end:
-            continue
+        if operand_end < 0 or operand_end > end or text.startswith("**", operand_end) or \
+                re.match(r"[ \t]*\*\*", text[operand_end : operand_end + 8]):
+            continue  # `"%s" % x ** 2` formats `x ** 2`
         operand = text[after.end() : operand_end]
         items = _split_items(operand[1:-1]) if operand[0] == "(" else []
         tuple_operand = operand[0] == "(" and (len(items) != 1 or operand[1:-1].rstrip().endswith(","))

@@ -144,3 +144,13 @@ def test_an_expression_with_the_same_neighbours_comes_before_a_nearer_other_one(
     # Waved off: the nearer one, converted the same way.
     other = predict(history, "c.py", cursor, [(found.start, found.end)])
     assert (other.start, other.text) == (text.index('"bad'), '"bad {}".format(x)')
+
+
+@pytest.mark.parametrize("source", [
+    'x = "a" "%s" % y',  # the literal continues another: `%` formats both
+    'x = 2 * "%s" % y',  # `(2 * "%s") % y`
+    'x = "%s" % y ** 2',  # formats `y ** 2`
+])
+def test_a_percent_whose_left_or_right_is_more_than_it_seems_is_no_expression_to_convert(source):
+    assert list(percent_expressions(source)) == []
+    assert [e.operands for e in percent_expressions('x = "%s" % f(r"a", b)')] == [('f(r"a", b)',)]
