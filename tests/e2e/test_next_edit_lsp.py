@@ -108,8 +108,8 @@ async def test_a_typed_rename_is_offered_at_the_next_occurrence_then_the_one_aft
     assert await _events(client.db_path, waved_id, "dismissed") == [{"reason": "waved off"}]
 
 
-async def _recorded(db_path: Path, episode_id: str) -> tuple[dict, set[str], list[str]]:
-    """The stored episode, its event kinds and its outcomes, once its checkpoint has been judged."""
+async def _stored(db_path: Path, episode_id: str, ready, what: str):
+    """The stored episode (its `EpisodeOutcomes`) once `ready(item)` holds; 20 s at most."""
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if db_path.exists():
@@ -119,28 +119,23 @@ async def _recorded(db_path: Path, episode_id: str) -> tuple[dict, set[str], lis
                 item = next((i for i in items if i.episode["id"] == episode_id), None)
             finally:
                 store.close()
-            if item is not None and item.outcomes:
-                return item.episode, {e["kind"] for e in item.events}, [o["status"] for o in item.outcomes]
+            if item is not None and ready(item):
+                return item
         await asyncio.sleep(0.2)
-    raise AssertionError(f"episode {episode_id} has no outcome")
+    raise AssertionError(f"episode {episode_id} has no {what}")
+
+
+async def _recorded(db_path: Path, episode_id: str) -> tuple[dict, set[str], list[str]]:
+    """The stored episode, its event kinds and its outcomes, once its checkpoint has been judged."""
+    item = await _stored(db_path, episode_id, lambda i: i.outcomes, "outcome")
+    return item.episode, {e["kind"] for e in item.events}, [o["status"] for o in item.outcomes]
 
 
 async def _events(db_path: Path, episode_id: str, kind: str) -> list[dict]:
     """The data of the episode's events of `kind`, once there is one."""
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if db_path.exists():
-            store = FeedbackStore(db_path, readonly=True)
-            try:
-                items = store.episodes_with_outcomes()
-                item = next((i for i in items if i.episode["id"] == episode_id), None)
-            finally:
-                store.close()
-            found = [e["data"] for e in item.events if e["kind"] == kind] if item else []
-            if found:
-                return found
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"episode {episode_id} has no {kind} event")
+    item = await _stored(db_path, episode_id, lambda i: any(e["kind"] == kind for e in i.events),
+                         f"{kind} event")
+    return [e["data"] for e in item.events if e["kind"] == kind]
 
 
 def inline(client: LanguageClient, line: int, character: int):
