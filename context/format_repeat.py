@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-__all__ = ["VARIANTS", "Expression", "Style", "conversion_of", "convert", "expression_at",
+__all__ = ["VARIANTS", "Expression", "Style", "closing", "conversion_of", "convert", "expression_at",
            "line_before_edits", "next_conversion", "percent_expressions"]
 
 _SPEC = re.compile(r"%(?:\((?P<key>[^)]*)\))?(?P<flags>[-#0 +]*)(?P<width>\*|\d+)?"
@@ -72,7 +72,7 @@ def _skip_string(text: str, at: int) -> int:
     return match.end() if match else -1
 
 
-def _closing(text: str, at: int) -> int:
+def closing(text: str, at: int) -> int:
     """The offset after the bracket matching the one at `at` (strings inside skipped); -1 if none."""
     depth = 0
     i = at
@@ -103,7 +103,7 @@ def _operand_end(text: str, at: int) -> int:
         return -1
     char = text[at]
     if char in _CLOSE:
-        end = _closing(text, at)
+        end = closing(text, at)
     elif char in "\"'" or (char in "uUrRbBfF" and text[at + 1 : at + 2] in ("'", '"')):
         end = _skip_string(text, at + (char not in "\"'"))
     else:
@@ -113,7 +113,7 @@ def _operand_end(text: str, at: int) -> int:
         if text[end] == "." and (match := _ATTRIBUTE.match(text, end)):
             end = match.end()
         elif text[end] in "([":
-            end = _closing(text, end)
+            end = closing(text, end)
         else:
             break
     return end

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 from urllib.parse import unquote, urlparse
 
-from .format_repeat import conversion_of, convert, expression_at, line_before_edits, next_conversion
+from .format_repeat import closing, conversion_of, convert, expression_at, line_before_edits, next_conversion
 
 __all__ = ["CONTEXT", "CarriedRename", "Edit", "EditHistory", "ModelAnswer", "Prediction", "carried_rename",
            "context_names", "defines", "difference", "module_name", "next_repeat_elsewhere",
@@ -337,8 +337,71 @@ def predict(history: EditHistory, uri: str, cursor: int,
         return None  # indentation or trailing blanks: not a change to repeat
     python = uri.endswith((".py", ".pyi"))
     repeat = _next_repeat(last, text, cursor, done, python=python)
-    found = _next_conversion(edits, text, cursor, done, repeat) if python else None
+    found = None
+    if python:
+        found = _next_conversion(edits, text, cursor, done, repeat) or \
+            _next_argument(last, text, cursor, done, repeat)
     return found or repeat
+
+
+_CALLEE = re.compile(r"(?<![A-Za-z0-9_])(?:(def|class)[ \t]+)?([A-Za-z_][A-Za-z0-9_]*)[ \t]*$")
+
+
+def _call_at(text: str, close: int) -> tuple[str, int] | None:
+    """The callee's name and the `(` of the call whose `)` is at `close` of `text` (one line); None
+    when the bracket closes no call (a def's parameters, a tuple, a line's first bracket)."""
+    line_start = text.rfind("\n", 0, close) + 1
+    for at in range(close - 1, line_start - 1, -1):
+        if text[at] == "(" and closing(text, at) == close + 1:
+            match = _CALLEE.search(text, line_start, at)
+            if match is None or match.group(1) or keyword.iskeyword(match.group(2)):
+                return None
+            return match.group(2), at
+    return None
+
+
+def _next_argument(last: Edit, text: str, cursor: int, done: _Done,
+                   repeat: Prediction | None) -> Prediction | None:
+    """When the last edit added an argument at the end of a call (`zip(a, b)` -> `zip(a, b,
+    strict=False)`), the same argument at the end of the next call of that name whose arguments
+    differ (`zip(expected, lf)`), after the cursor first, then from the top; not one that has it
+    already. None when the edit was no such addition, or when the repeat of the same text (`repeat`)
+    below the cursor is one of those places (it matched more of the call: its place first)."""
+    added = last.new
+    if last.old or "\n" in added or not re.fullmatch(r",[ \t]*[^,\s].*", added) or \
+            not last.before.startswith(")", last.start):
+        return None
+    call = _call_at(last.before, last.start)
+    if call is None:
+        return None
+    name = call[0]
+    argument = added.lstrip(", \t")
+    keyword_name = re.match(r"([A-Za-z_][A-Za-z0-9_]*)[ \t]*=(?!=)", argument)
+    prose = _prose_spans(text)
+    parsed: dict[tuple[int, int], bool] = {}
+    places = []
+    for match in re.finditer(r"(?<![A-Za-z0-9_])" + re.escape(name) + r"[ \t]*\(", text):
+        opening = match.end() - 1
+        end = closing(text, opening)
+        if end < 0 or _in_prose(text, prose, match.start()) or _call_at(text, end - 1) is None:
+            continue
+        close = end - 1
+        inner = text[opening + 1 : close]
+        if any(start <= close <= stop for start, stop in ((done.start, done.end), *done.dismissed)):
+            continue
+        has = re.search(r"(?<![A-Za-z0-9_])" + re.escape(keyword_name.group(1)) + r"[ \t]*=(?!=)", inner) \
+            if keyword_name else inner.rstrip().endswith(argument)
+        if has or inner.rstrip().endswith(","):
+            continue
+        found = Prediction(close, close, added if inner.strip() else argument, "repeat")
+        if not _breaks(text, found, parsed):
+            places.append(found)
+    if repeat is not None and repeat.start >= cursor and any(p.start == repeat.start for p in places):
+        return None
+    below = next((p for p in places if p.start >= cursor), None)
+    if below is not None or repeat is not None:
+        return below
+    return places[0] if places else None
 
 
 def _next_conversion(edits: Sequence[Edit], text: str, cursor: int, done: _Done,

@@ -77,8 +77,28 @@ def test_an_argument_added_to_a_call_is_offered_at_the_next_same_call():
     assert nxt is not None and nxt.kind == "repeat" and nxt.text == ", timeout=5"
     assert nxt.start == nxt.end == text.index("fetch(url)\nfetch(other)") + len("fetch(url")
     history.change("b.py", nxt.start, nxt.end, nxt.text)
-    # `fetch(other)` has other neighbours: nothing more to offer.
-    assert predict(history, "b.py", nxt.start) is None
+    # `fetch(other)` has other neighbours, and is the next call of that name: the argument goes on
+    # there; `log('x')` is another call. Then every `fetch` has it: nothing more to offer.
+    text = history.text("b.py")
+    last = predict(history, "b.py", nxt.start)
+    assert (last.start, last.text) == (text.index("fetch(other)") + len("fetch(other"), ", timeout=5")
+    history.change("b.py", last.start, last.end, last.text)
+    assert predict(history, "b.py", last.start) is None
+
+
+def test_an_argument_added_to_a_call_goes_on_at_the_next_call_of_that_name_only():
+    code = ("for a, b in zip(expected, click.utils.KeepOpenFile(f)):\n    pass\n"
+            "# zip(expected, lf) in a comment\nlf = open(f)\nfor a, b in zip(expected, lf):\n    pass\n"
+            "def zip_all(x):\n    return list(x)\n")
+    history = EditHistory()
+    history.open("z.py", code)
+    at = code.index(")):") + 1
+    history.change("z.py", at, at, ", strict=False")
+    text = history.text("z.py")
+    found = predict(history, "z.py", at + len(", strict=False"))
+    # Not in the comment, not `open(f)`, not the def: the next call of `zip`.
+    place = text.index("zip(expected, lf):") + len("zip(expected, lf")
+    assert (found.start, found.end, found.text) == (place, place, ", strict=False")
 
 
 def test_a_pause_starts_a_new_edit():
