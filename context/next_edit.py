@@ -393,15 +393,17 @@ def _next_argument(last: Edit, text: str, cursor: int, done: _Done,
             if keyword_name else inner.rstrip().endswith(argument)
         if has or inner.rstrip().endswith(","):
             continue
-        found = Prediction(close, close, added if inner.strip() else argument, "repeat")
-        if not _breaks(text, found, parsed):
-            places.append(found)
+        places.append(Prediction(close, close, added if inner.strip() else argument, "repeat"))
     if repeat is not None and repeat.start >= cursor and any(p.start == repeat.start for p in places):
         return None
-    below = next((p for p in places if p.start >= cursor), None)
+
+    def fits(place: Prediction) -> bool:  # judged only as far as the search goes
+        return not _breaks(text, place, parsed)
+
+    below = next((p for p in places if p.start >= cursor and fits(p)), None)
     if below is not None or repeat is not None:
         return below
-    return places[0] if places else None
+    return next((p for p in places if fits(p)), None)
 
 
 def _next_conversion(edits: Sequence[Edit], text: str, cursor: int, done: _Done,
