@@ -319,7 +319,14 @@ def predict(history: EditHistory, uri: str, cursor: int,
             found = _next_keyword(text, old, new, cursor, done)
             if found is not None:
                 return found
-        found = _next_rename(text, old, new, cursor, done, scope, words, _own_value(last, text, old, done))
+        # A bare name renamed (an import, a local, a module's function) is not the method of that
+        # spelling of another object (`from ._streams import encode` is not `url.encode()`); a class's
+        # member (a method, a class attribute) is used as one, and `self.stream = stream` goes too.
+        bare = python and not words and last.before.startswith(old, left) and \
+            last.before[max(0, left - 1):left] != "." and not _class_member(last.before, left) and \
+            not _in_prose(last.before, _prose_spans(last.before), left)
+        value = _own_value(last, text, old, done)
+        found = _next_rename(text, old, new, cursor, done, scope, words, value, bare)
         part = _part_rename(last) if found is None else None
         if part is not None and part != renamed and not undone(edits[:-1], *part):
             # `test_distinct` -> `test_isdistinct` was `distinct` -> `isdistinct` in a longer name
@@ -478,7 +485,7 @@ def _own_value(edit: Edit, text: str, old: str, done: _Done) -> tuple[int, int] 
 
 def _next_rename(text: str, old: str, new: str, cursor: int, done: _Done,
                  scope: tuple[int, int] | None = None, words: bool = False,
-                 value: tuple[int, int] | None = None) -> Prediction | None:
+                 value: tuple[int, int] | None = None, bare: bool = False) -> Prediction | None:
     """The renamed name's next use (as a whole name or a part of one between underscores:
     `blacklist` in `add_blacklist`) in code first, then in prose (comments, and strings other than
     doctest lines and calls: a developer renames the code before the words about it). Every use of
@@ -486,8 +493,9 @@ def _next_rename(text: str, old: str, new: str, cursor: int, done: _Done,
     (`scope`, its span in `text`) is renamed within that function only: another function's name
     of the same spelling is another variable. When one name holds the other, whole uses first, and
     only they when the names differ by parts between underscores. With `words`, in prose only. Not
-    in `value`, the span of the value a renamed assignment target is made from. A use below the
-    cursor at any of these steps before one above it (the first step's first from the top)."""
+    in `value`, the span of the value a renamed assignment target is made from; with `bare`, not
+    another object's method (`x.old(`, but `self.old(`). A use below the cursor at any of these steps
+    before one above it (the first step's first from the top)."""
     part = re.compile(r"(?<![A-Za-z0-9])(" + re.escape(old) + r")(?![A-Za-z0-9])")
     prose = _prose_spans(text)
     modules = _module_spans(text)  # `from report import` names a module, not the renamed name
@@ -495,6 +503,13 @@ def _next_rename(text: str, old: str, new: str, cursor: int, done: _Done,
     def inside(span: tuple[int, int]) -> bool:
         if value is not None and value[0] <= span[0] < value[1]:
             return False
+        if bare and text.startswith("(", span[1]):
+            start = span[0]
+            while start > 0 and _wordy(text[start - 1]):
+                start -= 1
+            owner = re.search(r"([A-Za-z_][A-Za-z0-9_]*)?[ \t]*\.[ \t]*$", text[max(0, start - 40):start])
+            if owner and owner.group(1) not in ("self", "cls"):
+                return False  # `url.encode()`: another object's method
         return (scope is None or scope[0] <= span[0] and span[1] <= scope[1]) and not any(
             start <= span[0] < end for start, end in modules)
 
@@ -552,6 +567,27 @@ def _next_rename(text: str, old: str, new: str, cursor: int, done: _Done,
 
 
 _DEF = re.compile(r"[ \t]*(?:async[ \t]+)?def[ \t]+([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _class_member(text: str, offset: int) -> bool:
+    """Whether the name at `offset` of `text` is a class's member: on an indented def or class line
+    (a method), or on a line whose nearest less indented line above is a class line."""
+    line_start = text.rfind("\n", 0, offset) + 1
+    line_end = text.find("\n", offset)
+    line = text[line_start : len(text) if line_end < 0 else line_end]
+    indent = _indent(line)
+    if not indent:
+        return False
+    if _BLOCK_HEAD.match(line):
+        return True
+    end = line_start - 1
+    while end > 0:
+        start = text.rfind("\n", 0, end) + 1
+        above = text[start:end]
+        if above.strip() and _indent(above) < indent:
+            return above.lstrip().startswith("class ")
+        end = start - 1
+    return False
 
 
 def _indent(line: str) -> int:

@@ -867,3 +867,23 @@ def test_a_word_split_in_a_string_goes_on_in_strings_only():
     found = predict(history, "s.py", at + 1)
     changed = text[:found.start] + found.text + text[found.end:]
     assert changed == text.replace("# special_chars", "# special-chars")
+
+
+def test_an_imported_name_renamed_goes_to_its_uses_not_to_attributes_of_that_spelling():
+    code = ("from ._streams import encode\n\n\ndef f(url, data):\n    key = url.encode()\n"
+            "    return encode(data)\n")
+    history = EditHistory()
+    history.open("m.py", code)
+    at = code.index("encode")
+    history.change("m.py", at + len("encode"), at + len("encode"), "_request")
+    text = history.text("m.py")
+    found = predict(history, "m.py", at + len("encode_request"))
+    assert (found.start, found.text) == (text.index("encode(data)"), "encode_request")  # not `url.encode()`
+    # A method is used as an attribute: renamed at its def, `self.close()` comes next.
+    method = "class C:\n    def close(self):\n        pass\n\n    def stop(self):\n        self.close()\n"
+    history.open("c.py", method)
+    at = method.index("close")
+    history.change("c.py", at, at + len("close"), "aclose")
+    text = history.text("c.py")
+    found = predict(history, "c.py", at + len("aclose"))
+    assert (found.start, found.text) == (text.index("close()"), "aclose")
