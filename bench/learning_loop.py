@@ -566,11 +566,11 @@ def plot(report: dict, path: Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="the long measurement (2 rounds)")
-    parser.add_argument("--rounds", type=int, help="override the number of rounds")
-    parser.add_argument("--steps", type=int, help="override GRPO steps per round")
+    parser.add_argument("--rounds", type=positive, help="override the number of rounds")
+    parser.add_argument("--steps", type=positive, help="override GRPO steps per round")
     parser.add_argument("--learning-rate", type=float, help="override train.learning_rate")
-    parser.add_argument("--train-spots", type=int, help="override the spots of each training session")
-    parser.add_argument("--eval-spots", type=int, help="override the held-out spots")
+    parser.add_argument("--train-spots", type=positive, help="override the spots of each training session")
+    parser.add_argument("--eval-spots", type=positive, help="override the held-out spots")
     parser.add_argument("--no-agent", action="store_true", help="skip the agent edit")
     parser.add_argument("--max-new-tokens", type=int,
                         help="override train.max_new_tokens (tokens per sampled and per gate answer)")
@@ -698,6 +698,17 @@ def seed_list(text: str) -> list[int]:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"seeds are a count (3) or a list (1,2), not {text!r}") from None
+
+
+def positive(text: str) -> int:
+    """A count of 1 or more (`--rounds 0` had silently meant the plan's own number)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least 1, not {value}")
+    return value
 
 
 def run_one(plan: Plan, args, out: Path | None = None) -> int:

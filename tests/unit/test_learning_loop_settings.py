@@ -41,3 +41,12 @@ def test_a_setting_on_the_command_line_replaces_the_plans_own():
     merged = merged_settings(plan, [train_setting("group_size=4"), train_setting("beta=0.1")])
     assert merged == ('loss_type = "grpo"', "group_size = 4", "beta = 0.1")
     assert merged_settings(plan, []) == plan
+
+
+@pytest.mark.parametrize("flag", ["--rounds", "--steps", "--train-spots", "--eval-spots"])
+def test_a_count_of_zero_is_refused_not_read_as_the_plans_own(flag, capsys):
+    from bench.learning_loop import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([flag, "0"])
+    assert exit_.value.code == 2 and "at least 1, not 0" in capsys.readouterr().err
