@@ -497,9 +497,11 @@ def main(argv: list[str] | None = None) -> int:
     record["tuning"] = tuning_record(runtime_for("none", args.threads, args.tune))
     runtimes = {w: runtime_for(w, args.threads, args.tune) for w in WEIGHTS}
     # The float32 engine again with an exact output projection, with row-major weights, with the
-    # fused step reading the float32 tensors instead of their exact 4-bit codes, and with torch's
-    # per-operation steps instead of the fused one, to show what each buys.
+    # fused step multiplying its 4-bit codes in float32 where the CPU could in integers, reading
+    # the float32 tensors instead of their exact 4-bit codes, and with torch's per-operation steps
+    # instead of the fused one, to show what each buys.
     variants = {"exact_head": runtime_for("none", args.threads, args.tune, shortlist_head=False),
+                "float_products": runtime_for("none", args.threads, args.tune, fused_integer=False),
                 "fused_float32": runtime_for("none", args.threads, args.tune, fused_q4=False),
                 "row_major": row_major_runtime(args.threads, args.tune),
                 "torch_step": runtime_for("none", args.threads, args.tune, fused_step=False)}
@@ -529,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     if llama is not None:
         llama.close()
     record["speed_rows"] = rows
+    record["steps"] = {name: runtime.describe_steps() for name, runtime in (("none", runtimes["none"]),
+                                                                           *variants.items())}
     record["greedy_equal_to_generate"] = all(
         len({row["text"] for row in same_run}) == 1
         for same_run in zip(rows["none"], rows["generate"], *(rows[v] for v in variants), strict=True)

@@ -271,7 +271,7 @@ class DecodeEngine:
 
     def __init__(self, model, linear: Callable[[torch.Tensor], Linear] | None = None,
                  quantize_head: bool = True, shortlist_head: bool = True, fused_step: bool = True,
-                 fused_q4: bool = True):
+                 fused_q4: bool = True, fused_integer: bool = True):
         """`linear` turns a weight into a projection (default: the weight as it is); the output
         projection uses it too unless `quantize_head` is False. `shortlist_head` lets greedy
         forward passes use `ShortlistHead` where it pays (float32 on the CPU). `fused_step` runs
@@ -312,7 +312,7 @@ class DecodeEngine:
         self.max_positions = config.max_position_embeddings
         self._cos, self._sin = self._rotary_tables(config)
         self._masks: dict[int, torch.Tensor] = {}
-        self.fused_q4 = fused_q4
+        self.fused_q4, self.fused_integer = fused_q4, fused_integer
         self.fused_step = self._fused_step(base.layers, config) if fused_step and linear is None else None
         # After the fused step, the output projection from exact 8-bit codes where its weights
         # have them (the embedded model's are GGUF Q8_0): exact logits, fewer bytes.
@@ -343,7 +343,7 @@ class DecodeEngine:
             return None
         return FusedDecodeStep.build(
             # the parameters themselves: their packed codes are remembered per tensor (and version)
-            weights, q4=self.fused_q4,
+            weights, q4=self.fused_q4, integer=self.fused_integer,
             hidden=config.hidden_size, inter=config.intermediate_size, heads=self.heads,
             kv_heads=self.kv_heads, head_dim=self.head_dim, eps=self.eps, scaling=self.scaling,
             cos=self._cos, sin=self._sin,

@@ -600,7 +600,7 @@ class ModelRuntime:
 
         model = self.model
         key = (id(model), self.adapter_id, self.config.quantize, self.config.shortlist_head,
-               self.config.fused_step, self.config.fused_q4,
+               self.config.fused_step, self.config.fused_q4, self.config.fused_integer,
                tuple((id(p), p._version) for p in model.parameters()))
         if key == self._engine_key:
             return self._engine
@@ -623,7 +623,8 @@ class ModelRuntime:
             self._engine = DecodeEngine(model, linear=linear, quantize_head=False,
                                         shortlist_head=self.config.shortlist_head,
                                         fused_step=self.config.fused_step,
-                                        fused_q4=self.config.fused_q4)
+                                        fused_q4=self.config.fused_q4,
+                                        fused_integer=self.config.fused_integer)
             # Keys computed with other weights are meaningless now.
             self._cache = self._engine.new_cache()
             self._spare = None
@@ -673,6 +674,24 @@ class ModelRuntime:
             self._settings = (self.config, self.costs, settings)
         return settings
 
+    def describe_steps(self, engine=None) -> str:
+        """How `engine` (default: the current one) runs a decoding step, in words (`doctor`)."""
+        engine = engine if engine is not None else self._engine
+        if engine is None:
+            return "not built yet"
+        from kernels.cpu_decode import LAYOUT_Q4
+
+        step = engine.fused_step
+        if step is None:
+            return f"torch steps, quantize={self.config.quantize}, shortlist={self.config.shortlist_head}"
+        if step.layout == LAYOUT_Q4:
+            weights = (f"4-bit weights x {step.activation_bits}-bit integer activations (AVX-512 VNNI)"
+                       if step.activation_bits else "4-bit weights x float32 activations")
+        else:
+            weights = "float32 weights"
+        head = "8-bit" if engine.fused_head is not None else "float32"
+        return f"fused CPU step: {weights}, {head} output head"
+
     def tuning_key(self, engine=None) -> str | None:
         """What this machine's costs depend on (`context.tuning.tuning_key`) with `engine` (default:
         the current one); None where nothing is tuned."""
@@ -687,9 +706,10 @@ class ModelRuntime:
             library = loaded_library()
             steps = (f"fused step {library.name if library else 'unknown'}, "
                      f"layout {engine.fused_step.layout}, "
+                     f"{engine.fused_step.activation_bits or 'float32'} activations, "
                      f"{'8-bit' if engine.fused_head is not None else 'float32'} head")
         else:
-            steps = f"torch steps, quantize={self.config.quantize}, shortlist={self.config.shortlist_head}"
+            steps = self.describe_steps(engine)
         digest = hashlib.sha256(self.model.config.to_json_string().encode()).hexdigest()[:12]
         model = f"{self.source} {digest}{' with LoRA' if self.adapter_id else ''}"
         return tuning_key(cpu_identity(), steps, model, available_cores())

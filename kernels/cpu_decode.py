@@ -16,7 +16,9 @@ Where every projection's weights are exactly `offset + step * q` in groups of 32
 `build(..., q4=True)` packs them into 4-bit codes (`pack_q4`, with float16 steps and offsets, as
 GGUF stores them) and the step reads those: the same weights, a sixth of the bytes per token.
 Packing is checked value by value and remembered per weight tensor (and its version), so engines
-built again on the same model do not pack again.
+built again on the same model do not pack again. On a CPU with AVX-512 VNNI the codes meet the
+activations in integer products, each activation rounded to 15 bits (`activation_bits`): the top
+token is the float32 model's but at near ties, a decoding step about a fifth faster.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=fas
          "-fPIC", "-std=c11")
 _WEIGHTS_PER_LAYER = ("attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down")
 _PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
-LAYOUT_ROWS, LAYOUT_TRANSPOSED, LAYOUT_Q4 = 0, 1, 2  # as in cpu_decode.c
+LAYOUT_ROWS, LAYOUT_TRANSPOSED, LAYOUT_Q4, LAYOUT_INTEGER = 0, 1, 2, 4  # as in cpu_decode.c
 Q4_GROUP = 32
 
 # (id(weight tensor), scheme) -> (a weak reference to it, its version when packed, the packing); an
@@ -269,6 +271,8 @@ def load_library() -> ctypes.CDLL | None:
                 ]
                 lib.squid_decode_scratch.restype = ctypes.c_int64
                 lib.squid_decode_scratch.argtypes = [c_int] * 8
+                lib.squid_q4_activation_bits.restype = c_int
+                lib.squid_q4_activation_bits.argtypes = []
                 lib.squid_head_q8.restype = c_int
                 lib.squid_head_q8.argtypes = [f32p, f32p, f32p, f32p, c_int, c_int, c_int, c_int]
                 _library, _library_file = lib, target
@@ -282,8 +286,10 @@ class FusedDecodeStep:
 
     def __init__(self, lib: ctypes.CDLL, layers: list[dict[str, torch.Tensor]], *, hidden: int, inter: int,
                  heads: int, kv_heads: int, head_dim: int, eps: float, scaling: float, layout: int,
-                 cos: torch.Tensor, sin: torch.Tensor, packed: list[dict[str, tuple]] | None = None):
-        """`packed`: per layer, each projection's `pack_q4` codes, steps and offsets (layout Q4)."""
+                 cos: torch.Tensor, sin: torch.Tensor, packed: list[dict[str, tuple]] | None = None,
+                 integer: bool = True):
+        """`packed`: per layer, each projection's `pack_q4` codes, steps and offsets (layout Q4).
+        `integer`: with them, integer products where the CPU has them (`activation_bits`)."""
         self._lib = lib
         self._tensors = [layer[name] for layer in layers for name in _WEIGHTS_PER_LAYER]  # kept alive
         table = [0] * (3 * len(_WEIGHTS_PER_LAYER))
@@ -303,14 +309,18 @@ class FusedDecodeStep:
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.eps, self.scaling, self.layout = eps, scaling, layout
         self.transposed = layout == LAYOUT_TRANSPOSED
+        # 4-bit codes meet activations rounded to 15 bits in integer products where the CPU has
+        # AVX-512 VNNI (`gemm_q4x8`), else float32 ones (0)
+        self.activation_bits = lib.squid_q4_activation_bits() if layout == LAYOUT_Q4 and integer else 0
         self._cos, self._sin = cos, sin
 
     @classmethod
-    def build(cls, layers: list[dict[str, torch.Tensor]], q4: bool = False,
+    def build(cls, layers: list[dict[str, torch.Tensor]], q4: bool = False, integer: bool = True,
               **shape) -> FusedDecodeStep | None:
         """A runner for these per-layer weights (`_WEIGHTS_PER_LAYER` names, the projections as
         [out, in] tensors), or None when they are not float32 CPU tensors in one of the two layouts.
-        `q4`: read 4-bit codes instead where every projection packs exactly (`pack_q4`)."""
+        `q4`: read 4-bit codes instead where every projection packs exactly (`pack_q4`); `integer`:
+        multiply those in integers where the CPU can (float32 products otherwise)."""
         tensors = [layer[name] for layer in layers for name in _WEIGHTS_PER_LAYER]
         if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors):
             return None
@@ -330,7 +340,7 @@ class FusedDecodeStep:
         if q4:
             packed = [{name: pack_q4(layer[name]) for name in _PROJECTIONS} for layer in layers]
             if all(p is not None for layer in packed for p in layer.values()):
-                return cls(lib, layers, layout=LAYOUT_Q4, packed=packed, **shape)
+                return cls(lib, layers, layout=LAYOUT_Q4, packed=packed, integer=integer, **shape)
             log.info("the fused step reads float32 weights: not every projection is exactly 4-bit")
         return cls(lib, layers, layout=LAYOUT_TRANSPOSED if transposed else LAYOUT_ROWS, **shape)
 
@@ -349,7 +359,8 @@ class FusedDecodeStep:
         scratch = torch.empty(need, dtype=torch.float32)  # per call: callers may run in two threads
         code = self._lib.squid_decode_step(
             self._pointers, self.layers, self.hidden, self.inter, self.heads, self.kv_heads, self.head_dim,
-            self.eps, self.scaling, self.layout, hidden.data_ptr(), tokens, self._cos.data_ptr(),
+            self.eps, self.scaling, self.layout | (LAYOUT_INTEGER if self.activation_bits else 0),
+            hidden.data_ptr(), tokens, self._cos.data_ptr(),
             self._sin.data_ptr(), keys.data_ptr(), values.data_ptr(), capacity, position,
             scratch.data_ptr(), threads,
         )

@@ -89,7 +89,7 @@ def check_model(config: SquidConfig, load: bool) -> Check:
         fix = "squidcode setup" if config.model.path is None else "set model.path to a model directory"
         return Check("model", False, str(exc), fix)
     return Check("model", True, f"{where}; loaded on {runtime.device} in {runtime.load_seconds:.1f}s; "
-                 f"generates ({result.tokens_per_s:.0f} tok/s)")
+                 f"generates ({result.tokens_per_s:.0f} tok/s; {runtime.describe_steps()})")
 
 
 def check_tuning(config: SquidConfig, runtime, retune: bool = False) -> Check:
