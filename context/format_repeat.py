@@ -72,8 +72,9 @@ def _skip_string(text: str, at: int) -> int:
     return match.end() if match else -1
 
 
-def closing(text: str, at: int) -> int:
-    """The offset after the bracket matching the one at `at` (strings inside skipped); -1 if none."""
+def closing(text: str, at: int, lines: bool = False) -> int:
+    """The offset after the bracket matching the one at `at` (strings inside skipped); -1 if none.
+    On the same line only, unless `lines` (comments then skipped too)."""
     depth = 0
     i = at
     while i < len(text):
@@ -91,7 +92,12 @@ def closing(text: str, at: int) -> int:
             if depth == 0:
                 return i + 1
         elif char == "\n" or char == "#":
-            return -1  # one line only: a conversion across lines is not one edit of a line
+            if not lines:
+                return -1  # one line only: a conversion across lines is not one edit of a line
+            if char == "#":
+                i = text.find("\n", i)
+                if i < 0:
+                    return -1
         i += 1
     return -1
 

@@ -347,7 +347,8 @@ def predict(history: EditHistory, uri: str, cursor: int,
     found = None
     if python:
         found = _next_conversion(edits, text, cursor, done, repeat) or \
-            _next_argument(last, text, cursor, done, repeat)
+            _next_argument(last, text, cursor, done, repeat) or \
+            _next_return_annotation(last, text, cursor, done)
     return found or repeat
 
 
@@ -411,6 +412,64 @@ def _next_argument(last: Edit, text: str, cursor: int, done: _Done,
     if below is not None or repeat is not None:
         return below
     return next((p for p in places if fits(p)), None)
+
+
+_DEF_HEAD = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+[A-Za-z_][A-Za-z0-9_]*[ \t]*\(", re.MULTILINE)
+_NO_RETURN = re.compile(r"[ \t]*->[ \t]*None[ \t]*")
+
+
+def _def_closes(text: str) -> list[tuple[int, int]]:
+    """Each def header of `text` as (its start, the offset of the `)` closing its parameters)."""
+    closes = []
+    for match in _DEF_HEAD.finditer(text):
+        end = closing(text, match.end() - 1, lines=True)
+        if end > 0:
+            closes.append((match.start(), end - 1))
+    return closes
+
+
+def _returns_value(text: str, head: int, close: int) -> bool:
+    """Whether the function whose header starts at `head` (its parameters closing at `close`) returns
+    a value or yields anywhere in its body (nested functions' bodies too: it cannot tell them apart)."""
+    indent = len(text[head:close]) - len(text[head:close].lstrip(" \t"))
+    line_end = text.find("\n", close)
+    for line in text[line_end + 1:].split("\n") if line_end >= 0 else ():
+        body = line.strip()
+        if not body or body.startswith("#"):
+            continue
+        if len(line) - len(line.lstrip(" \t")) <= indent:
+            break
+        if re.match(r"(?:return[ \t]+[^\s#]|yield\b|.*[=(][ \t]*yield\b)", body):
+            return True
+    return False
+
+
+def _next_return_annotation(last: Edit, text: str, cursor: int, done: _Done) -> Prediction | None:
+    """When the last edit gave a function that returns nothing its return annotation (`def
+    test_basic_auth():` -> `def test_basic_auth() -> None:`, a typing pass), the same after the next
+    def's parameters with none, below the cursor first, then from the top; not a function that
+    returns a value or yields; the nearest, though the repeat of the same text (`repeat`) may have
+    matched more of a name further down (`test_get_cookie():` after `test_set_cookie():`). None
+    when the edit was no such annotation."""
+    if last.old or not _NO_RETURN.fullmatch(last.new):
+        return None
+    before = last.before
+    close = last.start - 1
+    while close >= 0 and before[close] in " \t":
+        close -= 1
+    if close < 0 or before[close] != ")" or not re.match(r"[ \t]*:", before[last.start:]):
+        return None
+    if not any(end == close for _, end in _def_closes(before)):
+        return None
+    prose = _prose_spans(text)
+    skip = ((done.start, done.end), *done.dismissed)
+    places = []
+    for head, end in _def_closes(text):
+        if not re.match(r"[ \t]*:", text[end + 1:]) or _in_prose(text, prose, head) or \
+                any(start <= end + 1 <= stop for start, stop in skip) or _returns_value(text, head, end):
+            continue
+        places.append(Prediction(end + 1, end + 1, last.new, "repeat"))
+    return next((p for p in places if p.start >= cursor), None) or next(iter(places), None)
 
 
 def _next_conversion(edits: Sequence[Edit], text: str, cursor: int, done: _Done,

@@ -101,6 +101,46 @@ def test_an_argument_added_to_a_call_goes_on_at_the_next_call_of_that_name_only(
     assert (found.start, found.end, found.text) == (place, place, ", strict=False")
 
 
+def test_a_return_annotation_added_goes_on_at_the_next_def_that_returns_nothing():
+    # A typing pass (httpx's tests): `-> None` after one test's parameters, then the next test's,
+    # though a test further down shares more of the first one's name (`..._cookie():`); not a
+    # function that returns a value, nor one that yields, nor one annotated already; a def whose
+    # parameters span lines gets it after its closing `)`.
+    code = ("async def test_set_cookie():\n    a = 1\n\n\n"
+            "def helper(x):\n    return x + 1\n\n\n"
+            "def stream():\n    yield 1\n\n\n"
+            "def annotated() -> None:\n    pass\n\n\n"
+            "async def test_set_cookie_with_cookiejar():\n    b = 2\n\n\n"
+            "def test_many(\n    first,\n    second,\n):\n    c = 3\n\n\n"
+            "async def test_get_cookie():\n    if c:\n        return\n")
+    history = EditHistory()
+    history.open("t.py", code)
+    at = code.index("():") + 2
+    for i, char in enumerate(" -> None"):
+        history.change("t.py", at + i, at + i, char)
+    places = []
+    cursor = at + len(" -> None")
+    while (found := predict(history, "t.py", cursor)) is not None:
+        text = history.text("t.py")
+        line = text[text.rfind("\n", 0, found.start) + 1 : text.find("\n", found.start)]
+        places.append((line, found.text))
+        history.change("t.py", found.start, found.end, found.text)
+        cursor = found.start + len(found.text)
+    assert places == [("async def test_set_cookie_with_cookiejar():", " -> None"), ("):", " -> None"),
+                      ("async def test_get_cookie():", " -> None")]
+
+
+def test_a_return_annotation_of_a_value_or_outside_a_def_is_not_carried_to_other_defs():
+    code = "def a():\n    return 1\n\n\ndef b():\n    pass\n\n\nx = (1)\ny = (2)\n"
+    for at, added in ((code.index("():") + 2, " -> int"), (code.index("(1)") + 3, " -> None")):
+        history = EditHistory()
+        history.open("t.py", code)
+        history.change("t.py", at, at, added)
+        found = predict(history, "t.py", at + len(added))
+        # `-> int` names what one function returns; `(1) -> None` is no def header
+        assert found is None or history.text("t.py")[found.start - 3 : found.start] != "b()"
+
+
 def test_a_pause_starts_a_new_edit():
     clock = Clock()
     history = EditHistory(clock=clock, burst_s=1.0)
