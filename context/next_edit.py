@@ -348,6 +348,7 @@ def predict(history: EditHistory, uri: str, cursor: int,
     if python:
         found = _next_conversion(edits, text, cursor, done, repeat) or \
             _next_argument(last, text, cursor, done, repeat) or \
+            _next_parameter(last, text, cursor, done) or \
             _next_return_annotation(last, text, cursor, done)
     return found or repeat
 
@@ -418,13 +419,13 @@ _DEF_HEAD = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+[A-Za-z_][A-Za-z0-9_]*[
 _NO_RETURN = re.compile(r"[ \t]*->[ \t]*None[ \t]*")
 
 
-def _def_closes(text: str) -> list[tuple[int, int]]:
-    """Each def header of `text` as (its start, the offset of the `)` closing its parameters)."""
+def _def_closes(text: str) -> list[tuple[int, int, int]]:
+    """Each def header of `text` as (its start, the offsets of the brackets around its parameters)."""
     closes = []
     for match in _DEF_HEAD.finditer(text):
         end = closing(text, match.end() - 1, lines=True)
         if end > 0:
-            closes.append((match.start(), end - 1))
+            closes.append((match.start(), match.end() - 1, end - 1))
     return closes
 
 
@@ -459,16 +460,40 @@ def _next_return_annotation(last: Edit, text: str, cursor: int, done: _Done) -> 
         close -= 1
     if close < 0 or before[close] != ")" or not re.match(r"[ \t]*:", before[last.start:]):
         return None
-    if not any(end == close for _, end in _def_closes(before)):
+    if not any(end == close for _, _, end in _def_closes(before)):
         return None
     prose = _prose_spans(text)
     skip = ((done.start, done.end), *done.dismissed)
     places = []
-    for head, end in _def_closes(text):
+    for head, _, end in _def_closes(text):
         if not re.match(r"[ \t]*:", text[end + 1:]) or _in_prose(text, prose, head) or \
                 any(start <= end + 1 <= stop for start, stop in skip) or _returns_value(text, head, end):
             continue
         places.append(Prediction(end + 1, end + 1, last.new, "repeat"))
+    return next((p for p in places if p.start >= cursor), None) or next(iter(places), None)
+
+
+def _next_parameter(last: Edit, text: str, cursor: int, done: _Done) -> Prediction | None:
+    """When the last edit added a parameter at the end of a def's (`def iter_bytes(self)` -> `def
+    iter_bytes(self, chunk_size: int = None)`), the same at the end of the nearest def below the
+    cursor whose parameters were the same (`def iter_raw(self)`), then from the top; the nearest,
+    though the repeat of the same text may have matched more of a name further down
+    (`aiter_bytes(self)`). None when the edit was no such addition."""
+    added = last.new
+    if last.old or "\n" in added or not re.fullmatch(r",[ \t]*[^,\s].*", added) or \
+            not last.before.startswith(")", last.start):
+        return None
+    header = next(((opening, end) for _, opening, end in _def_closes(last.before) if end == last.start), None)
+    if header is None:
+        return None
+    parameters = " ".join(last.before[header[0] + 1 : header[1]].split())
+    if not parameters:
+        return None
+    prose = _prose_spans(text)
+    skip = ((done.start, done.end), *done.dismissed)
+    places = [Prediction(end, end, added, "repeat") for head, opening, end in _def_closes(text)
+              if " ".join(text[opening + 1 : end].split()) == parameters and not _in_prose(text, prose, head)
+              and not any(start <= end <= stop for start, stop in skip)]
     return next((p for p in places if p.start >= cursor), None) or next(iter(places), None)
 
 

@@ -130,6 +130,30 @@ def test_a_return_annotation_added_goes_on_at_the_next_def_that_returns_nothing(
                       ("async def test_get_cookie():", " -> None")]
 
 
+def test_a_parameter_added_to_a_def_goes_on_at_the_nearest_def_with_the_same_parameters():
+    # httpx: `iter_bytes(self)` gains `chunk_size`; the nearest def below with the parameters it had
+    # (`iter_text(self)`), though `aiter_bytes(self)` shares more of its name; not `read(self,
+    # n)`, nor the call `self.iter_bytes()`, nor a def whose parameters span lines differently.
+    code = ("class Response:\n"
+            "    def iter_bytes(self) -> Iterator[bytes]:\n        yield from self.iter_raw()\n\n"
+            "    def read(self, n):\n        return self.iter_bytes()\n\n"
+            "    def iter_text(self) -> Iterator[str]:\n        yield ''\n\n"
+            "    async def aiter_bytes(self) -> AsyncIterator[bytes]:\n        yield b''\n")
+    history = EditHistory()
+    history.open("m.py", code)
+    at = code.index("(self)") + len("(self")
+    history.change("m.py", at, at, ", chunk_size: int = None")
+    text = history.text("m.py")
+    found = predict(history, "m.py", at + len(", chunk_size: int = None"))
+    place = text.index("iter_text(self") + len("iter_text(self")
+    assert (found.start, found.end, found.text) == (place, place, ", chunk_size: int = None")
+    history.change("m.py", found.start, found.end, found.text)
+    text = history.text("m.py")
+    found = predict(history, "m.py", found.start + len(found.text))
+    place = text.index("aiter_bytes(self") + len("aiter_bytes(self")
+    assert (found.start, found.end, found.text) == (place, place, ", chunk_size: int = None")
+
+
 def test_a_return_annotation_of_a_value_or_outside_a_def_is_not_carried_to_other_defs():
     code = "def a():\n    return 1\n\n\ndef b():\n    pass\n\n\nx = (1)\ny = (2)\n"
     for at, added in ((code.index("():") + 2, " -> int"), (code.index("(1)") + 3, " -> None")):
