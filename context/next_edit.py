@@ -316,7 +316,9 @@ def predict(history: EditHistory, uri: str, cursor: int,
         if python and last.before.startswith(old, left) and _call_keyword(last.before, left, left + len(old)):
             # A call's keyword (`post(url, data=body)` -> `content=body`) names the callee's
             # parameter: the other calls' keywords of that name first, not the variables so named.
-            found = _next_keyword(text, old, new, cursor, done)
+            # `content=content` -> `data=data` renamed the value with the keyword: both go on.
+            both = re.match(_same_value(old), last.before[left:]) and re.match(_same_value(new), text[left:])
+            found = _next_keyword(text, old, new, cursor, done, bool(both))
             if found is not None:
                 return found
         # A bare name renamed (an import, a local, a module's function) is not the method of that
@@ -547,11 +549,23 @@ def _call_keyword(text: str, start: int, end: int) -> bool:
     return False
 
 
-def _next_keyword(text: str, old: str, new: str, cursor: int, done: _Done) -> Prediction | None:
-    """The next keyword argument `old=` of a call, renamed."""
+def _same_value(name: str) -> str:
+    """A keyword argument whose value is the variable of its name (`content=content`)."""
+    return re.escape(name) + r"([ \t]*=[ \t]*)" + re.escape(name) + r"(?![A-Za-z0-9_])"
+
+
+def _next_keyword(text: str, old: str, new: str, cursor: int, done: _Done,
+                  value: bool = False) -> Prediction | None:
+    """The next keyword argument `old=` of a call, renamed; with `value`, its value too where that
+    is the variable of its name (`content=content` -> `data=data`)."""
     pattern = re.compile(r"(?<![A-Za-z0-9_.])(" + re.escape(old) + r")(?=[ \t]*=(?!=))")
     found = _next_group(text, pattern, cursor, done, old, new, lambda span: _call_keyword(text, *span))
-    return None if found is None else Prediction(found[0], found[1], new, "rename")
+    if found is None:
+        return None
+    both = re.match(_same_value(old), text[found[0]:]) if value else None
+    if both:
+        return Prediction(found[0], found[0] + both.end(), new + both.group(1) + new, "rename")
+    return Prediction(found[0], found[1], new, "rename")
 
 
 def _own_value(edit: Edit, text: str, old: str, done: _Done) -> tuple[int, int] | None:

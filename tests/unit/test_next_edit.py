@@ -498,6 +498,25 @@ def test_a_calls_keyword_renamed_goes_to_the_next_calls_keyword_not_the_variable
     assert _walk(history, "r.py", code.index("data=") + 4) == ["    return send(url, body)"]
 
 
+def test_a_keyword_renamed_with_its_value_goes_on_with_the_next_calls_value():
+    # httpcore: `content=content,` -> `data=data,` renamed the keyword and the variable it passes;
+    # the next call's `content=content` becomes `data=data`, a keyword with another value keeps it.
+    code = ("def send(content, other):\n    a = Request(\n        content=content,\n    )\n"
+            "    c = Request(\n        content=content,\n    )\n    b = Request(content=other)\n")
+    at = code.index("content=content")
+    history = EditHistory()
+    history.open("r.py", code)
+    history.change("r.py", at, at + len("content=content"), "data=data")
+    text = history.text("r.py")
+    nxt = predict(history, "r.py", at + len("data=data"))
+    place = text.index("content=content")
+    assert (nxt.start, text[nxt.start:nxt.end], nxt.text) == (place, "content=content", "data=data")
+    history.change("r.py", nxt.start, nxt.end, nxt.text)
+    text = history.text("r.py")
+    nxt = predict(history, "r.py", nxt.start + len(nxt.text))
+    assert (nxt.start, text[nxt.start:nxt.end], nxt.text) == (text.index("content=other"), "content", "data")
+
+
 def test_a_new_name_that_holds_the_old_one_is_not_offered_where_it_stands():
     code = "def get(seq, default=no_default):\n    if default is no_default:\n        return seq\n"
     history = _rename_at(code, code.index("no_default"), "", "_")
