@@ -298,6 +298,8 @@ def predict(history: EditHistory, uri: str, cursor: int,
         return None
     done = _Done(last.start, last.start + len(last.new), tuple(dismissed))  # where the last edit stands now
     renamed = _rename(last)
+    if renamed is not None and _prose_word(last, renamed[0]):
+        renamed = None  # `an sync` -> `a sync`: a word of the text, repeated where it reads the same
     if renamed is not None:
         old, new = renamed
         if undone(edits[:-1], old, new):
@@ -356,6 +358,22 @@ def predict(history: EditHistory, uri: str, cursor: int,
 
 
 _CALLEE = re.compile(r"(?<![A-Za-z0-9_])(?:(def|class)[ \t]+)?([A-Za-z_][A-Za-z0-9_]*)[ \t]*$")
+
+
+def _prose_word(edit: Edit, old: str) -> bool:
+    """Whether `edit` changed the word `old` in a comment or a docstring (a triple-quoted string)
+    where no code names it: words of the documentation (`see :meth:` -> `see :attr:`), repeated
+    where they read the same, not a name renamed. Not in other strings: those are values (test
+    input `"wau wau"` -> `"bar bar"`), which go on as a name does."""
+    before = edit.before
+    prose = _prose_spans(before)
+    if not prose or not _in_prose(before, prose, edit.start):
+        return False
+    index = bisect.bisect_right(prose, (edit.start, len(before) + 1)) - 1
+    if not before.startswith(("#", '"""', "'''"), prose[index][0]):
+        return False
+    pattern = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(old) + r"(?![A-Za-z0-9_])")
+    return not any(not _in_prose(before, prose, match.start()) for match in pattern.finditer(before))
 
 
 def _call_at(text: str, close: int) -> tuple[str, int] | None:

@@ -517,6 +517,26 @@ def test_a_keyword_renamed_with_its_value_goes_on_with_the_next_calls_value():
     assert (nxt.start, text[nxt.start:nxt.end], nxt.text) == (text.index("content=other"), "content", "data")
 
 
+def test_a_word_of_the_documentation_goes_on_where_it_reads_the_same():
+    # werkzeug: `see :meth:`is_json`` -> `see :attr:`is_json`` in a docstring: `meth` is a word of
+    # the text, no name of the code: the next place that reads the same, not the next `meth`.
+    code = ('def get_json(self):\n    """Parse (see :meth:`is_json`).\n\n'
+            '    :meth:`parse` reads it.\n    """\n\n\n'
+            'def json(self):\n    """The data (see :meth:`is_json`), this one."""\n')
+    at = code.index("meth")
+    history = _rename_at(code, at, "meth", "attr")
+    text = history.text("r.py")
+    nxt = predict(history, "r.py", at + len("attr"))
+    assert (nxt.start, nxt.text) == (text.index("see :meth:`is_json`), this") + len("see :"), "attr")
+    # A word of a string that is a value (a test's input) is renamed as a name is: its next use.
+    code = 'run(input="wau wau")\nother("wau")\nassert out == "Foo: wau wau"\n'
+    at = code.index("wau")
+    history = _rename_at(code, at, "wau", "bar")
+    text = history.text("r.py")
+    nxt = predict(history, "r.py", at + len("bar"))
+    assert (nxt.start, nxt.text) == (text.index('bar wau') + 4, "bar")
+
+
 def test_a_new_name_that_holds_the_old_one_is_not_offered_where_it_stands():
     code = "def get(seq, default=no_default):\n    if default is no_default:\n        return seq\n"
     history = _rename_at(code, code.index("no_default"), "", "_")
