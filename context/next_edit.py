@@ -353,6 +353,7 @@ def predict(history: EditHistory, uri: str, cursor: int,
         found = _next_conversion(edits, text, cursor, done, repeat) or \
             _next_argument(last, text, cursor, done, repeat) or \
             _next_parameter(last, text, cursor, done) or \
+            _next_trailing_comment(last, text, cursor, done, repeat) or \
             _next_return_annotation(last, text, cursor, done)
     return found or repeat
 
@@ -515,6 +516,46 @@ def _next_parameter(last: Edit, text: str, cursor: int, done: _Done) -> Predicti
               if " ".join(text[opening + 1 : end].split()) == parameters and not _in_prose(text, prose, head)
               and not any(start <= end <= stop for start, stop in skip)]
     return next((p for p in places if p.start >= cursor), None) or next(iter(places), None)
+
+
+_LEAD = re.compile(r"[ \t]*(?:async[ \t]+)?([A-Za-z_]+)")
+
+
+def _next_trailing_comment(last: Edit, text: str, cursor: int, done: _Done,
+                           repeat: Prediction | None) -> Prediction | None:
+    """When the last edit put a comment at the end of a block's header (`async def restart(self) ->
+    None:` + `  # pragma: nocover`, or an `except ...:`), the same comment at the end of the nearest
+    header below the cursor that opens with that keyword and has no comment; None when the repeat of
+    the same text (`repeat`) found a place below the cursor (a line that reads the same), or the
+    edit was no such comment."""
+    added = last.new
+    before = last.before
+    if last.old or not re.fullmatch(r"[ \t]+#[^\n]*", added) or \
+            (repeat is not None and repeat.start >= cursor):
+        return None
+    if not (last.start == len(before) or before.startswith(("\n", "\r\n"), last.start)):
+        return None
+    line_start = before.rfind("\n", 0, last.start) + 1
+    line = before[line_start:last.start]
+    lead = _LEAD.match(line)
+    if lead is None or not keyword.iskeyword(lead.group(1)) or "#" in line or not line.rstrip().endswith(":"):
+        return None  # a block's header only: `# type: ignore` after an import is that line's own
+    prose = _prose_spans(text)
+    skip = ((done.start, done.end), *done.dismissed)
+    at = text.find("\n", cursor)
+    while at >= 0:
+        start = at + 1
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        other = text[start:end].rstrip("\r")
+        match = _LEAD.match(other)
+        if match and match.group(1) == lead.group(1) and "#" not in other and \
+                other.rstrip().endswith(":") and not _in_prose(text, prose, start + match.start(1)) and \
+                not any(a <= start + len(other) <= b for a, b in skip):
+            place = start + len(other.rstrip())
+            return Prediction(place, start + len(other), added, "repeat")
+        at = text.find("\n", end) if end < len(text) else -1
+    return None
 
 
 def _next_conversion(edits: Sequence[Edit], text: str, cursor: int, done: _Done,

@@ -154,6 +154,34 @@ def test_a_parameter_added_to_a_def_goes_on_at_the_nearest_def_with_the_same_par
     assert (found.start, found.end, found.text) == (place, place, ", chunk_size: int = None")
 
 
+def test_a_comment_put_after_a_blocks_header_goes_on_at_the_next_header_of_its_kind():
+    # httpx: `  # pragma: nocover` after `async def restart(self) -> None:`, then after the next def
+    # below (another name, no annotation), not the def above it, not an `if` header, not a def with
+    # a comment of its own; after `except TimeoutException:`, the next `except`.
+    code = ("def install(self) -> None:\n    pass\n\n"
+            "async def restart(self) -> None:\n    if self.x:\n        pass\n\n"
+            "def marked(self):  # noqa\n    pass\n\n"
+            "async def watch_restarts(self):\n    try:\n        go()\n"
+            "    except TimeoutException:\n        pass\n    except socket.gaierror:\n        pass\n")
+    comment = "  # pragma: nocover"
+    for header, expected in (("-> None:\n    if", "async def watch_restarts(self):"),
+                             ("except TimeoutException:", "    except socket.gaierror:")):
+        history = EditHistory()
+        history.open("c.py", code)
+        at = code.index(header) + (len("-> None:") if header.startswith("->") else len(header))
+        history.change("c.py", at, at, comment)
+        text = history.text("c.py")
+        found = predict(history, "c.py", at + len(comment))
+        place = text.index(expected) + len(expected)
+        assert (found.start, found.end, found.text) == (place, place, comment)
+    # after an import it is that line's own (`# type: ignore`): not carried to the next `from` line
+    code = "from a import b\nfrom c import d\n"
+    history = EditHistory()
+    history.open("c.py", code)
+    history.change("c.py", len("from a import b"), len("from a import b"), "  # type: ignore")
+    assert predict(history, "c.py", len("from a import b  # type: ignore")) is None
+
+
 def test_a_return_annotation_of_a_value_or_outside_a_def_is_not_carried_to_other_defs():
     code = "def a():\n    return 1\n\n\ndef b():\n    pass\n\n\nx = (1)\ny = (2)\n"
     for at, added in ((code.index("():") + 2, " -> int"), (code.index("(1)") + 3, " -> None")):
