@@ -496,20 +496,21 @@ def _next_return_annotation(last: Edit, text: str, cursor: int, done: _Done) -> 
 
 def _next_parameter(last: Edit, text: str, cursor: int, done: _Done) -> Prediction | None:
     """When the last edit added a parameter at the end of a def's (`def iter_bytes(self)` -> `def
-    iter_bytes(self, chunk_size: int = None)`), the same at the end of the nearest def below the
+    iter_bytes(self, chunk_size: int = None)`, or `def test_source():` -> `def test_source(runner):`),
+    the same at the end of the nearest def below the
     cursor whose parameters were the same (`def iter_raw(self)`), then from the top; the nearest,
     though the repeat of the same text may have matched more of a name further down
     (`aiter_bytes(self)`). None when the edit was no such addition."""
     added = last.new
-    if last.old or "\n" in added or not re.fullmatch(r",[ \t]*[^,\s].*", added) or \
+    if last.old or "\n" in added or not re.fullmatch(r"(?:,[ \t]*)?[A-Za-z_*][^,\n]*", added) or \
             not last.before.startswith(")", last.start):
         return None
     header = next(((opening, end) for _, opening, end in _def_closes(last.before) if end == last.start), None)
     if header is None:
         return None
     parameters = " ".join(last.before[header[0] + 1 : header[1]].split())
-    if not parameters:
-        return None
+    if bool(parameters) != added.startswith(","):
+        return None  # `(self` + `, n`, or `(` + `runner`: the first parameter of a def that had none
     prose = _prose_spans(text)
     skip = ((done.start, done.end), *done.dismissed)
     places = [Prediction(end, end, added, "repeat") for head, opening, end in _def_closes(text)

@@ -152,6 +152,15 @@ def test_a_parameter_added_to_a_def_goes_on_at_the_nearest_def_with_the_same_par
     found = predict(history, "m.py", found.start + len(found.text))
     place = text.index("aiter_bytes(self") + len("aiter_bytes(self")
     assert (found.start, found.end, found.text) == (place, place, ", chunk_size: int = None")
+    # click: a test's first parameter (a fixture), then the next test that has none
+    code = "def test_a():\n    pass\n\n\ndef test_b(x):\n    pass\n\n\ndef test_c():\n    pass\n"
+    history = EditHistory()
+    history.open("t.py", code)
+    at = code.index("test_a(") + len("test_a(")
+    history.change("t.py", at, at, "runner")
+    found = predict(history, "t.py", at + len("runner"))
+    place = history.text("t.py").index("test_c(") + len("test_c(")
+    assert (found.start, found.end, found.text) == (place, place, "runner")
 
 
 def test_a_comment_put_after_a_blocks_header_goes_on_at_the_next_header_of_its_kind():
