@@ -353,6 +353,7 @@ def predict(history: EditHistory, uri: str, cursor: int,
         found = _next_conversion(edits, text, cursor, done, repeat) or \
             _next_argument(last, text, cursor, done, repeat) or \
             _next_parameter(last, text, cursor, done) or \
+            _next_annotation(last, text, cursor, done) or \
             _next_trailing_comment(last, text, cursor, done, repeat) or \
             _next_return_annotation(last, text, cursor, done)
     return found or repeat
@@ -516,6 +517,66 @@ def _next_parameter(last: Edit, text: str, cursor: int, done: _Done) -> Predicti
     places = [Prediction(end, end, added, "repeat") for head, opening, end in _def_closes(text)
               if " ".join(text[opening + 1 : end].split()) == parameters and not _in_prose(text, prose, head)
               and not any(start <= end <= stop for start, stop in skip)]
+    return next((p for p in places if p.start >= cursor), None) or next(iter(places), None)
+
+
+def _annotations(text: str, opening: int, close: int) -> list[tuple[str, int, int, int]]:
+    """The annotated parameters between a def's brackets at `opening` and `close` of `text`, as
+    (name, start, end of the annotation, end of the blanks after it)."""
+    found = []
+    depth, start, i = 0, opening + 1, opening + 1
+    while i <= close:
+        char = text[i]
+        if char in "\"'":
+            quote = text[i]
+            i = text.find(quote, i + 1)
+            if i < 0 or i > close:
+                break
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}" and i < close:
+            depth -= 1
+        elif (char == "," and depth == 0) or i == close:
+            match = re.match(r"\s*\**([A-Za-z_][A-Za-z0-9_]*)[ \t]*:[ \t]*", text[start:i])
+            if match:
+                head = start + match.end()
+                equals = re.search(r"(?<![=!<>])=(?!=)", text[head:i])
+                end = blank = head + equals.start() if equals else i
+                while end > head and text[end - 1] in " \t\n":
+                    end -= 1
+                found.append((match.group(1), head, end, blank))
+            start = i + 1
+        i += 1
+    return found
+
+
+def _next_annotation(last: Edit, text: str, cursor: int, done: _Done) -> Prediction | None:
+    """When the last edit changed a def parameter's annotation (`show_default: bool = False` ->
+    `show_default: bool | str = False`), the same change to the nearest parameter below of that name
+    and that annotation in another def (`show_default: bool = True`), then from the top: the repeat
+    of the same text matches the annotation's neighbours (`hide_input: bool = False`). None when the
+    edit was no such change."""
+    before = last.before
+    if "," in last.new or "\n" in last.new:
+        return None  # a parameter added, or a line broken: not the annotation's change
+    edited = None
+    for _, opening, end in _def_closes(before):
+        if opening < last.start <= end:
+            edited = next(((name, start, blank) for name, start, _, blank
+                           in _annotations(before, opening, end)
+                           if start <= last.start and last.start + len(last.old) <= blank), None)
+            break
+    if edited is None:
+        return None
+    name, start, blank = edited
+    old = before[start:blank].rstrip()
+    new = (before[start:last.start] + last.new + before[last.start + len(last.old):blank]).rstrip()
+    if old == new or not old or not new or "\n" in old:
+        return None
+    skip = ((done.start, done.end), *done.dismissed)
+    places = [Prediction(a, b, new, "repeat") for _, opening, end in _def_closes(text)
+              for other, a, b, _ in _annotations(text, opening, end)
+              if other == name and text[a:b] == old and not any(x <= a <= y for x, y in skip)]
     return next((p for p in places if p.start >= cursor), None) or next(iter(places), None)
 
 

@@ -191,6 +191,29 @@ def test_a_comment_put_after_a_blocks_header_goes_on_at_the_next_header_of_its_k
     assert predict(history, "c.py", len("from a import b  # type: ignore")) is None
 
 
+def test_a_parameters_annotation_changed_goes_on_at_that_parameter_of_the_next_def():
+    # click: `show_default: bool = False` -> `bool | str` goes on at `show_default: bool = True` of
+    # the next def, not at `hide_input: bool = False` (the same neighbours, another parameter);
+    # `stream: t.IO` -> `t.IO[t.Any]` at the nearest `stream: t.IO`, before the end of its list.
+    code = ("def build(\n    text: str,\n    show_default: bool = False,\n) -> str:\n    pass\n\n\n"
+            "def prompt(\n    hide_input: bool = False,\n    show_default: bool = True,\n"
+            ") -> None:\n    pass\n\n\n"
+            "def best(stream: t.IO) -> str:\n    pass\n\n\n"
+            "def is_binary(stream: t.IO, default: bool = False) -> bool:\n    pass\n\n\n"
+            "def find(stream: t.IO) -> t.BinaryIO:\n    pass\n")
+    for marker, old, new, expected in (
+            ("show_default: bool", "bool", "bool | str", "show_default: bool = True"),
+            ("stream: t.IO", "t.IO", "t.IO[t.Any]", "stream: t.IO, default")):
+        history = EditHistory()
+        history.open("a.py", code)
+        at = code.index(marker) + len(marker) - len(old)
+        history.change("a.py", at, at + len(old), new)
+        text = history.text("a.py")
+        found = predict(history, "a.py", at + len(new))
+        place = text.index(expected) + len(expected.split(": ")[0]) + 2
+        assert (found.start, found.end, found.text) == (place, place + len(old), new)
+
+
 def test_a_return_annotation_of_a_value_or_outside_a_def_is_not_carried_to_other_defs():
     code = "def a():\n    return 1\n\n\ndef b():\n    pass\n\n\nx = (1)\ny = (2)\n"
     for at, added in ((code.index("():") + 2, " -> int"), (code.index("(1)") + 3, " -> None")):
