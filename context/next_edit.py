@@ -434,7 +434,29 @@ def _next_argument(last: Edit, text: str, cursor: int, done: _Done,
     below = next((p for p in places if p.start >= cursor and fits(p)), None)
     if below is not None or repeat is not None:
         return below
-    return next((p for p in places if fits(p)), None)
+    found = next((p for p in places if fits(p)), None)
+    if found is None and _IDENT.fullmatch(argument) and not keyword_name:
+        # No other call to pass it: the function's def takes it (`self._parse_decls(decls,
+        # expose_value)`, then `def _parse_decls(self, decls, expose_value)`).
+        found = _def_taking(text, name, argument, cursor, done)
+    return found
+
+
+def _def_taking(text: str, name: str, argument: str, cursor: int, done: _Done) -> Prediction | None:
+    """`argument` added as the last parameter of a def of `name` in `text` that has parameters and
+    not that one (the nearest below `cursor`, else the first), or None."""
+    skip = ((done.start, done.end), *done.dismissed)
+    places = []
+    for head, opening, end in _def_closes(text):
+        if not re.match(r"[ \t]*(?:async[ \t]+)?def[ \t]+" + re.escape(name) + r"[ \t]*\($",
+                        text[head:opening + 1]):
+            continue
+        parameters = text[opening + 1:end]
+        if parameters.strip() and not parameters.rstrip().endswith((",", "*")) and not re.search(
+                r"(?<![A-Za-z0-9_])" + re.escape(argument) + r"(?![A-Za-z0-9_])", parameters) and \
+                not any(start <= end <= stop for start, stop in skip):
+            places.append(Prediction(end, end, ", " + argument, "repeat"))
+    return next((p for p in places if p.start >= cursor), None) or next(iter(places), None)
 
 
 _DEF_HEAD = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+[A-Za-z_][A-Za-z0-9_]*[ \t]*\(", re.MULTILINE)

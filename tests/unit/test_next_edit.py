@@ -225,6 +225,22 @@ def test_a_return_annotation_of_a_value_or_outside_a_def_is_not_carried_to_other
         assert found is None or history.text("t.py")[found.start - 3 : found.start] != "b()"
 
 
+def test_an_argument_no_other_call_passes_goes_to_the_functions_def():
+    # click: `self._parse_decls(param_decls or ())` + `, expose_value`; no other call of it: the
+    # def below (an override; the nearest below the cursor) takes the parameter.
+    code = ("class Parameter:\n    def __init__(self, decls, expose_value):\n"
+            "        self._parse_decls(decls or ())\n\n    def _parse_decls(self, decls):\n        pass\n\n\n"
+            "class Option(Parameter):\n    def _parse_decls(self, decls):\n        return decls\n")
+    history = EditHistory()
+    history.open("c.py", code)
+    at = code.index("decls or ()") + len("decls or ()")
+    history.change("c.py", at, at, ", expose_value")
+    text = history.text("c.py")
+    found = predict(history, "c.py", at + len(", expose_value"))
+    place = text.index("_parse_decls(self, decls") + len("_parse_decls(self, decls")
+    assert (found.start, found.end, found.text) == (place, place, ", expose_value")
+
+
 def test_a_pause_starts_a_new_edit():
     clock = Clock()
     history = EditHistory(clock=clock, burst_s=1.0)
