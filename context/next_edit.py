@@ -298,7 +298,7 @@ def predict(history: EditHistory, uri: str, cursor: int,
         return None
     done = _Done(last.start, last.start + len(last.new), tuple(dismissed))  # where the last edit stands now
     renamed = _rename(last)
-    if renamed is not None and _prose_word(last, renamed[0]):
+    if renamed is not None and uri.endswith((".py", ".pyi")) and _prose_word(last, renamed[0]):
         renamed = None  # `an sync` -> `a sync`: a word of the text, repeated where it reads the same
     if renamed is not None:
         old, new = renamed
@@ -363,10 +363,10 @@ _CALLEE = re.compile(r"(?<![A-Za-z0-9_])(?:(def|class)[ \t]+)?([A-Za-z_][A-Za-z0
 
 
 def _prose_word(edit: Edit, old: str) -> bool:
-    """Whether `edit` changed the word `old` in a comment or a docstring (a triple-quoted string)
-    where no code names it: words of the documentation (`see :meth:` -> `see :attr:`), repeated
-    where they read the same, not a name renamed. Not in other strings: those are values (test
-    input `"wau wau"` -> `"bar bar"`), which go on as a name does."""
+    """Whether `edit` changed the word `old` in a comment or a docstring (a triple-quoted string) of
+    Python code where no code names it: words of the documentation (`see :meth:` -> `see :attr:`),
+    repeated where they read the same, not a name renamed. Not in other strings: those are values
+    (test input `"wau wau"` -> `"bar bar"`), which go on as a name does."""
     before = edit.before
     prose = _prose_spans(before)
     if not prose or not _in_prose(before, prose, edit.start):
