@@ -1032,6 +1032,9 @@ def _repeat_at(before: str, text: str, cursor: int, done: _Done, levels: Sequenc
             # The edit was at the end of its line: so at the end of another (an insertion always:
             # text added after a line's code does not go inside another's).
             tail = r"(?=\r?\n|\Z)"
+        if not left_size and not right_size and old.strip() == "," and \
+                re.match(r"[ \t]*[)\]}]", before[start + len(old):]):
+            tail = r"(?=[ \t]*[)\]}])"  # a trailing comma removed: another trailing comma, not any
         pattern = re.compile(head + "(" + re.escape(old) + ")" + tail)
         found = _next_group(text, pattern, cursor, done, old, new, fits)
         if found is not None and found[0] >= cursor:

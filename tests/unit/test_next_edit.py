@@ -241,6 +241,21 @@ def test_an_argument_no_other_call_passes_goes_to_the_functions_def():
     assert (found.start, found.end, found.text) == (place, place, ", expose_value")
 
 
+def test_a_trailing_comma_removed_goes_on_at_another_trailing_comma_only():
+    # click: `[("x", "y"),])` -> `[("x", "y")])`; the next comma before a closing bracket, not the
+    # comma between two arguments (`("cat", [...` -> `("cat" [...` would still parse, and be wrong).
+    code = ('@mark.parametrize(("a", "b"), [("x", "y"),])\ndef f():\n    pass\n\n\n'
+            '@mark.parametrize("cat", ["cat", "cat "])\ndef g():\n    pass\n\n\n'
+            '@mark.parametrize("p", [0o400, 0o444,])\ndef h():\n    pass\n')
+    history = EditHistory()
+    history.open("t.py", code)
+    at = code.index(",])")
+    history.change("t.py", at, at + 1, "")
+    text = history.text("t.py")
+    found = predict(history, "t.py", at)
+    assert (found.start, found.end, found.text) == (text.index(",])"), text.index(",])") + 1, "")
+
+
 def test_a_pause_starts_a_new_edit():
     clock = Clock()
     history = EditHistory(clock=clock, burst_s=1.0)
