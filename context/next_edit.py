@@ -391,6 +391,24 @@ def _call_at(text: str, close: int) -> tuple[str, int] | None:
     return None
 
 
+def _call_over_lines(text: str, close: int) -> tuple[str, int] | None:
+    """`_call_at` for a call whose arguments span lines (`echo(ctx.get_help(), {` ... `})`), within
+    the 40 lines above `close`."""
+    floor = close
+    for _ in range(40):
+        floor = text.rfind("\n", 0, floor)
+        if floor < 0:
+            break
+    for at in range(close - 1, max(floor, 0) - 1, -1):
+        if text[at] == "(" and closing(text, at, lines=True) == close + 1:
+            line_start = text.rfind("\n", 0, at) + 1
+            match = _CALLEE.search(text, line_start, at)
+            if match is None or match.group(1) or keyword.iskeyword(match.group(2)):
+                return None
+            return match.group(2), at
+    return None
+
+
 def _next_argument(last: Edit, text: str, cursor: int, done: _Done,
                    repeat: Prediction | None) -> Prediction | None:
     """When the last edit added an argument at the end of a call (`zip(a, b)` -> `zip(a, b,
@@ -402,7 +420,7 @@ def _next_argument(last: Edit, text: str, cursor: int, done: _Done,
     if last.old or "\n" in added or not re.fullmatch(r",[ \t]*[^,\s].*", added) or \
             not last.before.startswith(")", last.start):
         return None
-    call = _call_at(last.before, last.start)
+    call = _call_at(last.before, last.start) or _call_over_lines(last.before, last.start)
     if call is None:
         return None
     name = call[0]

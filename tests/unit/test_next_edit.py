@@ -256,6 +256,22 @@ def test_a_trailing_comma_removed_goes_on_at_another_trailing_comma_only():
     assert (found.start, found.end, found.text) == (text.index(",])"), text.index(",])") + 1, "")
 
 
+def test_an_argument_added_to_a_call_over_several_lines_goes_on_at_the_next_call():
+    # click: `echo(ctx.get_help(), {` ... `})` + `, color=ctx.color` at its closing bracket, then
+    # the one-line `echo(ctx.get_help())` below.
+    code = ("def a(ctx):\n    echo(render({\n        'x': 1,\n    }))\n"
+            "    echo(ctx.get_help(), {\n        'y': 2,\n    })\n\n\n"
+            "def b(ctx):\n    echo(ctx.get_help())\n")
+    history = EditHistory()
+    history.open("d.py", code)
+    at = code.index("    })\n\n") + len("    }")
+    history.change("d.py", at, at, ", color=ctx.color")
+    text = history.text("d.py")
+    found = predict(history, "d.py", at + len(", color=ctx.color"))
+    place = text.index("echo(ctx.get_help())") + len("echo(ctx.get_help()")
+    assert (found.start, found.end, found.text) == (place, place, ", color=ctx.color")
+
+
 def test_a_pause_starts_a_new_edit():
     clock = Clock()
     history = EditHistory(clock=clock, burst_s=1.0)
