@@ -329,6 +329,12 @@ def predict(history: EditHistory, uri: str, cursor: int,
         bare = python and not words and last.before.startswith(old, left) and \
             last.before[max(0, left - 1):left] != "." and not _class_member(last.before, left) and \
             not _in_prose(last.before, _prose_spans(last.before), left)
+        if python and not words:
+            # `t.Dict` -> `t.MutableMapping` in a parameter's annotation: that parameter's
+            # annotation elsewhere first (`self.default_map: t.Optional[t.Dict[...]]`)
+            found = _next_annotation(last, text, cursor, done)
+            if found is not None and found.start >= cursor:
+                return found
         value = _own_value(last, text, old, done)
         found = _next_rename(text, old, new, cursor, done, scope, words, value, bare)
         part = _part_rename(last) if found is None else None
@@ -614,9 +620,14 @@ def _next_annotation(last: Edit, text: str, cursor: int, done: _Done) -> Predict
     if old == new or not old or not new or "\n" in old:
         return None
     skip = ((done.start, done.end), *done.dismissed)
-    places = [Prediction(a, b, new, "repeat") for _, opening, end in _def_closes(text)
-              for other, a, b, _ in _annotations(text, opening, end)
-              if other == name and text[a:b] == old and not any(x <= a <= y for x, y in skip)]
+    spans = [(a, b) for _, opening, end in _def_closes(text)
+             for other, a, b, _ in _annotations(text, opening, end) if other == name]
+    # and the attribute or variable of that name annotated alike (`self.default_map: ... = default_map`)
+    assigned = re.compile(r"^[ \t]*(?:self\.)?" + re.escape(name) + r"[ \t]*:[ \t]*(" + re.escape(old)
+                          + r")[ \t]*=", re.MULTILINE)
+    spans += [match.span(1) for match in assigned.finditer(text)]
+    places = [Prediction(a, b, new, "repeat") for a, b in sorted(spans)
+              if text[a:b] == old and not any(x <= a <= y for x, y in skip)]
     return next((p for p in places if p.start >= cursor), None) or next(iter(places), None)
 
 

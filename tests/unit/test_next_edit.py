@@ -214,6 +214,22 @@ def test_a_parameters_annotation_changed_goes_on_at_that_parameter_of_the_next_d
         assert (found.start, found.end, found.text) == (place, place + len(old), new)
 
 
+def test_a_type_renamed_in_a_parameters_annotation_goes_on_at_its_attribute_annotated_alike():
+    # click: `default_map: t.Optional[t.Dict[str, t.Any]] = None` -> `t.MutableMapping`: the
+    # attribute `self.default_map` annotated alike below, not the next `t.Dict` (`self.params`).
+    code = ("class Context:\n    def __init__(\n        self,\n"
+            "        default_map: t.Optional[t.Dict[str, t.Any]] = None,\n    ) -> None:\n"
+            "        self.params: t.Dict[str, t.Any] = {}\n"
+            "        self.default_map: t.Optional[t.Dict[str, t.Any]] = default_map\n")
+    at = code.index("Dict")
+    history = _rename_at(code, at, "Dict", "MutableMapping")
+    text = history.text("r.py")
+    found = predict(history, "r.py", at + len("MutableMapping"))
+    place = text.index("self.default_map: ") + len("self.default_map: ")
+    assert (found.start, text[found.start:found.end], found.text) == (
+        place, "t.Optional[t.Dict[str, t.Any]]", "t.Optional[t.MutableMapping[str, t.Any]]")
+
+
 def test_a_return_annotation_of_a_value_or_outside_a_def_is_not_carried_to_other_defs():
     code = "def a():\n    return 1\n\n\ndef b():\n    pass\n\n\nx = (1)\ny = (2)\n"
     for at, added in ((code.index("():") + 2, " -> int"), (code.index("(1)") + 3, " -> None")):
