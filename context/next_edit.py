@@ -360,6 +360,7 @@ def predict(history: EditHistory, uri: str, cursor: int,
             _next_argument(last, text, cursor, done, repeat) or \
             _next_parameter(last, text, cursor, done) or \
             _next_annotation(last, text, cursor, done) or \
+            _next_assignment_annotation(last, text, cursor, done) or \
             _next_trailing_comment(last, text, cursor, done, repeat) or \
             _next_return_annotation(last, text, cursor, done)
     return found or repeat
@@ -629,6 +630,42 @@ def _next_annotation(last: Edit, text: str, cursor: int, done: _Done) -> Predict
     places = [Prediction(a, b, new, "repeat") for a, b in sorted(spans)
               if text[a:b] == old and not any(x <= a <= y for x, y in skip)]
     return next((p for p in places if p.start >= cursor), None) or next(iter(places), None)
+
+
+_ASSIGNED = re.compile(r"([ \t]*)([A-Za-z_][A-Za-z0-9_]*)([ \t]*)=(?!=)[ \t]*(.*?)[ \t]*$")
+
+
+def _next_assignment_annotation(last: Edit, text: str, cursor: int, done: _Done) -> Prediction | None:
+    """When the last edit annotated a plain assignment (`name = None` -> `name: t.ClassVar[str] =
+    None`, a class's attribute), the same annotation on the next assignment below at that
+    indentation, of the same value and with none, in the same block (not `self.prog_name =
+    prog_name` in a method). None when the edit was no such annotation."""
+    added, before = last.new, last.before
+    if last.old or not re.fullmatch(r":[ \t]*[^\s=][^=\n]*?", added.rstrip()):
+        return None
+    line_start = before.rfind("\n", 0, last.start) + 1
+    line_end = before.find("\n", last.start)
+    line = before[line_start:len(before) if line_end < 0 else line_end]
+    match = _ASSIGNED.fullmatch(line)
+    if match is None or line_start + match.end(2) != last.start:
+        return None
+    indent, value = match.group(1), match.group(4)
+    skip = ((done.start, done.end), *done.dismissed)
+    at = text.find("\n", cursor)
+    while at >= 0:
+        start = at + 1
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        other = text[start:end]
+        if other.strip() and not other.startswith(indent):
+            return None  # the block ended
+        found = _ASSIGNED.fullmatch(other)
+        if found and found.group(1) == indent and found.group(4) == value and \
+                not any(a <= start + found.end(2) <= b for a, b in skip):
+            place = start + found.end(2)
+            return Prediction(place, place, added, "repeat")
+        at = text.find("\n", end) if end < len(text) else -1
+    return None
 
 
 _LEAD = re.compile(r"[ \t]*(?:async[ \t]+)?([A-Za-z_]+)")

@@ -230,6 +230,22 @@ def test_a_type_renamed_in_a_parameters_annotation_goes_on_at_its_attribute_anno
         place, "t.Optional[t.Dict[str, t.Any]]", "t.Optional[t.MutableMapping[str, t.Any]]")
 
 
+def test_an_annotation_given_to_a_class_attribute_goes_on_at_the_next_one_of_that_value():
+    # click: `name = None` -> `name: t.ClassVar[t.Optional[str]] = None`, then `source_template =
+    # None` (not `extra = 1`, nor `self.prog_name = prog_name` in a method).
+    code = ("class ShellComplete:\n    name = None\n    extra = 1\n    source_template = None\n\n"
+            "    def __init__(self, prog_name):\n        self.prog_name = prog_name\n\n\n"
+            "other = None\n")
+    history = EditHistory()
+    history.open("s.py", code)
+    at = code.index("name = None") + len("name")
+    history.change("s.py", at, at, ": t.ClassVar[t.Optional[str]]")
+    text = history.text("s.py")
+    found = predict(history, "s.py", at + len(": t.ClassVar[t.Optional[str]]"))
+    place = text.index("source_template") + len("source_template")
+    assert (found.start, found.end, found.text) == (place, place, ": t.ClassVar[t.Optional[str]]")
+
+
 def test_a_return_annotation_of_a_value_or_outside_a_def_is_not_carried_to_other_defs():
     code = "def a():\n    return 1\n\n\ndef b():\n    pass\n\n\nx = (1)\ny = (2)\n"
     for at, added in ((code.index("():") + 2, " -> int"), (code.index("(1)") + 3, " -> None")):
