@@ -1098,15 +1098,42 @@ def _repeat_at(before: str, text: str, cursor: int, done: _Done, levels: Sequenc
             # The edit was at the end of its line: so at the end of another (an insertion always:
             # text added after a line's code does not go inside another's).
             tail = r"(?=\r?\n|\Z)"
+        where = fits
         if not left_size and not right_size and old.strip() == "," and \
                 re.match(r"[ \t]*[)\]}]", before[start + len(old):]):
             tail = r"(?=[ \t]*[)\]}])"  # a trailing comma removed: another trailing comma, not any
+
+            strings = _prose_spans(text)
+
+            def where(span: tuple[int, int], fits=fits, strings=strings) -> bool:  # code; no `("a",)`
+                return (fits is None or fits(span)) and not _in_prose(text, strings, span[0]) and \
+                    not _one_tuple(text, span[0])
         pattern = re.compile(head + "(" + re.escape(old) + ")" + tail)
-        found = _next_group(text, pattern, cursor, done, old, new, fits)
+        found = _next_group(text, pattern, cursor, done, old, new, where)
         if found is not None and found[0] >= cursor:
             return _placed(before, start, old, new, text, found)
         above = above or found
     return None if above is None else _placed(before, start, old, new, text, above)
+
+
+def _one_tuple(text: str, comma: int) -> bool:
+    """Whether the comma at `comma` of `text` makes a tuple of one (`("--cache",)`): its bracket is a
+    `(` that follows no name or call and holds no other comma at its level."""
+    depth = 0
+    for at in range(comma - 1, max(-1, comma - 2000), -1):
+        char = text[at]
+        if char in ")]}":
+            depth += 1
+        elif char in "([{":
+            if depth == 0:
+                if char != "(":
+                    return False
+                head = text[:at].rstrip()
+                return not (head and (_wordy(head[-1]) or head[-1] in ")]"))
+            depth -= 1
+        elif char == "," and depth == 0:
+            return False
+    return False
 
 
 def _placed(before: str, start: int, old: str, new: str, text: str, span: tuple[int, int]) -> Prediction:

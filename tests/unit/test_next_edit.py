@@ -286,6 +286,14 @@ def test_a_trailing_comma_removed_goes_on_at_another_trailing_comma_only():
     text = history.text("t.py")
     found = predict(history, "t.py", at)
     assert (found.start, found.end, found.text) == (text.index(",])"), text.index(",])") + 1, "")
+    # A call's trailing comma removed: not a tuple of one's comma (`("--cache",)` is a tuple), nor a
+    # comma in a string (the repr of a tuple): nothing left to offer here.
+    code = 'run(cmd, ["--help"],)\nopt(("--cache",), flag=True)\nassert out == "((1, \'a\'),)"\n'
+    history = EditHistory()
+    history.open("t.py", code)
+    at = code.index(",)")
+    history.change("t.py", at, at + 1, "")
+    assert predict(history, "t.py", at) is None
 
 
 def test_an_argument_added_to_a_call_over_several_lines_goes_on_at_the_next_call():
