@@ -299,7 +299,13 @@ def predict(history: EditHistory, uri: str, cursor: int,
     done = _Done(last.start, last.start + len(last.new), tuple(dismissed))  # where the last edit stands now
     renamed = _rename(last)
     if renamed is not None and uri.endswith((".py", ".pyi")) and _prose_word(last, renamed[0]):
-        renamed = None  # `an sync` -> `a sync`: a word of the text, repeated where it reads the same
+        # `see :meth:` -> `see :attr:`: a word of the text, repeated where it reads the same, as a
+        # whole word and in prose only (a typo fixed, `blow` -> `below`, is no `by` -> `bey`)
+        if undone(edits[:-1], *renamed):
+            return None
+        return _repeat_at(last.before, text, cursor, done, _NEIGHBOURS, *_word_edit(last.before, last.start,
+                                                                                   last.old, last.new),
+                          prose_only=True)
     if renamed is not None:
         old, new = renamed
         if undone(edits[:-1], old, new):

@@ -675,6 +675,14 @@ def test_a_word_of_the_documentation_goes_on_where_it_reads_the_same():
     text = history.text("r.py")
     nxt = predict(history, "r.py", at + len("attr"))
     assert (nxt.start, nxt.text) == (text.index("see :meth:`is_json`), this") + len("see :"), "attr")
+    # A typo fixed in a docstring (`blow` -> `below`) goes on as the whole word only, in prose only:
+    # not `by` -> `bey`, nor `warnings.warn` in code after `Settings` -> `Setting` in a comment.
+    code = ('def f():\n    """Commands nested blow it.\n\n    Disabled by this.\n    """\n'
+            '    # Settings of it\n    warnings.warn("x")\n')
+    for old_word, new_word in (("blow", "below"), ("Settings", "Setting")):
+        at = code.index(old_word)
+        history = _rename_at(code, at, old_word, new_word)
+        assert predict(history, "r.py", at + len(new_word)) is None
     # A word of a string that is a value (a test's input) is renamed as a name is: its next use.
     code = 'run(input="wau wau")\nother("wau")\nassert out == "Foo: wau wau"\n'
     at = code.index("wau")
