@@ -657,12 +657,7 @@ def _next_assignment_annotation(last: Edit, text: str, cursor: int, done: _Done)
         return None
     indent, value = match.group(1), match.group(4)
     skip = ((done.start, done.end), *done.dismissed)
-    at = text.find("\n", cursor)
-    while at >= 0:
-        start = at + 1
-        end = text.find("\n", start)
-        end = len(text) if end < 0 else end
-        other = text[start:end]
+    for start, other in _lines_below(text, cursor):
         if other.strip() and not other.startswith(indent):
             return None  # the block ended
         found = _ASSIGNED.fullmatch(other)
@@ -670,8 +665,18 @@ def _next_assignment_annotation(last: Edit, text: str, cursor: int, done: _Done)
                 not any(a <= start + found.end(2) <= b for a, b in skip):
             place = start + found.end(2)
             return Prediction(place, place, added, "repeat")
-        at = text.find("\n", end) if end < len(text) else -1
     return None
+
+
+def _lines_below(text: str, cursor: int) -> Iterable[tuple[int, str]]:
+    """Each line of `text` after the one holding `cursor`, as (its offset, its text without the
+    line break)."""
+    at = text.find("\n", cursor)
+    while at >= 0:
+        start = at + 1
+        end = text.find("\n", start)
+        yield start, text[start:len(text) if end < 0 else end].rstrip("\r")
+        at = end
 
 
 _LEAD = re.compile(r"[ \t]*(?:async[ \t]+)?([A-Za-z_]+)")
@@ -698,19 +703,13 @@ def _next_trailing_comment(last: Edit, text: str, cursor: int, done: _Done,
         return None  # a block's header only: `# type: ignore` after an import is that line's own
     prose = _prose_spans(text)
     skip = ((done.start, done.end), *done.dismissed)
-    at = text.find("\n", cursor)
-    while at >= 0:
-        start = at + 1
-        end = text.find("\n", start)
-        end = len(text) if end < 0 else end
-        other = text[start:end].rstrip("\r")
+    for start, other in _lines_below(text, cursor):
         match = _LEAD.match(other)
         if match and match.group(1) == lead.group(1) and "#" not in other and \
                 other.rstrip().endswith(":") and not _in_prose(text, prose, start + match.start(1)) and \
                 not any(a <= start + len(other) <= b for a, b in skip):
             place = start + len(other.rstrip())
             return Prediction(place, start + len(other), added, "repeat")
-        at = text.find("\n", end) if end < len(text) else -1
     return None
 
 
