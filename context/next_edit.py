@@ -365,6 +365,7 @@ def predict(history: EditHistory, uri: str, cursor: int,
         found = _next_conversion(edits, text, cursor, done, repeat) or \
             _next_argument(last, text, cursor, done, repeat) or \
             _next_parameter(last, text, cursor, done) or \
+            _next_subscript_in_body(last, text, cursor, done) or \
             _next_annotation(last, text, cursor, done) or \
             _next_assignment_annotation(last, text, cursor, done) or \
             _next_trailing_comment(last, text, cursor, done, repeat) or \
@@ -601,6 +602,44 @@ def _annotations(text: str, opening: int, close: int) -> list[tuple[str, int, in
             start = i + 1
         i += 1
     return found
+
+
+def _next_subscript_in_body(last: Edit, text: str, cursor: int, done: _Done) -> Prediction | None:
+    """When the last edit parametrized a type in a function (`input: t.IO` -> `input: t.IO[t.Any]` in
+    its parameters, or in its body), the same type further on in that function where it stands bare
+    in code (the other parameters, `t.cast(t.IO, input)`, an annotated local `func:
+    t.Optional[t.Callable] = None`): a typing pass finishes the function it is in before the next
+    def's parameters. None when there is no such place, or the edit was no such change."""
+    before, new = last.before, last.new
+    if last.old or not (new.startswith("[") and new.endswith("]")) or "\n" in new:
+        return None
+    named = re.search(r"(?<![A-Za-z0-9_.])[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$",
+                      before[:last.start])
+    block = _block(text, last.start) if named is not None else None
+    if block is None or not _DEF.match(text, block[0]):
+        return None
+    prose = _prose_spans(text)
+    bare = re.compile(r"(?<![A-Za-z0-9_.])" + re.escape(named.group()) + r"(?![A-Za-z0-9_\[(])")
+    for match in bare.finditer(text, cursor, block[1]):
+        if not _in_prose(text, prose, match.start()) and not _type_check(text, match.start()) and \
+                not any(a <= match.end() <= b for a, b in done.dismissed):
+            return Prediction(match.end(), match.end(), new, "repeat")
+    return None
+
+
+def _type_check(text: str, offset: int) -> bool:
+    """Whether `offset` of `text` is inside the arguments of an `isinstance(` or `issubclass(` call
+    begun on its line: a check at run time, which takes no parametrized generic (`t.IO[t.Any]`)."""
+    depth = 0
+    for i in range(offset - 1, text.rfind("\n", 0, offset), -1):
+        if text[i] in ")]}":
+            depth += 1
+        elif text[i] in "([{":
+            if depth:
+                depth -= 1
+            elif text[i] == "(" and re.search(r"(?<![A-Za-z0-9_.])is(?:instance|subclass)[ \t]*$", text[:i]):
+                return True
+    return False
 
 
 def _next_annotation(last: Edit, text: str, cursor: int, done: _Done) -> Prediction | None:
@@ -1113,6 +1152,8 @@ def _repeat_at(before: str, text: str, cursor: int, done: _Done, levels: Sequenc
             def where(span: tuple[int, int], fits=fits, strings=strings) -> bool:  # code; no `("a",)`
                 return (fits is None or fits(span)) and not _in_prose(text, strings, span[0]) and \
                     not _one_tuple(text, span[0])
+        if not old and new[:1] == "[" and new[-1:] == "]":
+            tail += r"(?![ \t]*\[)"  # a subscript (`t.IO` + `[t.Any]`): not where one stands already
         pattern = re.compile(head + "(" + re.escape(old) + ")" + tail)
         found = _next_group(text, pattern, cursor, done, old, new, where)
         if found is not None and found[0] >= cursor:

@@ -214,6 +214,45 @@ def test_a_parameters_annotation_changed_goes_on_at_that_parameter_of_the_next_d
         assert (found.start, found.end, found.text) == (place, place + len(old), new)
 
 
+def test_a_type_parametrized_in_a_parameters_annotation_goes_on_in_that_function_first():
+    # click: `input: t.IO` -> `t.IO[t.Any]` (typed), then the rest of that def's header and its body
+    # where `t.IO` stands bare in code (`t.cast(t.IO, input)`, an annotated local), before the next
+    # def's parameter; not in its docstring, not where it is parametrized already, not inside an
+    # `isinstance(` (a run-time check takes no parametrized generic), not `t.IOError`.
+    code = ("def reader(\n    input: t.IO, charset: str, echo: t.IO | None = None\n) -> t.BinaryIO:\n"
+            '    """Wrap a t.IO stream."""\n'
+            "    if isinstance(input, (t.IO, bytes)):\n        raise t.IOError(input)\n"
+            "    rv = find(t.cast(t.IO, input))\n    data: t.IO[bytes] = rv\n"
+            "    stream: t.Optional[t.IO] = None\n    return rv\n\n\n"
+            "def writer(input: t.IO) -> None:\n    pass\n")
+    history = EditHistory()
+    history.open("a.py", code)
+    at = code.index("t.IO,") + len("t.IO")
+    for i, char in enumerate("[t.Any]"):
+        history.change("a.py", at + i, at + i, char)
+    cursor, places = at + len("[t.Any]"), []
+    while len(places) < 4 and (found := predict(history, "a.py", cursor)) is not None:
+        history.change("a.py", found.start, found.end, found.text)
+        text = history.text("a.py")
+        places.append(text[text.rfind("\n", 0, found.start) + 1:text.find("\n", found.start)].strip())
+        cursor = found.start + len(found.text)
+    assert places == ["input: t.IO[t.Any], charset: str, echo: t.IO[t.Any] | None = None",
+                      "rv = find(t.cast(t.IO[t.Any], input))", "stream: t.Optional[t.IO[t.Any]] = None",
+                      "def writer(input: t.IO[t.Any]) -> None:"]
+
+
+def test_a_subscript_added_is_not_repeated_where_a_subscript_stands():
+    # `a: List` -> `List[int]`: the next bare `List`, not `List[str]` (a subscript of a subscript).
+    code = "a: List = []\nb: List[str] = {}\nc = cast(List, d)\n"
+    history = EditHistory()
+    history.open("m.py", code)
+    at = code.index("List") + len("List")
+    history.change("m.py", at, at, "[int]")
+    found = predict(history, "m.py", at + len("[int]"))
+    place = history.text("m.py").index("(List") + len("(List")
+    assert (found.start, found.end, found.text) == (place, place, "[int]")
+
+
 def test_a_type_renamed_in_a_parameters_annotation_goes_on_at_its_attribute_annotated_alike():
     # click: `default_map: t.Optional[t.Dict[str, t.Any]] = None` -> `t.MutableMapping`: the
     # attribute `self.default_map` annotated alike below, not the next `t.Dict` (`self.params`).
