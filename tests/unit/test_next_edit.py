@@ -31,6 +31,27 @@ def type_over(history: EditHistory, uri: str, start: int, old: str, new: str, cl
         history.change(uri, start + i, start + i, char)
 
 
+def typed_in(code: str, uri: str, at: int, text: str) -> EditHistory:
+    """A history of `code` open as `uri`, `text` typed at `at` a character at a time."""
+    history = EditHistory()
+    history.open(uri, code)
+    for i, char in enumerate(text):
+        history.change(uri, at + i, at + i, char)
+    return history
+
+
+def accepted_lines(history: EditHistory, uri: str, cursor: int, limit: int = 10) -> list[str]:
+    """Each next edit accepted in turn from `cursor` (at most `limit`): the line it changed, as it
+    reads after it, stripped."""
+    lines = []
+    while len(lines) < limit and (found := predict(history, uri, cursor)) is not None:
+        history.change(uri, found.start, found.end, found.text)
+        text = history.text(uri)
+        lines.append(text[text.rfind("\n", 0, found.start) + 1:text.find("\n", found.start)].strip())
+        cursor = found.start + len(found.text)
+    return lines
+
+
 def test_typing_over_a_name_is_one_edit_and_the_next_occurrence_is_renamed():
     clock = Clock()
     history = EditHistory(clock=clock)
@@ -113,21 +134,11 @@ def test_a_return_annotation_added_goes_on_at_the_next_def_that_returns_nothing(
             "async def test_set_cookie_with_cookiejar():\n    b = 2\n\n\n"
             "def test_many(\n    first,\n    second,\n):\n    c = 3\n\n\n"
             "async def test_get_cookie():\n    if c:\n        return\n")
-    history = EditHistory()
-    history.open("t.py", code)
     at = code.index("():") + 2
-    for i, char in enumerate(" -> None"):
-        history.change("t.py", at + i, at + i, char)
-    places = []
-    cursor = at + len(" -> None")
-    while (found := predict(history, "t.py", cursor)) is not None:
-        text = history.text("t.py")
-        line = text[text.rfind("\n", 0, found.start) + 1 : text.find("\n", found.start)]
-        places.append((line, found.text))
-        history.change("t.py", found.start, found.end, found.text)
-        cursor = found.start + len(found.text)
-    assert places == [("async def test_set_cookie_with_cookiejar():", " -> None"), ("):", " -> None"),
-                      ("async def test_get_cookie():", " -> None")]
+    history = typed_in(code, "t.py", at, " -> None")
+    assert accepted_lines(history, "t.py", at + len(" -> None")) == [
+        "async def test_set_cookie_with_cookiejar() -> None:", ") -> None:",
+        "async def test_get_cookie() -> None:"]
 
 
 def test_a_parameter_added_to_a_def_goes_on_at_the_nearest_def_with_the_same_parameters():
@@ -225,29 +236,19 @@ def test_a_type_parametrized_in_a_parameters_annotation_goes_on_in_that_function
             "    rv = find(t.cast(t.IO, input))\n    data: t.IO[bytes] = rv\n"
             "    stream: t.Optional[t.IO] = None\n    return rv\n\n\n"
             "def writer(input: t.IO) -> None:\n    pass\n")
-    history = EditHistory()
-    history.open("a.py", code)
     at = code.index("t.IO,") + len("t.IO")
-    for i, char in enumerate("[t.Any]"):
-        history.change("a.py", at + i, at + i, char)
-    cursor, places = at + len("[t.Any]"), []
-    while len(places) < 4 and (found := predict(history, "a.py", cursor)) is not None:
-        history.change("a.py", found.start, found.end, found.text)
-        text = history.text("a.py")
-        places.append(text[text.rfind("\n", 0, found.start) + 1:text.find("\n", found.start)].strip())
-        cursor = found.start + len(found.text)
-    assert places == ["input: t.IO[t.Any], charset: str, echo: t.IO[t.Any] | None = None",
-                      "rv = find(t.cast(t.IO[t.Any], input))", "stream: t.Optional[t.IO[t.Any]] = None",
-                      "def writer(input: t.IO[t.Any]) -> None:"]
+    history = typed_in(code, "a.py", at, "[t.Any]")
+    assert accepted_lines(history, "a.py", at + len("[t.Any]"), limit=4) == [
+        "input: t.IO[t.Any], charset: str, echo: t.IO[t.Any] | None = None",
+        "rv = find(t.cast(t.IO[t.Any], input))", "stream: t.Optional[t.IO[t.Any]] = None",
+        "def writer(input: t.IO[t.Any]) -> None:"]
 
 
 def test_a_subscript_added_is_not_repeated_where_a_subscript_stands():
     # `a: List` -> `List[int]`: the next bare `List`, not `List[str]` (a subscript of a subscript).
     code = "a: List = []\nb: List[str] = {}\nc = cast(List, d)\n"
-    history = EditHistory()
-    history.open("m.py", code)
     at = code.index("List") + len("List")
-    history.change("m.py", at, at, "[int]")
+    history = typed_in(code, "m.py", at, "[int]")
     found = predict(history, "m.py", at + len("[int]"))
     place = history.text("m.py").index("(List") + len("(List")
     assert (found.start, found.end, found.text) == (place, place, "[int]")
