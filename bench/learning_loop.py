@@ -56,6 +56,7 @@ from bench.simulated_user import (  # noqa: E402
     decide,
     find_spots,
 )
+from feedback.train.adapters import AdapterRegistry  # noqa: E402
 from lsp_server.demo import (  # noqa: E402
     AGENT_INSTRUCTION,
     AGENT_WORKSPACE,
@@ -85,6 +86,9 @@ class Plan:
     # Other [train] settings, as TOML lines (`loss_type = "grpo"`): a variant measured beside the
     # product's defaults, recorded with the run.
     train_settings: tuple[str, ...] = ()
+    # A diagnostic, not part of the loop: a refused adapter's held-out keep rate too (is the gate
+    # right to refuse it?), measured with the pointer moved to it and back.
+    judge_refused: bool = False
 
 
 SHORT = Plan(rounds=1, train_spots=12, eval_spots=12, steps=4, agent=True, gate_spots=8)
@@ -329,6 +333,27 @@ async def wait_for_adapter(editor: Editor, adapter: str, timeout: float = 120.0)
     raise SystemExit(f"the server did not load adapter {adapter} within {timeout:.0f} s")
 
 
+async def held_out_of_refused(editor: Editor, data: Path, spots: list[Spot], user: str) -> dict:
+    """The held-out keep rate of the round's refused adapter (the newest version, not promoted): the
+    pointer names it while the held-out spots are asked (recording off), then goes back to the
+    adapter in use, as the loop goes on with it."""
+    registry = AdapterRegistry(data / "train" / "adapters")
+    in_use = registry.current_id()
+    refused = registry.versions()[-1].id
+    if refused == in_use:
+        raise SystemExit(f"the newest adapter {refused} is the one in use: no refused adapter to judge")
+    registry.promote(refused)
+    try:
+        await wait_for_adapter(editor, refused)
+        held = await run_spots(editor, spots, record=False, user=user)
+    finally:
+        if registry.rollback() != in_use:
+            raise SystemExit(f"the pointer did not go back to {in_use or 'the base model'}")
+        await wait_for_adapter(editor, in_use)
+    return {"adapter": refused, "keep_rate": keep_rate(held), "retained_per_shown": retained_per_shown(held),
+            "log": held}
+
+
 def applied_wording(report: dict) -> str:
     """What became of the agent's edit (said only of a verified one: no other is returned)."""
     if not report["applied"]:
@@ -443,6 +468,10 @@ async def run(plan: Plan, data: Path, device: str = "cpu", train_threads: int | 
                                            "retained_per_shown": retained_per_shown(held), "log": held})
                 _say(f"held-out keep rate with {result['adapter']}: {keep_rate(held):.0%} "
                      f"(base {keep_rate(base):.0%})")
+            elif plan.judge_refused and result["state"] == "rejected":
+                entry["refused"] = await held_out_of_refused(editor, data, eval_spots, plan.user)
+                _say(f"held-out keep rate the refused {entry['refused']['adapter']} would have had: "
+                     f"{entry['refused']['keep_rate']:.0%} (base {keep_rate(base):.0%})")
             report["rounds"].append(entry)
         report["status"] = await editor.command("squidcode.status", {})
         await client.shutdown_async(None)
@@ -463,8 +492,11 @@ def summary(report: dict) -> str:
         reg, reg_base = gate.get("regression", {}), gate.get("regression_baseline", {})
         adapter = train["adapter"] if train["state"] == "promoted" else f"{train['state']}"
         keep = held.get(train["adapter"]) if train["state"] == "promoted" else None
+        shown = '' if keep is None else f'{keep:.0%}'
+        if "refused" in entry:  # the diagnostic: what the refused adapter would have given
+            shown = f"({entry['refused']['adapter']}: {entry['refused']['keep_rate']:.0%})"
         rows.append(
-            f"| {entry['round']} | {adapter} | {'' if keep is None else f'{keep:.0%}'} | "
+            f"| {entry['round']} | {adapter} | {shown} | "
             f"{entry['session_keep_rate']:.0%} | {reg.get('mean_reward', 0):.3f} "
             f"({reg_base.get('mean_reward', 0):.3f}) | {reg.get('mean_kl', 0):.4f} | {train['seconds']} | "
             f"{train['peak_rss_mb']} |")
@@ -600,6 +632,9 @@ def main(argv: list[str] | None = None) -> int:
                         "TOML (`loss_type='\"grpo\"'`, `group_size=8`); repeatable")
     parser.add_argument("--out", type=Path, help="where the JSON report goes")
     parser.add_argument("--keep-data", action="store_true", help="keep the workspace, store and adapters")
+    parser.add_argument("--judge-refused", action="store_true",
+                        help="a diagnostic: also measure each refused adapter's held-out keep rate (the "
+                             "pointer names it for the held-out spots, then goes back)")
     args = parser.parse_args(argv)
     plan = FULL if args.full else SHORT
     plan = Plan(args.rounds or plan.rounds, args.train_spots or plan.train_spots,
@@ -608,7 +643,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.max_new_tokens or plan.max_new_tokens, args.user[0],
                 task_set=str(args.task_set.resolve()) if args.task_set else None,
                 gate_spots=plan.gate_spots if args.gate_spots is None else args.gate_spots,
-                train_settings=merged_settings(plan.train_settings, args.train_setting))
+                train_settings=merged_settings(plan.train_settings, args.train_setting),
+                judge_refused=args.judge_refused)
     if args.seeds is None and len(args.user) == 1 and not args.earlier:
         return run_one(plan, args)
     # The matrix: every user with every seed, each run a fresh workspace, store and trainer.

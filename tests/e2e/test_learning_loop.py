@@ -33,7 +33,7 @@ def test_the_loop_records_the_users_decisions_trains_on_them_and_swaps_the_adapt
          "--train-spots", "9", "--eval-spots", "3", "--no-agent", "--max-new-tokens", "16",
          "--gate-spots", "4",
          "--train-threads", "1",  # the suite runs on two workers: a 2-thread pool on busy cores crawls
-         "--task-set", str(task_set), "--out", str(out)],
+         "--task-set", str(task_set), "--judge-refused", "--out", str(out)],
         capture_output=True, text=True, timeout=900, cwd=REPO,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -73,6 +73,15 @@ def test_the_loop_records_the_users_decisions_trains_on_them_and_swaps_the_adapt
         else:
             assert "keep" not in gate
     assert gate["held_out"]["n"] >= 1 and gate["regression"]["n"] == 1  # the task set's newest
+    if train["state"] == "rejected":
+        # The diagnostic measured the refused adapter on the held-out spots, then the pointer went
+        # back: the server ends on the base model, the one in use.
+        refused = entry["refused"]
+        assert refused["adapter"] == "v0001" and 0.0 <= refused["keep_rate"] <= 1.0
+        assert len(refused["log"]) == 3 and report["status"]["model"]["adapter"] is None
+        assert f"the refused {refused['adapter']} would have had" in proc.stdout
+    else:
+        assert "refused" not in entry
     if train["state"] == "promoted":
         assert entry["swap_s"] >= 0
         assert report["held_out"][-1]["adapter"] == train["adapter"]
