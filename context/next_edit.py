@@ -618,26 +618,31 @@ def _next_subscript_in_body(last: Edit, text: str, cursor: int, done: _Done) -> 
     block = _block(text, last.start) if named is not None else None
     if block is None or not _DEF.match(text, block[0]):
         return None
-    prose = _prose_spans(text)
+    prose = None
     bare = re.compile(r"(?<![A-Za-z0-9_.])" + re.escape(named.group()) + r"(?![A-Za-z0-9_\[(])")
     for match in bare.finditer(text, cursor, block[1]):
-        if not _in_prose(text, prose, match.start()) and not _type_check(text, match.start()) and \
-                not any(a <= match.end() <= b for a, b in done.dismissed):
+        if _skipped(text, (match.end(), match.end()), done, "", new) or _type_check(text, match.start()):
+            continue
+        prose = _prose_spans(text) if prose is None else prose
+        if not _in_prose(text, prose, match.start()):
             return Prediction(match.end(), match.end(), new, "repeat")
     return None
+
+
+_RUNTIME_CHECK = re.compile(r"(?<![A-Za-z0-9_.])is(?:instance|subclass)[ \t]*$")
 
 
 def _type_check(text: str, offset: int) -> bool:
     """Whether `offset` of `text` is inside the arguments of an `isinstance(` or `issubclass(` call
     begun on its line: a check at run time, which takes no parametrized generic (`t.IO[t.Any]`)."""
-    depth = 0
-    for i in range(offset - 1, text.rfind("\n", 0, offset), -1):
+    depth, line = 0, text.rfind("\n", 0, offset) + 1
+    for i in range(offset - 1, line - 1, -1):
         if text[i] in ")]}":
             depth += 1
         elif text[i] in "([{":
             if depth:
                 depth -= 1
-            elif text[i] == "(" and re.search(r"(?<![A-Za-z0-9_.])is(?:instance|subclass)[ \t]*$", text[:i]):
+            elif text[i] == "(" and _RUNTIME_CHECK.search(text, line, i):
                 return True
     return False
 
