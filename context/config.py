@@ -297,6 +297,10 @@ class TrainConfig:
     # A group whose samples all earn the same reward teaches nothing: for a task with a known answer
     # (a repair task's fix), its last sample is replaced by that answer. false: never.
     guide_flat_groups: bool = True
+    # A completion the user kept or rewrote: when no sample of its group shows the text they ended
+    # with, that text (with what ended it in the document) is the group's last sample, so a round
+    # compares the model's answers with what the user wrote (`feedback.train.policy.user_text_group`).
+    user_text_in_group: bool = False
     # Where checkpoints, adapter versions, the promoted pointer and status.json live. None:
     # <cache_dir>/train.
     dir: str | None = None

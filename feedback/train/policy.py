@@ -7,7 +7,7 @@ one copy of the weights.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -36,6 +36,7 @@ __all__ = [
     "sample_example",
     "sample_group",
     "served_prompt",
+    "user_text_group",
 ]
 
 
@@ -230,7 +231,58 @@ def guided_group(tokenizer, example, group: SampledGroup, guide: str) -> Sampled
         body = guide.removeprefix(LOCAL_PREFILL) + "\n"
     else:
         body = guide
-    ids = tokenizer.encode(body, add_special_tokens=False)
+    return _last_row_replaced(tokenizer, group, tokenizer.encode(body, add_special_tokens=False), guide)
+
+
+def user_text_group(tokenizer, example, group: SampledGroup, max_new_tokens: int) -> SampledGroup | None:
+    """`group` with its last sample replaced by what the user ended with at a completion they kept
+    or rewrote (`kept_text`), as tokens the completion path would have shown as that text: the
+    healed whitespace, the user's text, then what decided its end, where the completion path reads
+    it (the document's own text after it, as the user left it, else an end-of-sequence token). The
+    tokens through that decision are trained, as a sample's own ending is (`shown_suggestion`).
+
+    None when there is nothing to add: not a completion, reverted, nothing kept, a sample already
+    shows that text, or no such tokens make the completion path show it (longer than the samples'
+    budget, `max_new_tokens` or the completion's own, or cut by the boundary rules where the user
+    did not stop)."""
+    if example.prompt_text is None or example.chat_prompt is not None or example.reverted:
+        return None
+    lead, kept = example.prompt_lead, example.kept_text
+    if kept is None or not kept.startswith(lead) or not kept[len(lead):].strip():
+        return None
+    wanted = kept[len(lead):].rstrip()
+    if any(text.rstrip() == lead + wanted for text in group.texts):
+        return None
+    served = served_prompt(example)
+    _, heal = completion_prompt(tokenizer, example)
+    ctx = served.cursor_context()
+    budget = min(max_new_tokens, served.max_tokens) if served.max_tokens is not None else max_new_tokens
+    finish = served.finish_tokens if not is_mid_line(ctx) and opens_block(ctx.line_prefix) else 0
+    after = ctx.line_suffix + "".join("\n" + line for line in ctx.following_lines)
+    eos = tokenizer.eos_token_id
+    endings = [tokenizer.encode(heal + wanted + after, add_special_tokens=False)]
+    if eos is not None:
+        endings.append(tokenizer.encode(heal + wanted, add_special_tokens=False) + [eos])
+    for ids in endings:
+        first_eos = ids.index(eos) if eos in ids else None
+        # Without the document's next lines too: the boundary rules stop at the line the document
+        # has next, through all of it; trained are only the tokens by which the text ends without it
+        # (a dedent's first character), as a sample's own dedent is: the rest is what the model
+        # cannot see from the cursor.
+        cuts = [shown_suggestion(tokenizer, ids, first_eos, heal, budget, finish, cursor, served.max_lines,
+                                 example.language) for cursor in (ctx, replace(ctx, following_lines=()))]
+        (text, decided), (bare_text, earlier) = cuts
+        if text != wanted or decided is None:
+            continue
+        if bare_text == wanted and earlier is not None:
+            decided = min(decided, earlier)
+        return _last_row_replaced(tokenizer, group, ids[:decided], lead + wanted)
+    return None
+
+
+def _last_row_replaced(tokenizer, group: SampledGroup, ids: list[int], text: str) -> SampledGroup:
+    """`group` with its last row's tokens `ids` (all trained) and text `text`; rows are padded to
+    the longer of the two, masked out."""
     rows, width = group.completions.shape
     width = max(width, len(ids))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -242,7 +294,7 @@ def guided_group(tokenizer, example, group: SampledGroup, guide: str) -> Sampled
     completions[-1, : len(ids)] = torch.tensor(ids, dtype=completions.dtype)
     mask[-1] = 0
     mask[-1, : len(ids)] = 1
-    return SampledGroup(group.prompt, completions, mask, [*group.texts[:-1], guide], group.context)
+    return SampledGroup(group.prompt, completions, mask, [*group.texts[:-1], text], group.context)
 
 
 def shown_suggestion(tokenizer, ids: list[int], first_eos: int | None, heal: str, budget: int,

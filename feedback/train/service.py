@@ -282,9 +282,11 @@ def run_round(
                                       "held_out": sum(map(is_repository_task, held_out))}}
     if fit is not None:
         metrics["preference"] = fit.summary()
-    # (`skipped`: groups whose samples all scored alike, which teach nothing.)
+    # (`skipped`: groups whose samples all scored alike, which teach nothing; `user_texts`: groups
+    # with the text the user wrote as a sample.)
     metrics["steps"] = [{"step": r.step, "reward": round(r.mean_reward, 4), "kl": round(r.kl, 5),
-                         "seconds": round(r.seconds, 2), "groups": r.groups, "skipped": r.skipped_groups}
+                         "seconds": round(r.seconds, 2), "groups": r.groups, "skipped": r.skipped_groups,
+                         "user_texts": r.user_texts}
                         for r in trainer.history]
     result = _finish(registry, model, paths, decision, metrics, trainer.step_count)
     write_status(paths.status, result.state, step=result.steps, steps=target, adapter=registry.current_id(),

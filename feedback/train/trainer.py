@@ -36,6 +36,7 @@ from .policy import (
     guided_group,
     reference_logprobs,
     sample_example,
+    user_text_group,
 )
 from .references import composer_for, release_memory, round_start, weights_changed
 
@@ -57,12 +58,14 @@ class StepRecord:
     skipped_groups: int
     groups: int
     seconds: float
+    user_texts: int = 0  # groups whose last sample was the user's own text (`user_text_group`)
 
 
 @dataclass
 class _ScoredGroup:
     group: SampledGroup
     rewards: torch.Tensor  # [G]
+    user_text: bool = False  # the last sample is what the user wrote (`user_text_group`)
     ref_logps: torch.Tensor | None = None  # [G, C]
     old_logps: torch.Tensor | None = None  # [G, C]
 
@@ -164,6 +167,7 @@ class GrpoTrainer:
             skipped_groups=int(_all_reduce_sum(float(len(scored) - len(live)))),
             groups=len(scored) * self.world_size,
             seconds=time.perf_counter() - started,
+            user_texts=int(_all_reduce_sum(float(sum(s.user_text for s in scored)))),
         )
         self.history.append(record)
         return record
@@ -184,6 +188,11 @@ class GrpoTrainer:
             # task's fix) gets it as its last sample, so the group says what earns more.
             group = guided_group(self.tokenizer, example, group, guide)
             rewards[-1] = self.reward_fn(group.texts[-1], example)
+        elif self.config.user_text_in_group:
+            written = user_text_group(self.tokenizer, example, group, self.config.max_new_tokens)
+            if written is not None:
+                rewards[-1] = self.reward_fn(written.texts[-1], example)
+                return _ScoredGroup(written, rewards, user_text=True)
         return _ScoredGroup(group, rewards)
 
     def _prepare_logprobs(self, scored: list[_ScoredGroup]) -> None:

@@ -198,6 +198,79 @@ def test_what_ended_a_suggestion_is_trained_only_when_the_model_chose_it(runtime
     assert not tokenizer.decode(ids[: decided - 1]).startswith(text + "\n\nd")
 
 
+def test_what_the_user_wrote_joins_its_group_as_tokens_the_completion_path_shows_as_it(runtime):
+    """A completion the user rewrote (a multi-line answer cut back to one line): their text is the
+    group's last sample, ended as the document ended it (the dedent's first character trained, not
+    the next def the model cannot see), or by an end-of-sequence token where nothing follows."""
+    import dataclasses
+
+    import torch
+
+    from feedback.train.dataset import TrainingExample
+    from feedback.train.policy import SampledGroup, user_text_group
+
+    tokenizer = runtime.tokenizer
+    prompt_text = ACCESSORS.rstrip(" ")
+    lead = ACCESSORS[len(prompt_text):]
+    served = dataclasses.replace(ServedPrompt.from_text(ACCESSORS),
+                                 following_lines=("", "    def z(self):", "        return self._z"))
+    example = TrainingExample(id="p", created_at=1.0, instruction="", original="", prompt_text=prompt_text,
+                              prompt_lead=lead, output=lead + "return self._y\n        self.check()",
+                              kept_text=lead + "return self._y", served=served)
+    group = SampledGroup(torch.tensor([[1, 2]]), torch.tensor([[5, 6, 7], [8, 9, 10]]),
+                         torch.tensor([[1, 1, 1], [1, 1, 0]]), [lead + "pass", lead + "x = 1"])
+
+    def written(ex, budget: int = 32, of=group):
+        out = user_text_group(tokenizer, ex, of, budget)
+        if out is None:
+            return None
+        assert out.completions[0, :3].tolist() == [5, 6, 7] and int(out.mask[0].sum()) == 3
+        assert out.texts[0] == lead + "pass"
+        return out.texts[-1], tokenizer.decode(out.completions[-1, : int(out.mask[-1].sum())].tolist())
+
+    text, trained = written(example)
+    assert text == lead + "return self._y"
+    assert trained == "\n        return self._y\n\n    def"
+    alone = dataclasses.replace(example, served=ServedPrompt.from_text(ACCESSORS))
+    assert written(alone) == (lead + "return self._y", "\n        return self._y" + tokenizer.eos_token)
+    # Nothing to add: a sample shows it already, the user undid the answer, the text does not fit
+    # the samples' budget, or the completion path would cut it short (a line indented less).
+    shown = dataclasses.replace(group, texts=[lead + "pass", lead + "return self._y"])
+    assert written(example, of=shown) is None
+    assert written(dataclasses.replace(example, reverted=True)) is None
+    assert written(example, budget=3) is None
+    assert written(dataclasses.replace(example, kept_text=lead + "return self._y\n    x = 1")) is None
+    assert written(dataclasses.replace(example, kept_text=lead)) is None
+
+
+def test_the_trainer_puts_the_users_text_into_a_group_only_when_asked(runtime, tmp_path):
+    import copy
+
+    from feedback.train.dataset import TrainingExample
+    from feedback.train.policy import attach_lora
+    from feedback.train.trainer import GrpoTrainer
+
+    prompt_text = ACCESSORS.rstrip(" ")
+    lead = ACCESSORS[len(prompt_text):]
+    wanted = lead + "return self._y * 2  # scaled"
+    example = TrainingExample(id="p", created_at=1.0, instruction="", original="", prompt_text=prompt_text,
+                              prompt_lead=lead, kept_text=wanted, served=ServedPrompt.from_text(ACCESSORS))
+    model = attach_lora(copy.deepcopy(runtime.model), 4, 8)
+
+    def reward(text, ex):
+        return 1.0 if text == wanted else 0.0
+
+    def scored(**settings):
+        config = TrainConfig(group_size=2, max_new_tokens=16, temperature=1.0, **settings)
+        trainer = GrpoTrainer(model, runtime.tokenizer, config, [example], reward, tmp_path / str(settings))
+        return trainer._sample_and_score(example, 0)
+
+    on = scored(user_text_in_group=True)
+    assert on.user_text and on.group.texts[-1] == wanted and on.rewards.tolist() == [0.0, 1.0]
+    off = scored()
+    assert not off.user_text and off.rewards.tolist() == [0.0, 0.0]
+
+
 def test_a_completion_that_does_not_parse_earns_nothing_however_close_to_the_kept_code():
     from feedback.rewards import score_output
     from feedback.train.dataset import TrainingExample, reward_context
