@@ -6,6 +6,7 @@ one copy of the weights.
 
 from __future__ import annotations
 
+import re
 import weakref
 from dataclasses import dataclass, replace
 
@@ -238,8 +239,8 @@ def user_text_group(tokenizer, example, group: SampledGroup, max_new_tokens: int
     """`group` with its last sample replaced by what the user ended with at a completion they kept
     or rewrote (`kept_text`), as tokens the completion path would have shown as that text: the
     healed whitespace, the user's text, then what decided its end, where the completion path reads
-    it (the document's own text after it, as the user left it, else an end-of-sequence token). The
-    tokens through that decision are trained, as a sample's own ending is (`shown_suggestion`).
+    it (the document's next line as the user left it, two blank lines, or an end-of-sequence token).
+    The tokens through that decision are trained, as a sample's own ending is (`shown_suggestion`).
 
     None when there is nothing to add: not a completion, reverted, nothing kept, a sample already
     shows that text, or no such tokens make the completion path show it (longer than the samples'
@@ -258,24 +259,28 @@ def user_text_group(tokenizer, example, group: SampledGroup, max_new_tokens: int
     ctx = served.cursor_context()
     budget = min(max_new_tokens, served.max_tokens) if served.max_tokens is not None else max_new_tokens
     finish = served.finish_tokens if not is_mid_line(ctx) and opens_block(ctx.line_prefix) else 0
-    after = ctx.line_suffix + "".join("\n" + line for line in ctx.following_lines)
     eos = tokenizer.eos_token_id
-    endings = [tokenizer.encode(heal + wanted + after, add_special_tokens=False)]
-    if eos is not None:
-        endings.append(tokenizer.encode(heal + wanted, add_special_tokens=False) + [eos])
-    for ids in endings:
-        first_eos = ids.index(eos) if eos in ids else None
+    if eos is None:
+        return None
+    # What ends it, most natural first: the first word of the document's next line with code, as the
+    # user left it (a dedent ends a body there); two blank lines; an end-of-sequence token. Each is
+    # followed by an end-of-sequence token, so that the text is not taken for one the budget cut.
+    after = ctx.line_suffix + "".join("\n" + line for line in ctx.following_lines)
+    document = re.match(r"\s*?\n\s*(\w+|\S)", after)
+    for ending in (*([document.group(0)] if document else []), "\n\n\n", ""):
+        ids = tokenizer.encode(heal + wanted + ending, add_special_tokens=False) + [eos]
         # Without the document's next lines too: the boundary rules stop at the line the document
         # has next, through all of it; trained are only the tokens by which the text ends without it
-        # (a dedent's first character), as a sample's own dedent is: the rest is what the model
-        # cannot see from the cursor.
-        cuts = [shown_suggestion(tokenizer, ids, first_eos, heal, budget, finish, cursor, served.max_lines,
+        # (a dedent's first character), as a sample's own dedent is.
+        cuts = [shown_suggestion(tokenizer, ids, len(ids) - 1, heal, budget, finish, cursor, served.max_lines,
                                  example.language) for cursor in (ctx, replace(ctx, following_lines=()))]
         (text, decided), (bare_text, earlier) = cuts
         if text != wanted or decided is None:
             continue
         if bare_text == wanted and earlier is not None:
             decided = min(decided, earlier)
+        if ending:
+            decided = min(decided, len(ids) - 1)  # the ending decided; the closing token only marks it
         return _last_row_replaced(tokenizer, group, ids[:decided], lead + wanted)
     return None
 

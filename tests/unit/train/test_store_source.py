@@ -200,8 +200,9 @@ def test_what_ended_a_suggestion_is_trained_only_when_the_model_chose_it(runtime
 
 def test_what_the_user_wrote_joins_its_group_as_tokens_the_completion_path_shows_as_it(runtime):
     """A completion the user rewrote (a multi-line answer cut back to one line): their text is the
-    group's last sample, ended as the document ended it (the dedent's first character trained, not
-    the next def the model cannot see), or by an end-of-sequence token where nothing follows."""
+    group's last sample, ended as the document ended it (through the dedented line's first word, not
+    the rest of the next def, which the model cannot see), or by two blank lines where nothing
+    follows."""
     import dataclasses
 
     import torch
@@ -232,7 +233,7 @@ def test_what_the_user_wrote_joins_its_group_as_tokens_the_completion_path_shows
     assert text == lead + "return self._y"
     assert trained == "\n        return self._y\n\n    def"
     alone = dataclasses.replace(example, served=ServedPrompt.from_text(ACCESSORS))
-    assert written(alone) == (lead + "return self._y", "\n        return self._y" + tokenizer.eos_token)
+    assert written(alone) == (lead + "return self._y", "\n        return self._y\n\n\n")
     # Nothing to add: a sample shows it already, the user undid the answer, the text does not fit
     # the samples' budget, or the completion path would cut it short (a line indented less).
     shown = dataclasses.replace(group, texts=[lead + "pass", lead + "return self._y"])
