@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -263,22 +263,17 @@ def user_text_group(tokenizer, example, group: SampledGroup, max_new_tokens: int
     if eos is None:
         return None
     # What ends it, most natural first: the first word of the document's next line with code, as the
-    # user left it (a dedent ends a body there); two blank lines; an end-of-sequence token. Each is
-    # followed by an end-of-sequence token, so that the text is not taken for one the budget cut.
+    # user left it (a dedent ends a body there; only that word, not the rest of a line the model
+    # cannot see from the cursor); two blank lines; an end-of-sequence token. Each is followed by an
+    # end-of-sequence token, so that the text is not taken for one the budget cut.
     after = ctx.line_suffix + "".join("\n" + line for line in ctx.following_lines)
     document = re.match(r"\s*?\n\s*(\w+|\S)", after)
     for ending in (*([document.group(0)] if document else []), "\n\n\n", ""):
         ids = tokenizer.encode(heal + wanted + ending, add_special_tokens=False) + [eos]
-        # Without the document's next lines too: the boundary rules stop at the line the document
-        # has next, through all of it; trained are only the tokens by which the text ends without it
-        # (a dedent's first character), as a sample's own dedent is.
-        cuts = [shown_suggestion(tokenizer, ids, len(ids) - 1, heal, budget, finish, cursor, served.max_lines,
-                                 example.language) for cursor in (ctx, replace(ctx, following_lines=()))]
-        (text, decided), (bare_text, earlier) = cuts
+        text, decided = shown_suggestion(tokenizer, ids, len(ids) - 1, heal, budget, finish, ctx,
+                                         served.max_lines, example.language)
         if text != wanted or decided is None:
             continue
-        if bare_text == wanted and earlier is not None:
-            decided = min(decided, earlier)
         if ending:
             decided = min(decided, len(ids) - 1)  # the ending decided; the closing token only marks it
         return _last_row_replaced(tokenizer, group, ids[:decided], lead + wanted)
