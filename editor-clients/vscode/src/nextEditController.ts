@@ -184,14 +184,14 @@ export class NextEditController implements vscode.Disposable {
       return; // nothing to offer
     }
     if (inOtherDocument(edit, document.uri.toString())) {
-      this.showElsewhere(editor, edit);
+      await this.showElsewhere(editor, edit);
     } else {
-      this.show(editor, edit, jump);
+      await this.show(editor, edit, jump);
     }
   }
 
   /** Show `edit`, which is in `editor`'s document; `jump`: move the cursor to it first. */
-  private show(editor: vscode.TextEditor, edit: NextEdit, jump: boolean): void {
+  private async show(editor: vscode.TextEditor, edit: NextEdit, jump: boolean): Promise<void> {
     const document = editor.document;
     const version = document.version;
     const range = new vscode.Range(toVscode(edit.range.start), toVscode(edit.range.end));
@@ -201,29 +201,44 @@ export class NextEditController implements vscode.Disposable {
     }
     const old = document.getText(range);
     const display = displayOf(edit, old, editor.selection.active.line);
-    this.shown = { document, version, edit, range, display };
-    this.log(`${describeNextEdit(edit, old)}, shown ${display === 'inline' ? 'inline' : 'as a decoration'}`);
-    void vscode.commands.executeCommand('setContext', SHOWN_CONTEXT, true);
+    const shown: Shown = { document, version, edit, range, display };
+    this.shown = shown;
+    if (display !== 'inline') {
+      editor.setDecorations(this.decoration, [{ range, renderOptions: { after: { contentText: decorationText(edit) } } }]);
+    }
+    await this.holdTab(shown);
     if (display === 'inline') {
       void vscode.commands.executeCommand('editor.action.inlineSuggest.trigger');
-    } else {
-      editor.setDecorations(this.decoration, [{ range, renderOptions: { after: { contentText: decorationText(edit) } } }]);
-      void this.hideGhostText();
+    }
+    if (this.shown === shown) {
+      this.log(`${describeNextEdit(edit, old)}, shown ${display === 'inline' ? 'inline' : 'as a decoration'}`);
     }
   }
 
   /** An edit in another file: a hint at the end of the cursor's line names the file and the change. */
-  private showElsewhere(editor: vscode.TextEditor, edit: NextEdit): void {
+  private async showElsewhere(editor: vscode.TextEditor, edit: NextEdit): Promise<void> {
     const line = editor.document.lineAt(editor.selection.active.line);
     const range = new vscode.Range(line.range.end, line.range.end);
     const document = editor.document;
-    this.shown = { document, version: document.version, edit, range, display: 'elsewhere' };
+    const shown: Shown = { document, version: document.version, edit, range, display: 'elsewhere' };
+    this.shown = shown;
+    editor.setDecorations(this.hint, [{ range, renderOptions: { after: { contentText: elsewhereText(edit, undefined) } } }]);
+    await this.holdTab(shown);
     const start = edit.range.start;
     const where = `${fileName(edit.textDocument?.uri ?? '')}:${start.line + 1}:${start.character + 1}`;
-    this.log(`next edit at ${where} (${edit.kind ?? 'edit'}): -> ${JSON.stringify(edit.newText)}, shown as a hint`);
-    void vscode.commands.executeCommand('setContext', SHOWN_CONTEXT, true);
-    editor.setDecorations(this.hint, [{ range, renderOptions: { after: { contentText: elsewhereText(edit, undefined) } } }]);
-    void this.hideGhostText();
+    if (this.shown === shown) {
+      this.log(`next edit at ${where} (${edit.kind ?? 'edit'}): -> ${JSON.stringify(edit.newText)}, shown as a hint`);
+    }
+  }
+
+  /** Give Tab to `shown` before it is reported shown: the key binding's context set (awaited, so a
+   * Tab pressed once the edit is seen reaches this controller, not the editor's indentation), and
+   * beside a decoration or a hint no completion's ghost text. */
+  private async holdTab(shown: Shown): Promise<void> {
+    await vscode.commands.executeCommand('setContext', SHOWN_CONTEXT, true);
+    if (shown.display !== 'inline' && this.shown === shown) {
+      await this.hideGhostText();
+    }
   }
 
   /** Tab is the shown decoration's: no completion's ghost text beside it. Hiding alone can lose to a
@@ -256,7 +271,7 @@ export class NextEditController implements vscode.Disposable {
     } finally {
       this.jumping = false;
     }
-    this.show(editor, edit, true);
+    await this.show(editor, edit, true);
   }
 
   /** Alt+] on a shown edit: not the one meant; wave it off and show the place after it. */
