@@ -98,7 +98,12 @@ SHORT = Plan(rounds=1, train_spots=12, eval_spots=12, steps=4, agent=True, gate_
 # points in a round at seeds 0 and 1, but nothing in two rounds at seed 2, with the trainer at 2,131
 # MiB, over the 2 GiB a background job may take (docs/benchmarks.md, "Variants of the objective for
 # the oneline user"); `--train-setting group_size=8` measures it.
-FULL = Plan(rounds=2, train_spots=48, eval_spots=40, steps=30, agent=False, learning_rate=2e-4)
+# The user's own text as a sample of its group (`train.user_text_in_group`) at 4e-4 taught the oneline
+# user where their texts end (held-out keep +5.0 to +25.0 in a round over three seeds, the docstring
+# user +20.0); at 2e-4 it cost the oneline user 7.5 points ("What the user wrote, trained as a sample
+# of its group").
+FULL = Plan(rounds=2, train_spots=48, eval_spots=40, steps=30, agent=False, learning_rate=4e-4,
+            train_settings=("user_text_in_group = true",))
 
 
 def _say(message: str) -> None:

@@ -227,3 +227,35 @@ def test_a_clear_gain_in_what_users_keep_is_promoted_though_the_held_out_reward_
     lost = decide_promotion(*held, evaluated(0.30, REGRESSION, kl=0.011), evaluated(0.390, REGRESSION),
                             **LIMITS, keep=(candidate, baseline))
     assert lost.reasons == ("regression reward 0.300 < 0.390 - 0.02",)
+
+
+# The product's KL cap (`train.promote_max_kl`): a bound on a broken adapter, not on a changed one.
+
+def test_the_products_kl_cap_refuses_a_broken_adapter_and_not_one_that_moved_where_answers_end():
+    from context.config import TrainConfig
+
+    limits = {"tolerance": TrainConfig().promote_tolerance, "max_kl": TrainConfig().promote_max_kl,
+              "min_kl": TrainConfig().promote_min_kl}
+    # A measured round (the oneline user, seed 0, the user's text in its group at 4e-4): KL 0.441
+    # held out and 0.220 on the regression set, the keep estimate +0.075 (se 0.063), the regression
+    # reward 0.496 against 0.389. The old cap of 0.1 refused it for the KL alone.
+    baseline = keep_of([0, 0, 0.2, 0.5, 0.3, 1])
+    candidate = keep_of([1, 0, 0.3, 0.5, 0.3, 1])
+    measured = (evaluated(0.40, CHANGED, kl=0.441), evaluated(0.35, HELD_OUT),
+                evaluated(0.496, REGRESSION, kl=0.220), evaluated(0.389, REGRESSION))
+    assert decide_promotion(*measured, **limits, keep=(candidate, baseline)).promote
+    assert decide_promotion(*measured, **{**limits, "max_kl": 0.1}, keep=(candidate, baseline)).reasons == (
+        "KL 0.4410 > 0.1",)
+    # An adapter whose LoRA weights blew up answers what the base model would not: far over the cap.
+    torch.manual_seed(0)
+    model = attach_lora(tiny_model(), 4, 8)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 20.0)
+    reward = lambda text, example: 0.5  # noqa: E731
+    broken = evaluate(model, tiny_tokenizer(), EXAMPLES, reward, 4)
+    base = evaluate(model, tiny_tokenizer(), EXAMPLES, reward, 4, adapter=False)
+    assert broken.outputs != base.outputs and broken.mean_kl > limits["max_kl"]
+    decision = decide_promotion(broken, base, broken, base, **limits)
+    assert not decision.promote and decision.reasons[-1] == f"KL {broken.mean_kl:.4f} > 1.0"
