@@ -105,13 +105,19 @@ def test_evaluate_keeps_the_answers_and_a_fresh_adapter_is_rejected_as_no_change
     assert "outputs" not in eval_metrics(candidate) and eval_metrics(candidate)["n"] == 3
 
 
-def test_evaluate_measures_the_kl_from_the_adapter_it_would_replace():
+def perturbed_lora_model(std: float):
+    """The tiny model with a LoRA adapter whose B weights are drawn with `std` (0 would be the base)."""
     torch.manual_seed(0)
     model = attach_lora(tiny_model(), 4, 8)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "lora_B" in name:
-                parameter.normal_(0, 0.5)
+                parameter.normal_(0, std)
+    return model
+
+
+def test_evaluate_measures_the_kl_from_the_adapter_it_would_replace():
+    model = perturbed_lora_model(0.5)
     from peft import LoraConfig
 
     # A second adapter with B at zero stands for an adapter in use that equals the base model.
@@ -247,12 +253,7 @@ def test_the_products_kl_cap_refuses_a_broken_adapter_and_not_one_that_moved_whe
     assert decide_promotion(*measured, **{**limits, "max_kl": 0.1}, keep=(candidate, baseline)).reasons == (
         "KL 0.4410 > 0.1",)
     # An adapter whose LoRA weights blew up answers what the base model would not: far over the cap.
-    torch.manual_seed(0)
-    model = attach_lora(tiny_model(), 4, 8)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 20.0)
+    model = perturbed_lora_model(20.0)
     reward = lambda text, example: 0.5  # noqa: E731
     broken = evaluate(model, tiny_tokenizer(), EXAMPLES, reward, 4)
     base = evaluate(model, tiny_tokenizer(), EXAMPLES, reward, 4, adapter=False)
