@@ -99,9 +99,9 @@ SHORT = Plan(rounds=1, train_spots=12, eval_spots=12, steps=4, agent=True, gate_
 # MiB, over the 2 GiB a background job may take (docs/benchmarks.md, "Variants of the objective for
 # the oneline user"); `--train-setting group_size=8` measures it.
 # The user's own text as a sample of its group (`train.user_text_in_group`) at 4e-4 taught the oneline
-# user where their texts end (held-out keep +5.0 to +25.0 in a round over three seeds, the docstring
-# user +20.0); at 2e-4 it cost the oneline user 7.5 points ("What the user wrote, trained as a sample
-# of its group").
+# user where their texts end: over three seeds, one round each, held-out keep +10.0 on average for
+# oneline (+5.0, +0.0 refused by the gate, +25.0) and +22.5 for docstring; at 2e-4 it cost the
+# oneline user 7.5 points (docs/benchmarks.md, "The matrix with the user's text in its group").
 FULL = Plan(rounds=2, train_spots=48, eval_spots=40, steps=30, agent=False, learning_rate=4e-4,
             train_settings=("user_text_in_group = true",))
 
