@@ -280,7 +280,8 @@ class TrainConfig:
     promote_keep_margin: float = field(default=1.0, metadata=_range(0.0, 10.0))
     # Spots the gate also scores by the learned preference: positions in the workspace's Python
     # files that no recorded episode is about (a function's body, a statement), prompted as the
-    # server prompts there. 0: the held-out episodes alone.
+    # server prompts there, spread over those files (more from each when they are few). 0: the
+    # held-out episodes alone.
     gate_spots: int = field(default=32, metadata=_range(0, 10_000))
     # Verifiable tasks (JSON, see tests/data/grpo_tasks.json): the fixed regression set, and the
     # training data while the feedback store has no episodes. None: the bundled set.

@@ -128,33 +128,78 @@ def _defines(document_text: str, name: str) -> bool:
 def repository_tasks(
     files: Iterable[tuple[str, str]], *, symbols: Callable[[list[str], int], list], codec: Codec,
     completion: CompletionConfig = _COMPLETION, squid: SquidCacheConfig = _SQUID,
-    roots: Iterable[Path] = (), per_file: int = 4, max_tasks: int = 64, seed: int = 0,
+    roots: Iterable[Path] = (), per_file: int | None = 4, max_tasks: int = 64, seed: int = 0,
     require_reference: bool = True, label: Callable[[str], str] | None = None,
     positions_of: Callable[[str], list[Position]] | None = None,
 ) -> list[TrainingExample]:
     """Up to `per_file` tasks from each of `files` ((path, text) pairs of Python files), at most
     `max_tasks` in all, picked at random (`seed`) among the statements a reference can help with
     (all statements without `require_reference`). `symbols` is the index's `symbols_named`.
-    `positions_of`: where the tasks may be in a file's text (default: `statement_positions`)."""
+    `positions_of`: where the tasks may be in a file's text (default: `statement_positions`).
+
+    `per_file` None spreads the tasks: the files in a random order, one task from each in turn
+    until `max_tasks` (as many from a file as that takes when files are few), so that they come
+    from all over the workspace and not from its first files by name."""
     rng = random.Random(seed)
-    tasks: list[TrainingExample] = []
     roots = list(roots)
-    for path, text in sorted(files):
-        if len(tasks) >= max_tasks:
-            break
+
+    def make(path: str, text: str, position: Position) -> TrainingExample | None:
+        return _task(path, text, position, symbols=symbols, codec=codec, completion=completion, squid=squid,
+                     roots=roots, require_reference=require_reference, group=label(path) if label else path)
+
+    def shuffled_positions(text: str) -> list[Position]:
         positions = (statement_positions(text, completion.max_lines) if positions_of is None
                      else positions_of(text))
         rng.shuffle(positions)
+        return positions
+
+    if per_file is None:
+        return _spread(sorted(files), rng, make, shuffled_positions, max_tasks)
+    tasks: list[TrainingExample] = []
+    for path, text in sorted(files):
+        if len(tasks) >= max_tasks:
+            break
         taken = 0
-        for position in positions:
+        for position in shuffled_positions(text):
             if taken >= per_file or len(tasks) >= max_tasks:
                 break
-            task = _task(path, text, position, symbols=symbols, codec=codec, completion=completion,
-                         squid=squid, roots=roots, require_reference=require_reference,
-                         group=label(path) if label else path)
+            task = make(path, text, position)
             if task is not None:
                 tasks.append(task)
                 taken += 1
+    return tasks
+
+
+def _spread(files: list[tuple[str, str]], rng: random.Random, make, shuffled_positions,
+            max_tasks: int) -> list[TrainingExample]:
+    """`repository_tasks` with no cap per file: passes over the files in a random order, a task from
+    each file a pass; a file's positions are found when it is first visited. A task prompted as an
+    earlier one is (a function's body and its first statement, without the text after the cursor
+    in the prompt) is the same question, and is left out."""
+    rng.shuffle(files)
+    tasks: list[TrainingExample] = []
+    asked: set = set()
+    left: dict[str, list[Position]] = {}
+    active = files
+    while active and len(tasks) < max_tasks:
+        still = []
+        for path, text in active:
+            if len(tasks) >= max_tasks:
+                break
+            if path not in left:
+                left[path] = shuffled_positions(text)
+            queue = left[path]
+            task = None
+            while queue and task is None:
+                task = make(path, text, queue.pop(0))
+                if task is not None and (task.prompt_text, task.served.references) in asked:
+                    task = None
+            if task is not None:
+                asked.add((task.prompt_text, task.served.references))
+                tasks.append(task)
+                if queue:
+                    still.append((path, text))
+        active = still
     return tasks
 
 

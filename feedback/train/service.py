@@ -299,7 +299,9 @@ def gate_spots(config: SquidConfig, tokenizer, roots: Sequence[Path],
     """Up to `train.gate_spots` spots for the gate, from the workspace's Python files that none of
     the recorded `examples` is about: a function's body or a statement hidden, the cursor where it
     starts, prompted as the server prompts there (its window, its Squid references). They have no
-    outcome; the learned preference scores the answers there (`gate.keep_estimate`)."""
+    outcome; the learned preference scores the answers there (`gate.keep_estimate`). They are spread
+    over those files (`repository_tasks` with no cap per file): a small workspace still gets all of
+    them, and a large one gets them from all over, not from its first files by name."""
     if config.train.gate_spots <= 0 or not roots:
         return []
     from pygls.uris import to_fs_path
@@ -320,7 +322,7 @@ def gate_spots(config: SquidConfig, tokenizer, roots: Sequence[Path],
         return body_positions(text) + statement_positions(text, max_lines)
 
     tasks = workspace_tasks(list(roots), TokenizerCodec(tokenizer), completion=config.completion, squid=squid,
-                            max_tasks=config.train.gate_spots, seed=config.train.seed, per_file=3,
+                            max_tasks=config.train.gate_spots, seed=config.train.seed, per_file=None,
                             require_reference=False, positions_of=positions,
                             skip=lambda path: str(Path(path).absolute()) in worked)
     log.info("gate spots: %d in files no episode is about (%d files with episodes)", len(tasks), len(worked))

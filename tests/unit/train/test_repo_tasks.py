@@ -245,3 +245,40 @@ def test_gate_spots_are_served_prompts_in_files_no_episode_is_about(runtime, wor
     assert {s.group for s in gate_spots(config, runtime.tokenizer, [workspace], [])} == {
         "headers.py", "client.py", "local.py"}
     assert gate_spots(SquidConfig(train=TrainConfig(gate_spots=0)), runtime.tokenizer, [workspace], []) == []
+
+
+def _module(functions: int, name: str) -> str:
+    return "".join(f"def {name}_{i}(x):\n    y = x + {i}\n    return y * 2\n\n\n" for i in range(functions))
+
+
+def test_gate_spots_fill_their_count_in_a_small_workspace_and_spread_over_a_large_one(runtime, tmp_path,
+                                                                                    monkeypatch):
+    from context.config import SquidConfig
+    from feedback.train.service import gate_spots
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config = SquidConfig(train=TrainConfig(gate_spots=12))
+    small = tmp_path / "small"
+    small.mkdir()
+    for name in ("alpha", "beta"):
+        (small / f"{name}.py").write_text(_module(6, name))
+    spots = gate_spots(config, runtime.tokenizer, [small], [])
+    # Two files, twelve spots asked: all twelve, six from each, no two prompted alike (a body and
+    # its first statement are the same question to a prompt without the text after the cursor).
+    assert len(spots) == 12
+    assert sorted(s.group for s in spots) == ["alpha.py"] * 6 + ["beta.py"] * 6
+    assert len({s.prompt_text for s in spots}) == 12
+    large = tmp_path / "large"
+    large.mkdir()
+    names = [f"m{i:02d}" for i in range(20)]
+    for name in names:
+        (large / f"{name}.py").write_text(_module(3, name))
+    spots = gate_spots(config, runtime.tokenizer, [large], [])
+    # Twenty files, twelve spots: one from each of twelve files, not the first files by name.
+    groups = [s.group for s in spots]
+    assert len(groups) == 12 and len(set(groups)) == 12
+    assert sorted(groups) != [f"{name}.py" for name in names[:12]]
+    # The same seed, the same spots; another seed, other files.
+    assert [s.id for s in gate_spots(config, runtime.tokenizer, [large], [])] == [s.id for s in spots]
+    other = SquidConfig(train=TrainConfig(gate_spots=12, seed=1))
+    assert {s.group for s in gate_spots(other, runtime.tokenizer, [large], [])} != set(groups)
