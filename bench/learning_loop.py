@@ -1,7 +1,7 @@
 """squidcode's learning loop end to end, with a simulated user: does the assistant get better?
 
     python bench/learning_loop.py            # the short version (`./dev demo` runs it): ~5 minutes
-    python bench/learning_loop.py --full     # the measurement: 2 rounds, ~40 minutes on 2 cores
+    python bench/learning_loop.py --full     # the measurement: 1 round, ~23 minutes on 2 cores
 
 Everything runs as the product runs it. `squidcode serve` is started as a subprocess on a copy of
 a few standard-library modules (`bench/simulated_user.py`), and a pygls client drives it over LSP.
@@ -99,10 +99,10 @@ SHORT = Plan(rounds=1, train_spots=12, eval_spots=12, steps=4, agent=True, gate_
 # MiB, over the 2 GiB a background job may take (docs/benchmarks.md, "Variants of the objective for
 # the oneline user"); `--train-setting group_size=8` measures it.
 # The user's own text as a sample of its group (`train.user_text_in_group`) at 4e-4 taught the oneline
-# user where their texts end: over three seeds, one round each, held-out keep +10.0 on average for
-# oneline (+5.0, +0.0 refused by the gate, +25.0) and +22.5 for docstring; at 2e-4 it cost the
-# oneline user 7.5 points (docs/benchmarks.md, "The matrix with the user's text in its group").
-FULL = Plan(rounds=2, train_spots=48, eval_spots=40, steps=30, agent=False, learning_rate=4e-4,
+# user where their texts end; at 2e-4 it cost the oneline user 7.5 points. One round: the matrix
+# (three seeds a user) was measured with one, 21-24 minutes a run (docs/benchmarks.md, "The matrix
+# with the gate's spots spread"); `--rounds N` runs more.
+FULL = Plan(rounds=1, train_spots=48, eval_spots=40, steps=30, agent=False, learning_rate=4e-4,
             train_settings=("user_text_in_group = true",))
 
 
@@ -602,7 +602,7 @@ def plot(report: dict, path: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--full", action="store_true", help="the long measurement (2 rounds)")
+    parser.add_argument("--full", action="store_true", help="the long measurement (1 round of 30 steps)")
     parser.add_argument("--rounds", type=positive, help="override the number of rounds")
     parser.add_argument("--steps", type=positive, help="override GRPO steps per round")
     parser.add_argument("--learning-rate", type=float, help="override train.learning_rate")
