@@ -3,6 +3,8 @@
     python bench/bench_repo_training.py                         # click, 1 seed, ~30 min on 2 cores
     python bench/bench_repo_training.py --packages click,jinja2 --seeds 0,1,2 --steps 40
     python bench/bench_repo_training.py --device cuda --configs grpo --steps 150 --eval-every 25  # a GPU
+    python bench/bench_repo_training.py --git-dir /work/.mirror/pallets+click/repo --eval-path src/click \
+        --eval-commits 40                                       # lines written after the training commit
 
 A real third-party package installed in this venv is copied into a temporary git workspace and
 indexed; `feedback.train.repo_tasks` makes its completion tasks there (a statement hidden where a
@@ -19,6 +21,14 @@ run, on the held-out files' tasks (greedy, the trainer's sampling path, cut as t
   with and without references;
 - sft+grpo: supervised first, then GRPO on the same adapter (the order the issue suggests).
 
+With `--git-dir` (a repository's history) the split is in time, not by file, as the issue prefers:
+the workspace is the repository at a training commit (`--train-commit`, default: the one before
+the last `--eval-commits` commits that touch `--eval-path`), every file of it trained on; the
+held-out tasks are the statements those later commits added under `--eval-path`, each asked in its
+file as the commit left it (the index brought up to the commit, so the references are what the
+server would compose then), a statement that stood verbatim in the file before the commit (moved
+code, nobody types it) left out. `needs_reference` marks the cross-file subset.
+
 `--configs` picks the trained arms (default all three); the base is always evaluated.
 
 Metrics of the first line of each answer against the hidden statement's first line (stripped): exact
@@ -33,7 +43,10 @@ import argparse
 import json
 import os
 import platform
+import random
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -89,7 +102,7 @@ def train_grpo(model, tokenizer, train, held, args, seed: int,
 
     config = TrainConfig(steps=args.steps, group_size=args.group_size, prompts_per_step=args.prompts_per_step,
                          learning_rate=args.lr, max_new_tokens=args.max_new_tokens, seed=seed,
-                         checkpoint_every=10_000)
+                         checkpoint_every=10_000, user_text_in_group=args.user_text_in_group)
     trainer = GrpoTrainer(model, tokenizer, config, train, task_reward, run_dir)
     started = time.perf_counter()
     curve, evaluating = [], [0.0]
@@ -155,6 +168,88 @@ def train_sft(model, tokenizer, train, args, seed: int) -> tuple[float, list[flo
     return time.perf_counter() - started, losses
 
 
+# -- a repository's history: train at one commit, ask for the lines written after it -------------
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def added_lines(root: Path, commit: str, path: str) -> set[int]:
+    """The 0-based line numbers of `path` at `commit` that the commit added (against its first
+    parent)."""
+    diff = _git(root, "diff", "-U0", "--no-color", f"{commit}^1", commit, "--", path)
+    added: set[int] = set()
+    for start, count in re.findall(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", diff, re.M):
+        first, n = int(start), 1 if count == "" else int(count)
+        added.update(range(first - 1, first - 1 + n))
+    return added
+
+
+def history_tasks(args, root: Path, codec, index_path: Path):
+    """(train, held, info): the workspace's tasks at the training commit, and the statements the
+    later commits added under `args.eval_path`, asked as each commit left its file."""
+    from context.config import CompletionConfig
+    from context.index.indexer import Indexer
+    from context.index.store import IndexStore
+    from feedback.train.repo_tasks import repository_tasks, statement_positions, workspace_tasks
+
+    subprocess.run(["git", "clone", "-q", "--no-checkout", str(args.git_dir), str(root)], check=True)
+    head = _git(root, "rev-parse", "HEAD").strip()
+    touching = _git(root, "rev-list", "--first-parent", head, "--", args.eval_path).split()
+    if args.train_commit:
+        base = _git(root, "rev-parse", args.train_commit).strip()
+    else:
+        base = _git(root, "rev-parse", f"{touching[args.eval_commits - 1]}^1").strip()
+    later = _git(root, "rev-list", "--reverse", "--first-parent", f"{base}..{head}", "--",
+                 args.eval_path).split()[: args.eval_commits]
+    _git(root, "checkout", "-q", base)
+    train = workspace_tasks([root], codec, index_path=index_path, per_file=args.per_file,
+                            max_tasks=args.max_tasks, seed=0, require_reference=not args.all_statements)
+    store = IndexStore(index_path)
+    held = []
+    try:
+        for commit in later:
+            _git(root, "checkout", "-q", commit)
+            Indexer([root], store, workers=0).index_all()
+            changed = _git(root, "diff", "--name-only", f"{commit}^1", commit, "--", args.eval_path).split()
+            for rel in changed:
+                file = root / rel
+                if not rel.endswith(".py") or not file.exists():
+                    continue
+                text = file.read_text(encoding="utf-8")
+                added = added_lines(root, commit, rel)
+                try:
+                    before = _git(root, "show", f"{commit}^1:{rel}")
+                except subprocess.CalledProcessError:
+                    before = ""
+                lines = text.splitlines(keepends=True)
+
+                def written(text: str, added=added, lines=lines, before=before) -> list:
+                    return [p for p in statement_positions(text, CompletionConfig().max_lines)
+                            if set(range(p.start, p.end)) <= added
+                            and "".join(lines[p.start:p.end]) not in before]
+
+                for task in repository_tasks([(str(file), text)], symbols=store.symbols_named, codec=codec,
+                                             roots=[root], per_file=None, max_tasks=10_000,
+                                             require_reference=False, positions_of=written,
+                                             label=lambda path, c=commit, r=rel: f"{c[:8]}:{r}"):
+                    held.append(task)
+    finally:
+        store.close()
+    found = len(held)
+    if len(held) > args.max_eval:
+        keep = sorted(random.Random(0).sample(range(len(held)), args.max_eval))
+        held = [held[i] for i in keep]  # in the order the commits wrote them
+    info = {"git_dir": str(args.git_dir), "train_commit": base, "eval_commits": later,
+            "written_statements": found,
+            "needs_reference": sum(bool(t.verification.get("needs_reference")) for t in held)}
+    print(f"history: trained at {base[:8]}, {len(later)} later commits under {args.eval_path} wrote "
+          f"{found} statements; asking {len(held)} ({info['needs_reference']} a reference can help)",
+          flush=True)
+    return train, held, info
+
+
 def run_package(package: str, args, seeds: list[int], work: Path) -> dict:
     from context.config import ModelConfig
     from context.prompt_record import TokenizerCodec
@@ -162,20 +257,28 @@ def run_package(package: str, args, seeds: list[int], work: Path) -> dict:
     from feedback.train.policy import attach_lora
     from feedback.train.repo_tasks import split_files, workspace_tasks
 
-    root = work / f"ws-{package}"  # the package in root/package, committed
-    copy_package(package, root)
     runtime = ModelRuntime(ModelConfig(threads=args.threads, device=args.device, dtype=args.dtype)).load()
     tokenizer = runtime.tokenizer
     started = time.perf_counter()
-    tasks = workspace_tasks([root], TokenizerCodec(tokenizer), index_path=work / f"{package}.db",
-                            per_file=args.per_file, max_tasks=args.max_tasks, seed=0)
+    history = {}
+    if args.git_dir:
+        train, held, history = history_tasks(args, work / f"ws-{package}", TokenizerCodec(tokenizer),
+                                             work / f"{package}.db")
+        tasks = train + held
+    else:
+        root = work / f"ws-{package}"  # the package in root/package, committed
+        copy_package(package, root)
+        tasks = workspace_tasks([root], TokenizerCodec(tokenizer), index_path=work / f"{package}.db",
+                                per_file=args.per_file, max_tasks=args.max_tasks, seed=0,
+                                require_reference=not args.all_statements)
+        train, held = split_files(tasks, args.holdout, seed=0)
     made_s = time.perf_counter() - started
-    train, held = split_files(tasks, args.holdout, seed=0)
     files = len({t.group for t in train}), len({t.group for t in held})
     print(f"{package}: {len(tasks)} tasks in {made_s:.0f} s; train {len(train)} ({files[0]} files), "
           f"held out {len(held)} ({files[1]} files)", flush=True)
     out = {"package": package, "tasks": len(tasks), "train": len(train), "held_out": len(held),
-           "held_out_files": sorted({t.group for t in held}), "task_seconds": made_s, "seeds": {}}
+           "held_out_files": sorted({t.group for t in held}), "task_seconds": made_s, "seeds": {},
+           **history}
     model = attach_lora(runtime.model, args.rank, args.alpha)
     model.eval()
     out["base"] = both(model, tokenizer, held, args.max_new_tokens, adapter=False)
@@ -248,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts-per-step", type=int, default=2)
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--sft-lr", type=float, default=2e-4)
+    parser.add_argument("--user-text-in-group", action="store_true",
+                        help="GRPO: the hidden code as its group's last sample when no sample shows it "
+                        "(`train.user_text_in_group`, as the learning loop's measured plan trains)")
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--alpha", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -261,6 +367,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="also score the held-out tasks every N GRPO steps (printed as it goes)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="trained arms, comma-separated: "
                         + ", ".join(CONFIGS))
+    parser.add_argument("--all-statements", action="store_true",
+                        help="training tasks at every statement, not only where a reference defines a name")
+    parser.add_argument("--git-dir", type=Path, default=None,
+                        help="a repository's history: train at --train-commit, ask for later commits' lines")
+    parser.add_argument("--train-commit", default=None)
+    parser.add_argument("--eval-commits", type=int, default=40)
+    parser.add_argument("--eval-path", default=".", help="where the later commits' statements are asked")
+    parser.add_argument("--max-eval", type=int, default=60,
+                        help="at most this many of the later statements (a seeded choice)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
@@ -271,7 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     results = []
     with tempfile.TemporaryDirectory(prefix="squidcode-repo-training-") as tmp:
-        for package in args.packages.split(","):
+        packages = [args.git_dir.parent.name.split("+")[-1] if args.git_dir.name == "repo"
+                    else args.git_dir.name] if args.git_dir else args.packages.split(",")
+        for package in packages:
             results.append(run_package(package, args, seeds, Path(tmp)))
     table = markdown(results)
     print(table)
