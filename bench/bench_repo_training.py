@@ -88,10 +88,11 @@ def _means(rows: list[dict]) -> dict:
     return {k: statistics.fmean(r[k] for r in rows) if rows else 0.0 for k in ("exact", "es", "id_em")}
 
 
-def both(model, tokenizer, held, max_new_tokens: int, adapter: bool) -> dict:
+def both(model, tokenizer, held, max_new_tokens: int, adapter: bool, refs_off: bool = True) -> dict:
+    """Scores with the references, and without them (None when `refs_off` is false)."""
     bare = [without_references(e) for e in held]
     return {"refs": evaluate(model, tokenizer, held, max_new_tokens, adapter),
-            "refs_off": evaluate(model, tokenizer, bare, max_new_tokens, adapter)}
+            "refs_off": evaluate(model, tokenizer, bare, max_new_tokens, adapter) if refs_off else None}
 
 
 def train_grpo(model, tokenizer, train, held, args, seed: int,
@@ -281,7 +282,8 @@ def run_package(package: str, args, seeds: list[int], work: Path) -> dict:
            **history}
     model = attach_lora(runtime.model, args.rank, args.alpha)
     model.eval()
-    out["base"] = both(model, tokenizer, held, args.max_new_tokens, adapter=False)
+    out["base"] = both(model, tokenizer, held, args.max_new_tokens, adapter=False,
+                       refs_off=not args.without_refs_off)
     _say_row(package, "base", None, out["base"])
     initial = {k: v.detach().clone() for k, v in model.state_dict().items() if "lora_" in k}
     for seed in seeds:
@@ -300,7 +302,8 @@ def run_package(package: str, args, seeds: list[int], work: Path) -> dict:
                 took, log["grpo"], log["curve"] = train_grpo(model, tokenizer, train, held, args, seed,
                                                              work / f"run-{package}-{seed}-{kind}")
                 seconds += took
-            result = both(model, tokenizer, held, args.max_new_tokens, adapter=True)
+            result = both(model, tokenizer, held, args.max_new_tokens, adapter=True,
+                          refs_off=not args.without_refs_off)
             result.update(seconds=seconds, log=log)
             runs[kind] = result
             _say_row(package, kind, seed, result)
@@ -309,7 +312,7 @@ def run_package(package: str, args, seeds: list[int], work: Path) -> dict:
 
 
 def _say_row(package, kind, seed, result) -> None:
-    on, off = result["refs"], result["refs_off"]
+    on, off = result["refs"], result["refs_off"] or {"exact": float("nan"), "es": float("nan")}
     extra = f" ({result['seconds'] / 60:.1f} min)" if "seconds" in result else ""
     print(f"  {package} {kind}{'' if seed is None else f' seed {seed}'}{extra}: exact {on['exact']:.1%} "
           f"(refs off {off['exact']:.1%}), ES {on['es']:.3f} ({off['es']:.3f}), reward {on['reward']:.3f}",
@@ -330,6 +333,8 @@ def markdown(results: list[dict]) -> str:
 
 def _row(package: str, kind: str, results: list[dict]) -> str:
     def cell(side: str, key: str, pct: bool) -> str:
+        if any(r[side] is None for r in results):
+            return "-"
         values = [r[side][key] for r in results]
         fmt = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.3f}")
         text = fmt(statistics.fmean(values))
@@ -376,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-path", default=".", help="where the later commits' statements are asked")
     parser.add_argument("--max-eval", type=int, default=60,
                         help="at most this many of the later statements (a seeded choice)")
+    parser.add_argument("--without-refs-off", action="store_true",
+                        help="score only with the references (half the evaluation time)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
