@@ -231,11 +231,10 @@ def history_tasks(args, root: Path, codec, index_path: Path):
                             if set(range(p.start, p.end)) <= added
                             and "".join(lines[p.start:p.end]) not in before]
 
-                for task in repository_tasks([(str(file), text)], symbols=store.symbols_named, codec=codec,
-                                             roots=[root], per_file=None, max_tasks=10_000,
-                                             require_reference=False, positions_of=written,
-                                             label=lambda path, c=commit, r=rel: f"{c[:8]}:{r}"):
-                    held.append(task)
+                held += repository_tasks([(str(file), text)], symbols=store.symbols_named, codec=codec,
+                                         roots=[root], per_file=None, max_tasks=10_000,
+                                         require_reference=False, positions_of=written,
+                                         label=lambda path, c=commit, r=rel: f"{c[:8]}:{r}")
     finally:
         store.close()
     found = len(held)
