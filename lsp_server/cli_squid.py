@@ -33,6 +33,13 @@ def add_bench_parser(sub) -> None:
     squid.add_argument("--curve-runs", type=int, default=1, help="timing runs per curve point (default 1)")
     squid.add_argument("--threads", type=int, default=1,
                        help="torch CPU threads (default 1: steadiest on a shared machine)")
+    squid.add_argument("--source", metavar="DIR",
+                       help="documents and queries from the Python files under DIR (a package) instead of "
+                            "the standard library")
+    squid.add_argument("--seed", type=int, default=0, help="which documents and queries (default 0)")
+    squid.add_argument("--reader", metavar="DIR",
+                       help="also measure these compositions read by a Squid reader adapter "
+                            "(squidcode train reader)")
     squid.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -78,11 +85,12 @@ def run_bench_command(args) -> int:
         return 1
     settings = BenchSettings(docs=args.docs, doc_tokens=args.doc_tokens, queries=args.queries, runs=args.runs,
                              curve=args.curve, curve_runs=max(1, args.curve_runs),
-                             default=recovery_from_config(config.squid))
+                             default=recovery_from_config(config.squid), seed=args.seed,
+                             source=args.source, reader=args.reader)
     load = os.getloadavg()[0]
     try:
         result = run_bench(runtime, settings)
-    except RuntimeError as exc:
+    except (RuntimeError, SquidcodeError) as exc:
         print(f"squidcode: {exc}", file=sys.stderr)
         return 1
     print(f"load average {load:.2f} before, {os.getloadavg()[0]:.2f} after", file=sys.stderr)

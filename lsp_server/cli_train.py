@@ -8,6 +8,9 @@
     squidcode train status [--json] what the trainer is doing, and the adapter in use
     squidcode train rollback        go back to the adapter promoted before (or the base model)
     squidcode train publish         send the promoted adapter to the team's collector (feedback.endpoint)
+    squidcode train reader --files DIR [--files DIR ...] [--out DIR]
+                                    distil a Squid reader adapter from the Python files under DIR
+                                    (`squidcode bench squid --reader DIR` measures it)
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ __all__ = ["StepProgress", "add_train_parser", "config_for_cwd", "run_train", "s
 
 def add_train_parser(sub) -> None:
     train = sub.add_parser("train", help="train the model on the recorded feedback (GRPO, LoRA adapters)")
-    train.add_argument("action", nargs="?", choices=["status", "rollback", "publish"],
-                       help="status: show progress; rollback: restore the previous adapter")
+    train.add_argument("action", nargs="?", choices=["status", "rollback", "publish", "reader"],
+                       help="status: show progress; rollback: restore the previous adapter; reader: "
+                            "distil a Squid reader adapter from --files")
     train.add_argument("--once", action="store_true", help="one training round now, then exit")
     train.add_argument("--steps", type=_positive_int, metavar="N", help="steps in the round")
     train.add_argument("--json", action="store_true", help="print JSON")
@@ -35,6 +39,15 @@ def add_train_parser(sub) -> None:
                        help="train on a team's pooled feedback in a collector store (postgresql://... or "
                             "sqlite:PATH) instead of this machine's; needs --team")
     train.add_argument("--team", metavar="NAME", help="the team whose uploaded episodes --source reads")
+    reader = train.add_argument_group("reader", "squidcode train reader")
+    reader.add_argument("--files", metavar="DIR", action="append", default=[],
+                        help="a folder whose Python files make the reader's tasks (repeatable)")
+    reader.add_argument("--exclude", metavar="GLOB", action="append", default=[],
+                        help="leave out files whose path under their --files folder matches (click/*)")
+    reader.add_argument("--out", metavar="DIR", help="where the reader goes (default: <train dir>/reader)")
+    reader.add_argument("--sets", type=_positive_int, default=40, help="document sets (5 tasks each)")
+    reader.add_argument("--epochs", type=_positive_int, default=3, help="passes over the tasks")
+    reader.add_argument("--threads", type=_positive_int, help="torch CPU threads")
 
 
 def _positive_int(value: str) -> int:
@@ -66,10 +79,48 @@ def run_train(args) -> int:
             return _rollback(config, args.json)
         if args.action == "publish":
             return _publish(config, args.json)
+        if args.action == "reader":
+            return _reader(config, args)
         return _train(config, args)
     except SquidcodeError as exc:
         print(f"squidcode: {exc}", file=sys.stderr)
         return 1
+
+
+def _reader(config, args) -> int:
+    from context.runtime import get_runtime
+    from feedback.train.squid_reader import ReaderSettings, distil_reader, source_documents
+    from feedback.train.status import train_paths
+
+    if not args.files:
+        print("squidcode: train reader needs --files DIR (a folder of Python files)", file=sys.stderr)
+        return 2
+    missing = [d for d in args.files if not Path(d).is_dir()]
+    if missing:
+        print(f"squidcode: not a folder: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    settings = ReaderSettings(sets=args.sets, epochs=args.epochs)
+    runtime = get_runtime(config.model, config.resolved_cache_dir())
+    documents = source_documents(runtime, [Path(d) for d in args.files], min_tokens=2 * settings.doc_tokens,
+                                 limit=settings.files, seed=settings.seed,
+                                 exclude=tuple(args.exclude))
+    if len(documents) <= settings.docs:
+        print(f"squidcode: {len(documents)} Python files of {2 * settings.doc_tokens}+ tokens under "
+              f"{', '.join(args.files)}; a reader needs more than {settings.docs}", file=sys.stderr)
+        return 1
+    out = Path(args.out) if args.out else train_paths(config).root / "reader"
+    report = distil_reader(runtime, documents, out, settings, log=lambda m: print(m, file=sys.stderr))
+    if args.json:
+        print(json.dumps(report.__dict__))
+    else:
+        print(f"reader saved to {report.path}: {report.tasks} tasks from {report.documents} files, "
+              f"KL {report.epoch_losses[0]:.4f} -> {report.epoch_losses[-1]:.4f}, "
+              f"{report.teacher_s + report.train_s:.0f} s")
+    return 0
 
 
 def _status(config, as_json: bool) -> int:

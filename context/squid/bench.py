@@ -7,7 +7,9 @@ file long enough). All variants run side by side in one process on the same docu
 - prefix_cache: simulated prefix caching, where the previous request shared the system prefix and the
   documents before the middle one (the middle document changed), so only the longest common prefix
   is reused and everything after it is prefilled;
-- squid variants: the documents' caches composed from the store, with each recovery setting.
+- squid variants: the documents' caches composed from the store, with each recovery setting;
+- with `reader` (a Squid reader adapter, `context.squid.reader`): the same compositions, the tokens
+  after them read by the reader (`<variant>+reader`).
 
 Quality is teacher-forced against full prefill over the full model's greedy continuation
 (`continuation` tokens): top-1 agreement and mean KL(full || variant) in nats, per query, averaged.
@@ -15,10 +17,13 @@ Prefix caching's quality is measured on the first document set's queries only (i
 computed keys and values; measuring it costs a second full prefill per set).
 Queries come in groups sharing a document set (5 per set, documents shuffled per set); half quote a
 span of one of the set's documents (the model can copy from its context), half come from other files.
+Documents and queries come from the standard library's top-level modules, or with `source` from the
+Python files under that folder (a package).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import shutil
@@ -34,6 +39,7 @@ import torch
 
 from .compose import Recovery, compose, prefill
 from .encode import build_cache, cache_tensors, document_key, encode_document, encode_prefix
+from .reader import load_reader
 from .store import KVCacheStore
 
 __all__ = ["BENCH_RECOVERIES", "BenchSettings", "run_bench"]
@@ -53,8 +59,21 @@ BENCH_RECOVERIES = (
     Recovery(first_k=32, following=0),
     Recovery(first_k=32, following=1),
 )
+# Measured with a reader too: re-rotation only, and the cheapest first-k settings.
+READER_RECOVERIES = (Recovery(), Recovery(first_k=16), Recovery(first_k=32))
 _QUERY_TOKENS = 48
 _QUERIES_PER_SET = 5
+
+
+@dataclass(frozen=True)
+class ReaderVariant:
+    """A composition with `recovery`, the tokens after it read by the bench's reader."""
+
+    recovery: Recovery
+
+    @property
+    def name(self) -> str:
+        return f"{self.recovery.name}+reader"
 
 
 @dataclass(frozen=True)
@@ -68,12 +87,19 @@ class BenchSettings:
     curve_runs: int = 1
     default: Recovery = Recovery(first_k=32)
     seed: int = 0
+    source: str | None = None  # a folder of Python files in place of the standard library
+    reader: str | None = None  # a Squid reader adapter's folder
 
 
-def _stdlib_token_pool(runtime, tokens: int, wanted: int, seed: int) -> tuple[list, list]:
-    """(documents, other files' token lists) from the standard library, deterministic per seed."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.glob("*.py") if p.stat().st_size > tokens * 6)
+def _token_pool(runtime, tokens: int, wanted: int, seed: int, source: str | None = None) -> tuple[list, list]:
+    """(documents, other files' token lists) from the standard library's top-level modules, or from
+    every Python file under `source`; deterministic per seed."""
+    if source is None:
+        root = Path(sysconfig.get_paths()["stdlib"])
+        files = sorted(p for p in root.glob("*.py") if p.stat().st_size > tokens * 6)
+    else:
+        root = Path(source)
+        files = sorted(p for p in root.rglob("*.py") if p.is_file() and p.stat().st_size > tokens * 6)
     random.Random(seed).shuffle(files)
     docs, others = [], []
     for path in files:
@@ -85,7 +111,8 @@ def _stdlib_token_pool(runtime, tokens: int, wanted: int, seed: int) -> tuple[li
         if len(others) >= 8:
             break
     if len(docs) < wanted:
-        raise RuntimeError(f"the standard library has only {len(docs)} files of {tokens}+ tokens")
+        where = "the standard library" if source is None else source
+        raise RuntimeError(f"{where} has only {len(docs)} files of {tokens}+ tokens")
     return docs, others
 
 
@@ -110,10 +137,12 @@ class _Bench:
         self.rt, self.s = runtime, settings
         self.prefix = encode_prefix(runtime)
         need = max((settings.docs, *settings.curve)) + 1
-        self.pool, self.others = _stdlib_token_pool(runtime, settings.doc_tokens, need, settings.seed)
+        self.pool, self.others = _token_pool(runtime, settings.doc_tokens, need, settings.seed,
+                                             settings.source)
         self.store = KVCacheStore(workdir / "kv", device=runtime.device, device_bytes=8 << 30,
                                   cpu_bytes=8 << 30, disk_bytes=16 << 30)
         self.entries = []
+        self.reader = None  # set once the documents are encoded (they are the base model's)
         with torch.inference_mode():
             for name, ids in self.pool:
                 entry = encode_document(runtime, self.prefix, ids, document_key(runtime, self.prefix, name),
@@ -156,12 +185,21 @@ class _Bench:
         before[len(docs) // 2] = self.entries[-1]
         return compose(self.rt, self.prefix, before, recovery=recovery)
 
-    def compose_variant(self, docs: list, recovery: Recovery):
+    def compose_variant(self, docs: list, recovery: Recovery | ReaderVariant):
+        if isinstance(recovery, ReaderVariant):
+            recovery = recovery.recovery
         return compose(self.rt, self.prefix, docs, recovery=recovery,
                        previous=self._previous_for(docs, recovery))
 
-    def ttft_squid(self, n: int, query: list[int], recovery: Recovery) -> float:
+    def ttft_squid(self, n: int, query: list[int], recovery: Recovery | ReaderVariant) -> float:
         docs = self.docs(n)
+        if isinstance(recovery, ReaderVariant):
+            def run():
+                ctx = compose(self.rt, self.prefix, docs, recovery=recovery.recovery)
+                with self.reader.reading():
+                    return int(prefill(self.rt, ctx.new_cache(), query, ctx.offset).argmax())
+
+            return _timed(run, self.s.runs)
         previous = self._previous_for(docs, recovery)
 
         def run():
@@ -261,9 +299,13 @@ class _Bench:
                 ref = self._forced(build_cache(self.rt.model.config, *ref_kv), query, cont, len(ids))
                 ref_logp = torch.log_softmax(ref, -1)
                 for name, (keys, values) in contexts.items():
-                    mask = self._attention_mask(dict(variants)[name], len(query) + len(cont) - 1, len(ids))
-                    got = torch.log_softmax(self._forced(build_cache(self.rt.model.config, keys, values),
-                                                         query, cont, len(ids), mask), -1)
+                    make = dict(variants)[name]
+                    mask = self._attention_mask(make, len(query) + len(cont) - 1, len(ids))
+                    reading = isinstance(make, ReaderVariant)
+                    with self.reader.reading() if reading else contextlib.nullcontext():
+                        got = self._forced(build_cache(self.rt.model.config, keys, values), query, cont,
+                                           len(ids), mask)
+                    got = torch.log_softmax(got, -1)
                     scores[name]["agree"].append(float((got.argmax(-1) == ref.argmax(-1)).float().mean()))
                     kl = (ref_logp.exp() * (ref_logp - got)).sum(-1).mean()
                     scores[name]["kl"].append(float(kl))
@@ -330,40 +372,52 @@ def run_bench(runtime, settings: BenchSettings, log=lambda msg: print(msg, file=
     with tempfile.TemporaryDirectory(prefix="squid-bench-") as tmp, torch.inference_mode():
         workdir = Path(tmp)
         bench = _Bench(runtime, settings, workdir)
-        n, query = settings.docs, _query_for(bench)
-        bench.ttft_full(1, query)  # warm-up: the first forward pays one-off allocations
-        log(f"documents encoded ({len(bench.entries)} x {settings.doc_tokens} tokens)")
-        recoveries = list(BENCH_RECOVERIES)
-        if settings.default not in recoveries:
-            recoveries.append(settings.default)
-        named = [("full", "full"), ("prefix_cache", "prefix_cache")] + [(r.name, r) for r in recoveries]
-        ttft = {"full": bench.ttft_full(n, query), "prefix_cache": bench.ttft_prefix_cache(n, query)}
-        for recovery in recoveries:
-            ttft[recovery.name] = bench.ttft_squid(n, query, recovery)
-        log(f"time to first token measured: {ttft}")
-        # The quality figures' documents and queries do not depend on the timings above.
-        quality = bench.quality(named)
-        log(f"quality measured: {quality}")
-        fractions = {r.name: bench.compose_variant(bench.docs(n), r).recomputed_fraction for r in recoveries}
-        fractions.update({"full": 1.0, "prefix_cache": (n - n // 2) / n})
-        variants = [{
-            "name": name, "ttft_s": round(ttft[name], 4),
-            "speedup_vs_full": round(ttft["full"] / ttft[name], 2),
-            "top1_agreement": round(quality[name]["top1_agreement"], 4),
-            "mean_kl": round(max(0.0, quality[name]["mean_kl"]), 4),
-            "recomputed_fraction": round(fractions[name], 4),
-        } for name, _ in named]
-        result = {"docs": n, "doc_tokens": settings.doc_tokens, "queries": settings.queries,
-                  "variants": variants, "swap": {"default": settings.default.name,
-                                                   **bench.swap(n, query, ttft["prefix_cache"])},
-                  "tiers": bench.tiers(workdir)}
-        if settings.curve:
-            bench.s = dataclasses.replace(settings, runs=settings.curve_runs)
-            result["curve"] = []
-            for m in settings.curve:
-                result["curve"].append(_curve_point(bench, m, query))
-                log(f"curve point: {result['curve'][-1]}")
-        return result
+        if settings.reader is not None:
+            bench.reader = load_reader(runtime, Path(settings.reader))
+        try:
+            return _measure(bench, settings, workdir, log)
+        finally:
+            if bench.reader is not None:
+                bench.reader.close()
+
+
+def _measure(bench: _Bench, settings: BenchSettings, workdir: Path, log) -> dict:
+    n, query = settings.docs, _query_for(bench)
+    bench.ttft_full(1, query)  # warm-up: the first forward pays one-off allocations
+    log(f"documents encoded ({len(bench.entries)} x {settings.doc_tokens} tokens)")
+    recoveries = list(BENCH_RECOVERIES)
+    if settings.default not in recoveries:
+        recoveries.append(settings.default)
+    if bench.reader is not None:
+        recoveries += [ReaderVariant(r) for r in READER_RECOVERIES]
+    named = [("full", "full"), ("prefix_cache", "prefix_cache")] + [(r.name, r) for r in recoveries]
+    ttft = {"full": bench.ttft_full(n, query), "prefix_cache": bench.ttft_prefix_cache(n, query)}
+    for recovery in recoveries:
+        ttft[recovery.name] = bench.ttft_squid(n, query, recovery)
+    log(f"time to first token measured: {ttft}")
+    # The quality figures' documents and queries do not depend on the timings above.
+    quality = bench.quality(named)
+    log(f"quality measured: {quality}")
+    fractions = {r.name: bench.compose_variant(bench.docs(n), r).recomputed_fraction for r in recoveries}
+    fractions.update({"full": 1.0, "prefix_cache": (n - n // 2) / n})
+    variants = [{
+        "name": name, "ttft_s": round(ttft[name], 4),
+        "speedup_vs_full": round(ttft["full"] / ttft[name], 2),
+        "top1_agreement": round(quality[name]["top1_agreement"], 4),
+        "mean_kl": round(max(0.0, quality[name]["mean_kl"]), 4),
+        "recomputed_fraction": round(fractions[name], 4),
+    } for name, _ in named]
+    result = {"docs": n, "doc_tokens": settings.doc_tokens, "queries": settings.queries,
+              "variants": variants, "swap": {"default": settings.default.name,
+                                               **bench.swap(n, query, ttft["prefix_cache"])},
+              "tiers": bench.tiers(workdir)}
+    if settings.curve:
+        bench.s = dataclasses.replace(settings, runs=settings.curve_runs)
+        result["curve"] = []
+        for m in settings.curve:
+            result["curve"].append(_curve_point(bench, m, query))
+            log(f"curve point: {result['curve'][-1]}")
+    return result
 
 
 def _curve_point(bench: _Bench, n: int, query: list[int]) -> dict:

@@ -1,0 +1,216 @@
+"""Distil full prefill into Squid: train a reader adapter (`context.squid.reader`) from source files.
+
+A task is a set of documents (the first `doc_tokens` tokens of `docs` files) and a query of
+`query_tokens` tokens: half the queries quote a span of one of the set's documents (the model can
+copy from its context), half come from a file outside the set, as `squidcode bench squid` draws them.
+The teacher is the base model's full prefill of prefix + documents + query and its greedy
+continuation of `continuation` tokens; the student is the same model with the reader, reading the
+documents' Squid-composed caches (encoded alone by the base model, re-rotated into place, with the
+settings' recovery). The loss is KL(teacher || student) at every query and continuation position, so
+the reader learns to give, on composed caches, the next-token distribution full prefill gives.
+
+The teacher's log-probs are kept in bfloat16 for every position of every task: tasks x (query +
+continuation) x vocabulary x 2 bytes (200 tasks of SmolLM2: 1.5 GB).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from context.squid.compose import Recovery, compose, prefill
+from context.squid.encode import build_cache, cache_tensors, document_key, encode_document, encode_prefix
+from context.squid.keys import model_identity
+from context.squid.reader import READER_FILE
+
+from .policy import attach_lora
+
+__all__ = ["ReaderReport", "ReaderSettings", "distil_reader", "source_documents"]
+
+
+@dataclass(frozen=True)
+class ReaderSettings:
+    docs: int = 8  # documents per task set
+    doc_tokens: int = 512
+    query_tokens: int = 48
+    continuation: int = 32
+    queries_per_set: int = 5
+    sets: int = 40
+    epochs: int = 3
+    learning_rate: float = 2e-4
+    rank: int = 16
+    alpha: int = 32
+    seed: int = 0
+    recovery: Recovery = Recovery()  # the composition the reader is trained to read
+    files: int = 120  # source files read (documents and other files' queries)
+
+
+@dataclass
+class ReaderReport:
+    path: str
+    tasks: int
+    documents: int
+    epoch_losses: list[float] = field(default_factory=list)
+    teacher_s: float = 0.0
+    train_s: float = 0.0
+
+
+def source_documents(runtime, roots: list[Path], *, min_tokens: int, limit: int, seed: int = 0,
+                     exclude: tuple[str, ...] = ()) -> list[tuple[str, list[int]]]:
+    """Up to `limit` Python files under `roots` with at least `min_tokens` tokens, as (name, token ids),
+    drawn in an order shuffled by `seed`; a file whose path relative to its root matches a glob of
+    `exclude` (`click/*`) is left out. A file is read as UTF-8 (undecodable bytes replaced); only its
+    first `min_tokens * 12` characters are tokenized."""
+    files = sorted({p.resolve() for root in roots for p in Path(root).rglob("*.py")
+                    if p.is_file() and p.stat().st_size > min_tokens * 3
+                    and not any(fnmatch.fnmatch(p.relative_to(root).as_posix(), g) for g in exclude)})
+    random.Random(seed).shuffle(files)
+    out = []
+    for path in files:
+        ids = runtime.encode(path.read_text(encoding="utf-8", errors="replace")[: min_tokens * 12])
+        if len(ids) >= min_tokens:
+            out.append((str(path), ids))
+            if len(out) >= limit:
+                break
+    return out
+
+
+def _queries(rng: random.Random, documents: list[list[int]], others: list[list[int]],
+             settings: ReaderSettings) -> list[list[int]]:
+    out = []
+    for i in range(settings.queries_per_set):
+        quoted = i % 2 == 0 or not others
+        ids = documents[rng.randrange(len(documents))] if quoted else others[rng.randrange(len(others))]
+        low = len(ids) // 4 if quoted else 0
+        start = rng.randrange(low, max(low + 1, len(ids) - settings.query_tokens - 8))
+        out.append(list(ids[start : start + settings.query_tokens]))
+    return out
+
+
+def _logits(runtime, cache, ids: list[int], start: int) -> torch.Tensor:
+    """Next-token logits [len(ids), vocab] of `ids` at positions start.. on `cache` (extended)."""
+    out = runtime.model(input_ids=torch.tensor([ids], device=runtime.device),
+                        position_ids=torch.arange(start, start + len(ids), device=runtime.device)[None],
+                        cache=cache, use_cache=True)
+    return out.logits[0].float()
+
+
+def _greedy(runtime, keys, values, query: list[int], start: int, tokens: int) -> list[int]:
+    cache = build_cache(runtime.model.config, keys, values)
+    logits, ids = prefill(runtime, cache, query, start), []
+    for _ in range(tokens):
+        ids.append(int(logits.argmax()))
+        logits = prefill(runtime, cache, ids[-1:], start + len(query) + len(ids) - 1)
+    return ids
+
+
+@dataclass
+class _Task:
+    set_index: int
+    ids: list[int]  # the query and the continuation but its last token
+    teacher: torch.Tensor  # [len(ids), vocab] log-probs, bfloat16
+
+
+def _teacher_tasks(runtime, prefix, entries, texts, settings: ReaderSettings, log):
+    """(tasks, composed (keys, values, length) per set): the teacher's half of the distillation."""
+    rng = random.Random(settings.seed)
+    tasks, composed = [], []
+    for index in range(settings.sets):
+        chosen = rng.sample(range(len(entries)), settings.docs)
+        docs = [entries[i] for i in chosen]
+        ids = list(prefix.token_ids) + [t for d in docs for t in d.token_ids]
+        full, _ = _full(runtime, ids)
+        keys, values = cache_tensors(full)
+        context = compose(runtime, prefix, docs, recovery=settings.recovery)
+        composed.append((context.keys, context.values, len(ids)))
+        outside = set(range(len(texts))) - set(chosen)
+        others = [texts[i] for i in sorted(outside)]
+        for query in _queries(rng, [list(d.token_ids) for d in docs], others, settings):
+            continuation = _greedy(runtime, keys, values, query, len(ids), settings.continuation)
+            seq = query + continuation[:-1]
+            teacher = torch.log_softmax(_logits(runtime, build_cache(runtime.model.config, keys, values), seq,
+                                                len(ids)), -1)
+            tasks.append(_Task(index, seq, teacher.to(torch.bfloat16)))
+        log(f"reader: task set {index + 1}/{settings.sets} ({len(tasks)} tasks)")
+    # Made under inference mode: copied out of it so the student's backward may save them.
+    composed = [(k.clone(), v.clone(), n) for k, v, n in composed]
+    return tasks, composed
+
+
+def _full(runtime, ids: list[int]):
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=runtime.model.config)
+    return cache, prefill(runtime, cache, ids, 0, chunk=1 << 16)
+
+
+def distil_reader(runtime, documents: list[tuple[str, list[int]]], out_dir: Path,
+                  settings: ReaderSettings = ReaderSettings(),
+                  log: Callable[[str], None] = lambda message: None) -> ReaderReport:
+    """Train a reader on `documents` (name, token ids) and save it to `out_dir` (peft files plus
+    `READER_FILE`). `runtime` must be the base model (no adapter applied); it is left so."""
+    if runtime.adapter_id is not None:
+        raise ValueError(f"adapter {runtime.adapter_id} is applied: a reader is distilled from the base "
+                         "model")
+    if len(documents) <= settings.docs:
+        raise ValueError(f"{len(documents)} documents: a task set takes {settings.docs} and queries "
+                         "need files outside it")
+    out_dir = Path(out_dir)
+    started = time.perf_counter()
+    with torch.inference_mode():
+        prefix = encode_prefix(runtime)
+        entries = [encode_document(runtime, prefix, ids[: settings.doc_tokens],
+                                   document_key(runtime, prefix, f"reader:{name}"), source=name)
+                   for name, ids in documents]
+        texts = [ids for _, ids in documents]
+        tasks, composed = _teacher_tasks(runtime, prefix, entries, texts, settings, log)
+    report = ReaderReport(str(out_dir), len(tasks), len(documents), teacher_s=time.perf_counter() - started)
+    identity = model_identity(runtime)
+    wrapper = attach_lora(runtime.model, settings.rank, settings.alpha, seed=settings.seed)
+    try:
+        started = time.perf_counter()
+        report.epoch_losses = _train(runtime, wrapper, tasks, composed, settings, log)
+        report.train_s = time.perf_counter() - started
+        out_dir.mkdir(parents=True, exist_ok=True)
+        wrapper.save_pretrained(str(out_dir))
+    finally:
+        runtime.model = wrapper.unload()
+    settings_json = {**asdict(settings), "recovery": asdict(settings.recovery)}
+    info = {"kind": "squid-reader", "model": identity, "recovery": settings.recovery.name,
+            "settings": settings_json, "report": asdict(report)}
+    (out_dir / READER_FILE).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    return report
+
+
+def _train(runtime, wrapper, tasks: list[_Task], composed, settings: ReaderSettings, log) -> list[float]:
+    params = [p for p in wrapper.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=0.0)
+    wrapper.train()
+    losses = []
+    for epoch in range(settings.epochs):
+        order = list(range(len(tasks)))
+        random.Random(settings.seed + epoch).shuffle(order)
+        seen = []
+        for index in order:
+            task = tasks[index]
+            keys, values, length = composed[task.set_index]
+            student = torch.log_softmax(_logits(runtime, build_cache(runtime.model.config, keys, values),
+                                                task.ids, length), -1)
+            teacher = task.teacher.float()
+            loss = (teacher.exp() * (teacher - student)).sum(-1).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            seen.append(float(loss.detach()))
+        losses.append(statistics.mean(seen))
+        log(f"reader: epoch {epoch + 1}/{settings.epochs}, KL {losses[-1]:.4f}")
+    wrapper.eval()
+    return losses
