@@ -61,6 +61,7 @@ class ReaderReport:
     epoch_losses: list[float] = field(default_factory=list)
     teacher_s: float = 0.0
     train_s: float = 0.0
+    sources: list[str] = field(default_factory=list)  # the files the tasks were made from
 
 
 def source_documents(runtime, roots: list[Path], *, min_tokens: int, limit: int, seed: int = 0,
@@ -172,7 +173,8 @@ def distil_reader(runtime, documents: list[tuple[str, list[int]]], out_dir: Path
                    for name, ids in documents]
         texts = [ids for _, ids in documents]
         tasks, composed = _teacher_tasks(runtime, prefix, entries, texts, settings, log)
-    report = ReaderReport(str(out_dir), len(tasks), len(documents), teacher_s=time.perf_counter() - started)
+    report = ReaderReport(str(out_dir), len(tasks), len(documents), teacher_s=time.perf_counter() - started,
+                          sources=[name for name, _ in documents])
     identity = model_identity(runtime)
     wrapper = attach_lora(runtime.model, settings.rank, settings.alpha, seed=settings.seed)
     try:

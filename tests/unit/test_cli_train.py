@@ -231,3 +231,27 @@ def test_torchrun_processes_use_gloo_on_the_cpu_and_on_gpus_nccl_each_on_its_own
         _init_distributed(for_device(device))
         assert calls == [("gpu", 1), ("group", "cpu:gloo,cuda:nccl")], device
         calls.clear()
+
+
+def test_train_reader_refuses_missing_folders_and_distils_one_from_python_files(workspace, capsys):
+    import shutil
+    import sysconfig
+
+    assert main(["train", "reader"]) == 2
+    assert "needs --files DIR" in capsys.readouterr().err
+    assert main(["train", "reader", "--files", str(workspace / "nowhere")]) == 2
+    assert "not a folder" in capsys.readouterr().err
+    src = workspace / "src"
+    (src / "skipped").mkdir(parents=True)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for name in ("argparse.py", "ast.py", "calendar.py", "configparser.py", "csv.py", "datetime.py",
+                 "difflib.py", "email/message.py", "enum.py", "fractions.py"):
+        shutil.copy(stdlib / name, src / Path(name).name)
+    shutil.copy(stdlib / "inspect.py", src / "skipped" / "inspect.py")
+    out = workspace / "reader"
+    report = run_json(capsys, "train", "reader", "--files", str(src), "--exclude", "skipped/*", "--sets", "1",
+                      "--epochs", "2", "--out", str(out), "--json")
+    assert report["tasks"] == 5 and report["documents"] == 10 and len(report["epoch_losses"]) == 2
+    assert not any("skipped" in name for name in report["sources"])
+    assert json.loads((out / "squid_reader.json").read_text())["kind"] == "squid-reader"
+    assert (out / "adapter_model.safetensors").is_file()

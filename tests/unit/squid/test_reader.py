@@ -47,6 +47,7 @@ def test_a_distilled_reader_lowers_its_kl_and_leaves_the_runtime_on_the_base_mod
     report = distil_reader(runtime, documents, tmp_path / "reader", TINY)
 
     assert report.tasks == TINY.sets * TINY.queries_per_set and report.documents == 6
+    assert sorted(Path(name).name for name in report.sources) == sorted(p.name for p in sources.iterdir())
     assert len(report.epoch_losses) == TINY.epochs
     assert report.epoch_losses[-1] < 0.8 * report.epoch_losses[0], report.epoch_losses
     assert (tmp_path / "reader" / "adapter_config.json").is_file()
