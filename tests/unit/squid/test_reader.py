@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from context.errors import AdapterError
-from context.squid.bench import BenchSettings, run_bench
+from context.squid.bench import BenchSettings, ReaderVariant, _Bench, run_bench
+from context.squid.compose import Recovery
 from context.squid.reader import READER_FILE, load_reader, reader_info
 from feedback.train.policy import attach_lora
 from feedback.train.squid_reader import ReaderSettings, distil_reader, source_documents
@@ -101,9 +102,15 @@ def test_the_bench_measures_reader_variants_and_a_zero_reader_scores_as_its_comp
         assert read["ttft_s"] > 0
     assert runtime.adapter_id is None
 
-    settings = replace(settings, reader=str(_reader_with_weights(runtime, tmp_path / "some", scale=0.05)))
-    variants = {v["name"]: v for v in run_bench(runtime, settings, log=lambda message: None)["variants"]}
-    assert variants["squid+reader"]["mean_kl"] != pytest.approx(variants["squid"]["mean_kl"], abs=1e-6)
+    # A reader with weights: the same queries score otherwise (its quality alone, not a whole run).
+    bench = _Bench(runtime, replace(settings, reader=None), tmp_path / "bench")
+    bench.reader = load_reader(runtime, _reader_with_weights(runtime, tmp_path / "some", scale=0.05))
+    try:
+        with torch.inference_mode():
+            quality = bench.quality([("squid", Recovery()), ("squid+reader", ReaderVariant(Recovery()))])
+    finally:
+        bench.reader.close()
+    assert quality["squid+reader"]["mean_kl"] != pytest.approx(quality["squid"]["mean_kl"], abs=1e-6)
 
 
 def _reader_with_weights(runtime, folder: Path, scale: float) -> Path:
