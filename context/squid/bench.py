@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from .compose import Recovery, compose, prefill
+from .compose import Recovery, compose, full_prefill, greedy_continuation, prefill
 from .encode import build_cache, cache_tensors, document_key, encode_document, encode_prefix
 from .reader import load_reader
 from .store import KVCacheStore
@@ -116,13 +116,6 @@ def _token_pool(runtime, tokens: int, wanted: int, seed: int, source: str | None
     return docs, others
 
 
-def _full_prefill(runtime, ids: list[int]):
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=runtime.model.config)
-    return cache, prefill(runtime, cache, ids, 0, chunk=1 << 16)
-
-
 def _timed(fn, runs: int) -> float:
     times = []
     for _ in range(runs):
@@ -157,13 +150,13 @@ class _Bench:
 
     def ttft_full(self, n: int, query: list[int]) -> float:
         ids = list(self.prefix.token_ids) + [t for e in self.entries[:n] for t in e.token_ids] + query
-        return _timed(lambda: int(_full_prefill(self.rt, ids)[1].argmax()), self.s.runs)
+        return _timed(lambda: int(full_prefill(self.rt, ids)[1].argmax()), self.s.runs)
 
     def _common_prefix(self, n: int):
         """The cache a prefix cache would hold: prefix + the documents before the middle one."""
         keep = n // 2
         ids = list(self.prefix.token_ids) + [t for e in self.entries[:keep] for t in e.token_ids]
-        cache, _ = _full_prefill(self.rt, ids)
+        cache, _ = full_prefill(self.rt, ids)
         return cache_tensors(cache), ids, keep
 
     def ttft_prefix_cache(self, n: int, query: list[int]) -> float:
@@ -270,12 +263,7 @@ class _Bench:
         return out.logits[0, len(query) - 1 :].float()
 
     def _continuation(self, keys, values, query: list[int], start: int) -> list[int]:
-        cache = build_cache(self.rt.model.config, keys, values)
-        logits, ids = prefill(self.rt, cache, query, start), []
-        for _ in range(self.s.continuation):
-            ids.append(int(logits.argmax()))
-            logits = prefill(self.rt, cache, ids[-1:], start + len(query) + len(ids) - 1)
-        return ids
+        return greedy_continuation(self.rt, keys, values, query, start, self.s.continuation)
 
     def quality(self, variants: list[tuple[str, object]]) -> dict[str, dict]:
         """Mean top-1 agreement and KL per variant name over `queries` queries."""
@@ -287,7 +275,7 @@ class _Bench:
             order = rng.sample(range(len(self.entries) - 1), self.s.docs)
             docs = [self.entries[i] for i in order]
             ids = list(self.prefix.token_ids) + [t for d in docs for t in d.token_ids]
-            ref_cache, _ = _full_prefill(self.rt, ids)
+            ref_cache, _ = full_prefill(self.rt, ids)
             ref_kv = cache_tensors(ref_cache)
             # Prefix caching reuses exactly computed keys and values, so it is measured on the first
             # document set only (it costs a second full prefill per set).
@@ -323,7 +311,7 @@ class _Bench:
         if make == "prefix_cache":
             keep = len(docs) // 2
             ids = list(self.prefix.token_ids) + [t for d in docs[:keep] for t in d.token_ids]
-            cache, _ = _full_prefill(self.rt, ids)
+            cache, _ = full_prefill(self.rt, ids)
             prefill(self.rt, cache, [t for d in docs[keep:] for t in d.token_ids], len(ids), chunk=1 << 16)
             return cache_tensors(cache)
         ctx = self.compose_variant(docs, make)

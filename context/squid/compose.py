@@ -33,7 +33,7 @@ from kernels import rope_shift
 from .encode import DocumentKV, PrefixKV, build_cache
 from .recompute import cacheblend_select, recompute_tokens, supports_recompute
 
-__all__ = ["ComposedContext", "Recovery", "compose", "prefill"]
+__all__ = ["ComposedContext", "Recovery", "compose", "full_prefill", "greedy_continuation", "prefill"]
 
 _IDENTITIES = itertools.count(1)
 
@@ -254,6 +254,26 @@ def prefill(runtime, cache, query_ids: list[int], start: int, chunk: int = 256):
                             position_ids=positions[None], cache=cache, use_cache=True)
         cache, logits = out.cache, out.logits[:, -1, :]
     return logits
+
+
+def full_prefill(runtime, ids: list[int]):
+    """(a fresh cache of `ids` prefilled from position 0 in one pass, the last logits): the reference
+    Squid's compositions are measured and distilled against."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=runtime.model.config)
+    return cache, prefill(runtime, cache, ids, 0, chunk=1 << 16)
+
+
+def greedy_continuation(runtime, keys: torch.Tensor, values: torch.Tensor, query: list[int], start: int,
+                        tokens: int) -> list[int]:
+    """The `tokens` greedy tokens after `query` at positions start.. on a copy of keys/values."""
+    cache = build_cache(runtime.model.config, keys, values)
+    logits, ids = prefill(runtime, cache, query, start), []
+    for _ in range(tokens):
+        ids.append(int(logits.argmax()))
+        logits = prefill(runtime, cache, ids[-1:], start + len(query) + len(ids) - 1)
+    return ids
 
 
 def compose(

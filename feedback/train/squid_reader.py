@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from context.squid.compose import Recovery, compose, prefill
+from context.squid.compose import Recovery, compose, full_prefill, greedy_continuation
 from context.squid.encode import build_cache, cache_tensors, document_key, encode_document, encode_prefix
 from context.squid.keys import model_identity
 from context.squid.reader import READER_FILE
@@ -104,15 +104,6 @@ def _logits(runtime, cache, ids: list[int], start: int) -> torch.Tensor:
     return out.logits[0].float()
 
 
-def _greedy(runtime, keys, values, query: list[int], start: int, tokens: int) -> list[int]:
-    cache = build_cache(runtime.model.config, keys, values)
-    logits, ids = prefill(runtime, cache, query, start), []
-    for _ in range(tokens):
-        ids.append(int(logits.argmax()))
-        logits = prefill(runtime, cache, ids[-1:], start + len(query) + len(ids) - 1)
-    return ids
-
-
 @dataclass
 class _Task:
     set_index: int
@@ -128,14 +119,14 @@ def _teacher_tasks(runtime, prefix, entries, texts, settings: ReaderSettings, lo
         chosen = rng.sample(range(len(entries)), settings.docs)
         docs = [entries[i] for i in chosen]
         ids = list(prefix.token_ids) + [t for d in docs for t in d.token_ids]
-        full, _ = _full(runtime, ids)
+        full, _ = full_prefill(runtime, ids)
         keys, values = cache_tensors(full)
         context = compose(runtime, prefix, docs, recovery=settings.recovery)
         composed.append((context.keys, context.values, len(ids)))
         outside = set(range(len(texts))) - set(chosen)
         others = [texts[i] for i in sorted(outside)]
         for query in _queries(rng, [list(d.token_ids) for d in docs], others, settings):
-            continuation = _greedy(runtime, keys, values, query, len(ids), settings.continuation)
+            continuation = greedy_continuation(runtime, keys, values, query, len(ids), settings.continuation)
             seq = query + continuation[:-1]
             teacher = torch.log_softmax(_logits(runtime, build_cache(runtime.model.config, keys, values), seq,
                                                 len(ids)), -1)
@@ -144,13 +135,6 @@ def _teacher_tasks(runtime, prefix, entries, texts, settings: ReaderSettings, lo
     # Made under inference mode: copied out of it so the student's backward may save them.
     composed = [(k.clone(), v.clone(), n) for k, v, n in composed]
     return tasks, composed
-
-
-def _full(runtime, ids: list[int]):
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=runtime.model.config)
-    return cache, prefill(runtime, cache, ids, 0, chunk=1 << 16)
 
 
 def distil_reader(runtime, documents: list[tuple[str, list[int]]], out_dir: Path,
