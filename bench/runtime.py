@@ -25,6 +25,7 @@ Measured in one run, interleaved, medians over `--runs`:
 Usage: python bench/runtime.py [--json] [--runs N] [--threads N] [--quick] [--save FILE]
        [--llama-python /tmp/llamavenv/bin/python] [--weights none|int8|int4] [--references N]
        [--keystroke-threads N] [--tune auto|off] [--edits stdlib|repo@REV] [--lookup-only]
+       [--march LEVEL]
 
 The settings `model.tune` chooses per machine (the draft length, the keystroke prefill budget,
 `context.tuning`) are measured first (or read from this machine's cache) and apply unless `--tune
@@ -476,6 +477,10 @@ def main(argv: list[str] | None = None) -> int:
                              "before Dec 4 2026)")
     parser.add_argument("--lookup-only", action="store_true",
                         help="measure prompt lookup alone (the default weights), nothing else")
+    parser.add_argument("--march",
+                        help="build the fused step for this -march level instead of the CPU's own "
+                             "(x86-64-v3: the AVX2 code, measured on an AVX-512 machine; pair it with a "
+                             "llama.cpp built for the same level in --llama-python)")
     parser.add_argument("--save")
     args = parser.parse_args(argv)
     if args.edits != "stdlib" and not args.edits.startswith("repo@"):
@@ -489,9 +494,15 @@ def main(argv: list[str] | None = None) -> int:
     from context.runtime import locate_embedded_gguf
 
     torch.set_num_threads(args.threads)
+    if args.march:
+        from kernels import cpu_decode
+
+        cpu_decode.FLAGS = tuple(f"-march={args.march}" if flag == "-march=native" else flag
+                                 for flag in cpu_decode.FLAGS)
     record: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_before": loadavg(),
                     "threads": args.threads, "keystroke_threads": args.keystroke_threads,
-                    "nproc": os.cpu_count(), "torch": torch.__version__, "cpu": cpu_info()}
+                    "nproc": os.cpu_count(), "torch": torch.__version__, "cpu": cpu_info(),
+                    "march": args.march or "native"}
     if args.lookup_only:
         return lookup_only(args, record)
     record["tuning"] = tuning_record(runtime_for("none", args.threads, args.tune))
@@ -571,13 +582,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.save:
         Path(args.save).write_text(json.dumps(record | {"result": result}, indent=2, default=str))
     cpu, tuned = record["cpu"], record["tuning"]["settings"]
-    print(f"| CPU | cores | flags | tuned (draft / keystroke budget) | keystroke p50 / p95 s | prompt lookup "
-          f"| decode vs llama.cpp |\n|---|---|---|---|---|---|---|\n| {cpu['model']} | {cpu['cores']} | "
-          f"{' '.join(cpu['flags'])} | {record['tuning']['tune']}: {tuned['draft_tokens']} / "
+    print(f"| CPU | cores | flags | built for | tuned (draft / keystroke budget) | keystroke p50 / p95 s "
+          f"| prompt lookup | decode vs llama.cpp |\n|---|---|---|---|---|---|---|---|\n| {cpu['model']} | "
+          f"{cpu['cores']} | {' '.join(cpu['flags'])} | {record['march']} | "
+          f"{record['tuning']['tune']}: {tuned['draft_tokens']} / "
           f"{tuned['keystroke_prefill_tokens']} | "
           f"{result['keystroke_p50_s']} / {result['keystroke_p95_s']} | "
           f"{result['speculative_speedup']}x | {_versus(result['vs_llama_cpp'])} |", file=sys.stderr)
-    result["cpu"] = cpu
+    result["cpu"] = cpu | {"march": record["march"]}
     result["tuned"] = record["tuning"]["settings"] | {"tune": record["tuning"]["tune"]}
     if args.json:
         print(json.dumps(result))

@@ -132,7 +132,7 @@ class ModelConfig:
     # Q4_1), and the output projection as exact 8-bit codes (Q8_0): the same weights and tokens,
     # faster. false = always the float32 tensors.
     fused_q4: bool = True
-    # Where the CPU has AVX-512 VNNI, those 4-bit codes meet the activations in integer products,
+    # Where the CPU has AVX-512 VNNI or AVX2, those 4-bit codes meet the activations in integer products,
     # each activation rounded to 15 bits: the float model's top token but at near ties (2 of 256
     # steps of real code differed, at logit gaps under 0.003), a decoding step about a fifth
     # faster. false = float32 products (the float model's logits within rounding).

@@ -685,8 +685,10 @@ class ModelRuntime:
         if step is None:
             return f"torch steps, quantize={self.config.quantize}, shortlist={self.config.shortlist_head}"
         if step.layout == LAYOUT_Q4:
-            weights = (f"4-bit weights x {step.activation_bits}-bit integer activations (AVX-512 VNNI)"
-                       if step.activation_bits else "4-bit weights x float32 activations")
+            weights = "4-bit weights x float32 activations"
+            if step.activation_bits:
+                weights = (f"4-bit weights x {step.activation_bits}-bit integer activations "
+                           f"({step.integer_products})")
         else:
             weights = "float32 weights"
         head = "8-bit" if engine.fused_head is not None else "float32"

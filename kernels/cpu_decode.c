@@ -10,8 +10,8 @@
  * (`attend_chunk`): a 13-token pass took 3.2 single steps with one head at a time, 2.1 so.
  * Where the weights are exactly 4-bit (the embedded model's, dequantized from GGUF Q4_1), the step
  * reads them as 4-bit codes (`gemm_q4`): the same values from a sixth of the bytes, a decoding step
- * 1.9x faster; with AVX-512 VNNI the codes meet the activations in integer products (`gemm_q4x8`,
- * the activations rounded to 15 bits), a decoding step a fifth faster again on a 2-core Xeon. Weights
+ * 1.9x faster; with AVX-512 VNNI or AVX2 the codes meet the activations in integer products
+ * (`gemm_q4x8`, the activations rounded to 15 bits), a decoding step a fifth faster again on a 2-core Xeon. Weights
  * and the KV cache are the caller's tensors, read and written in place; nothing is allocated here
  * but a few rows of weights on the stack.
  *
@@ -297,8 +297,13 @@ static void gemm_q4(const uint8_t *codes, const uint16_t *steps, const uint16_t 
 
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define Q4_INT 1
-/* 4-bit weights against activations in 8-bit integers (AVX-512 VNNI): the float path above turns
+#define Q4_INT 512
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+#define Q4_INT 256
+#endif
+
+#if defined(Q4_INT)
+/* 4-bit weights against activations in 8-bit integers (AVX-512 VNNI, or AVX2): the float path above turns
  * every code into a float and spends most of a decoding step doing so; here 64 codes meet 64
  * activations in one integer instruction (vpdpbusd, unsigned codes x signed activations), as
  * llama.cpp's Q4_1 x Q8_1 product does. The activations are kept to 15 bits, not llama.cpp's 8:
@@ -309,7 +314,12 @@ static void gemm_q4(const uint8_t *codes, const uint16_t *steps, const uint16_t 
  *
  * Per token, `in` activations in pair order: groups 2p and 2p + 1 share 64 bytes, [2p: 0..15,
  * 2p + 1: 0..15, 2p: 16..31, 2p + 1: 16..31], the order the two groups' codes unpack in (a byte's low
- * nibble holds q[j], its high q[j + 16]). */
+ * nibble holds q[j], its high q[j + 16]).
+ *
+ * Without AVX-512 (Q4_INT 256) the same numbers meet in 256-bit halves, as llama.cpp's AVX2 Q4_1 x
+ * Q8_1 product does: vpmaddubsw multiplies codes and activations into 16-bit sums of pairs (at most 4
+ * x 15 x 127 once the two halves are added: no saturation) and vpmaddwd adds those pairs into the
+ * 32-bit lanes, weighted 128 for a and 1 for b. */
 typedef struct {
     int8_t *a, *b;  /* [T][in], pair order */
     float *scale;   /* [T][in / 64][16]: d / 128 of each lane's group */
@@ -331,6 +341,7 @@ static Q8X q8x_at(float *base, int T, int in) {
 }
 
 /* Group g (32 floats at x) of token t into q. */
+#if Q4_INT == 512
 static inline void q8x_group(const float *x, Q8X q, int t, int g, int in) {
     const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
     const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
@@ -348,6 +359,39 @@ static inline void q8x_group(const float *x, Q8X q, int t, int g, int in) {
     for (int k = 0; k < 4; k++) scale[(g % 2) * 4 + k] = scale[8 + (g % 2) * 4 + k] = d / 128.0f;
     q.sum[(int64_t)t * (in / 32) + g] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
 }
+#else
+/* 32 int32 (four vectors, in order) as 32 saturated bytes in order. */
+static inline __m256i bytes_of(const __m256i v[4]) {
+    /* packs work within 128-bit lanes: 4-byte runs come out as v0 0-3, v1 0-3, v2 0-3, v3 0-3 | v0 4-7, ... */
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static inline void q8x_group(const float *x, Q8X q, int t, int g, int in) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4];
+    for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 8 * k);
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                   _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    const float top = vmax_lanes((vf)m);
+    const float d = top / 127.0f, inv = top > 0.0f ? 127.0f / top : 0.0f;
+    __m256i a[4], b[4];
+    for (int k = 0; k < 4; k++) {
+        const __m256 s = _mm256_mul_ps(v[k], _mm256_set1_ps(inv));
+        a[k] = _mm256_cvtps_epi32(s); /* nearest, ties to even */
+        b[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(s, _mm256_cvtepi32_ps(a[k])), _mm256_set1_ps(128.0f)));
+    }
+    const __m256i qa = bytes_of(a), qb = bytes_of(b);
+    const int64_t base = (int64_t)t * in + (g / 2) * 64 + (g % 2) * 16;
+    _mm_storeu_si128((__m128i *)(q.a + base), _mm256_castsi256_si128(qa));
+    _mm_storeu_si128((__m128i *)(q.a + base + 32), _mm256_extracti128_si256(qa, 1));
+    _mm_storeu_si128((__m128i *)(q.b + base), _mm256_castsi256_si128(qb));
+    _mm_storeu_si128((__m128i *)(q.b + base + 32), _mm256_extracti128_si256(qb, 1));
+    float *scale = q.scale + ((int64_t)t * (in / 64) + g / 2) * 16;
+    for (int k = 0; k < 4; k++) scale[(g % 2) * 4 + k] = scale[8 + (g % 2) * 4 + k] = d / 128.0f;
+    q.sum[(int64_t)t * (in / 32) + g] = hsum((vf)_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+}
+#endif
 
 /* x [T, in] into q, the groups shared among the threads (inside the parallel region). */
 static void q8x_rows(const float *x, Q8X q, int T, int in) {
@@ -361,6 +405,7 @@ static void q8x_rows(const float *x, Q8X q, int T, int in) {
 
 #define Q8_TOKENS 4 /* tokens per pass: Q4_ROWS x Q8_TOKENS accumulators */
 
+#if Q4_INT == 512
 /* tb tokens (from t0) against `rows` 4-bit rows from r0, into y[t][r0 + r]. `steps`: the rows'
  * steps as floats, [Q4_ROWS][groups]. */
 static inline __attribute__((always_inline)) void q4x8_tokens(const uint8_t *codes, const float *steps,
@@ -408,6 +453,58 @@ static inline __attribute__((always_inline)) void q4x8_tokens(const uint8_t *cod
     }
 }
 
+#else
+/* As above in 256-bit vectors (AVX2): each pair of groups in two halves, the codes' low nibbles (q[0..15]
+ * of both groups) and their high ones (q[16..31]), which the activations' pair order matches. */
+static inline __attribute__((always_inline)) void q4x8_tokens(const uint8_t *codes, const float *steps,
+        const uint16_t *offsets, Q8X q, float *y, int rows, int tb, int t0, int out, int in, int r0) {
+    const int groups = in / 32, pairs = groups / 2;
+    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), weight_a = _mm256_set1_epi16(128);
+    const __m256i lanes = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    __m256 acc[Q4_ROWS][Q8_TOKENS];
+    for (int r = 0; r < rows; r++)
+        for (int t = 0; t < tb; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int p = 0; p < pairs; p++) {
+        __m256i lo[Q4_ROWS], hi[Q4_ROWS];
+        __m256 step[Q4_ROWS];
+        for (int r = 0; r < rows; r++) {
+            const __m256i c = _mm256_loadu_si256((const __m256i *)(codes + (int64_t)(r0 + r) * (in / 2) + p * 32));
+            lo[r] = _mm256_and_si256(c, low);
+            hi[r] = _mm256_and_si256(_mm256_srli_epi16(c, 4), low);
+            step[r] = _mm256_permutevar8x32_ps(
+                _mm256_castps128_ps256(_mm_castpd_ps(_mm_load_sd((const double *)(steps + r * groups + 2 * p)))), lanes);
+        }
+        for (int t = 0; t < tb; t++) {
+            const int64_t at = (int64_t)(t0 + t) * in + p * 64;
+            const __m256i a0 = _mm256_loadu_si256((const __m256i *)(q.a + at));
+            const __m256i a1 = _mm256_loadu_si256((const __m256i *)(q.a + at + 32));
+            const __m256i b0 = _mm256_loadu_si256((const __m256i *)(q.b + at));
+            const __m256i b1 = _mm256_loadu_si256((const __m256i *)(q.b + at + 32));
+            const __m256 d = _mm256_loadu_ps(q.scale + ((int64_t)(t0 + t) * pairs + p) * 16);
+            for (int r = 0; r < rows; r++) {
+                const __m256i da = _mm256_add_epi16(_mm256_maddubs_epi16(lo[r], a0), _mm256_maddubs_epi16(hi[r], a1));
+                const __m256i db = _mm256_add_epi16(_mm256_maddubs_epi16(lo[r], b0), _mm256_maddubs_epi16(hi[r], b1));
+                const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(da, weight_a), _mm256_madd_epi16(db, ones));
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(step[r], d), acc[r][t]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        const uint16_t *of = offsets + (int64_t)(r0 + r) * groups;
+        for (int t = 0; t < tb; t++) {
+            const float *sum = q.sum + (int64_t)(t0 + t) * groups;
+            __m256 o = _mm256_setzero_ps();
+            int g = 0;
+            for (; g + 8 <= groups; g += 8)
+                o = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(of + g))), _mm256_loadu_ps(sum + g), o);
+            float rest = 0.0f;
+            for (; g < groups; g++) rest += half_float(of[g]) * sum[g];
+            y[(int64_t)(t0 + t) * out + r0 + r] = hsum((vf)acc[r][t]) + hsum((vf)o) + rest;
+        }
+    }
+}
+#endif
+
 /* y[t] = W x[t] for 4-bit W and x quantized in q (`q8x_rows`). */
 static void gemm_q4x8(const uint8_t *codes, const uint16_t *steps, const uint16_t *offsets, Q8X q, float *y,
                       int T, int out, int in) {
@@ -418,10 +515,14 @@ static void gemm_q4x8(const uint8_t *codes, const uint16_t *steps, const uint16_
         float sf[Q4_ROWS * groups];
         for (int r = 0; r < rows; r++) {
             const uint16_t *st = steps + (int64_t)(r0 + r) * groups;
+#if Q4_INT == 512
             for (int g = 0; g < groups; g += 16) {
                 const __mmask16 m = groups - g >= 16 ? 0xffff : (__mmask16)((1u << (groups - g)) - 1);
                 _mm512_mask_storeu_ps(sf + r * groups + g, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, st + g)));
             }
+#else
+            for (int g = 0; g < groups; g++) sf[r * groups + g] = half_float(st[g]);
+#endif
         }
         for (int t0 = 0; t0 < T; t0 += Q8_TOKENS) {
             const int tb = T - t0 < Q8_TOKENS ? T - t0 : Q8_TOKENS;
@@ -969,6 +1070,17 @@ int squid_q4_activation_bits(void) {
     return 15;
 #else
     return 0;
+#endif
+}
+
+/* The instructions a 4-bit step's integer products run in ("" where it multiplies in float32). */
+const char *squid_q4_integer_products(void) {
+#if Q4_INT == 512
+    return "AVX-512 VNNI";
+#elif defined(Q4_INT)
+    return "AVX2";
+#else
+    return "";
 #endif
 }
 

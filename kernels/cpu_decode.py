@@ -16,7 +16,7 @@ Where every projection's weights are exactly `offset + step * q` in groups of 32
 `build(..., q4=True)` packs them into 4-bit codes (`pack_q4`, with float16 steps and offsets, as
 GGUF stores them) and the step reads those: the same weights, a sixth of the bytes per token.
 Packing is checked value by value and remembered per weight tensor (and its version), so engines
-built again on the same model do not pack again. On a CPU with AVX-512 VNNI the codes meet the
+built again on the same model do not pack again. On a CPU with AVX-512 VNNI or AVX2 the codes meet the
 activations in integer products, each activation rounded to 15 bits (`activation_bits`): the top
 token is the float32 model's but at near ties, a decoding step about a fifth faster.
 """
@@ -273,6 +273,8 @@ def load_library() -> ctypes.CDLL | None:
                 lib.squid_decode_scratch.argtypes = [c_int] * 8
                 lib.squid_q4_activation_bits.restype = c_int
                 lib.squid_q4_activation_bits.argtypes = []
+                lib.squid_q4_integer_products.restype = ctypes.c_char_p
+                lib.squid_q4_integer_products.argtypes = []
                 lib.squid_head_q8.restype = c_int
                 lib.squid_head_q8.argtypes = [f32p, f32p, f32p, f32p, c_int, c_int, c_int, c_int]
                 _library, _library_file = lib, target
@@ -310,8 +312,10 @@ class FusedDecodeStep:
         self.eps, self.scaling, self.layout = eps, scaling, layout
         self.transposed = layout == LAYOUT_TRANSPOSED
         # 4-bit codes meet activations rounded to 15 bits in integer products where the CPU has
-        # AVX-512 VNNI (`gemm_q4x8`), else float32 ones (0)
+        # AVX-512 VNNI or AVX2 (`gemm_q4x8`), else float32 ones (0)
         self.activation_bits = lib.squid_q4_activation_bits() if layout == LAYOUT_Q4 and integer else 0
+        # the instructions those products run in ("AVX-512 VNNI", "AVX2"), "" without them
+        self.integer_products = lib.squid_q4_integer_products().decode() if self.activation_bits else ""
         self._cos, self._sin = cos, sin
 
     @classmethod

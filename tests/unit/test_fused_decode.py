@@ -52,7 +52,7 @@ def _greedy(engine: DecodeEngine, ids: list[int], steps: int, threads: int = 0):
 def _tolerance(engine: DecodeEngine) -> float:
     """How far the fused step's logits may be from the torch steps': float32 rounding where it
     multiplies in float32; where 4-bit codes meet activations rounded to 15 bits in integer
-    products (AVX-512 VNNI), what that rounding moves a logit of about 20 by over 30 layers (at most
+    products (AVX-512 VNNI or AVX2), what that rounding moves a logit of about 20 by over 30 layers (at most
     0.0097 measured on these prompts; the top token stays the same)."""
     return 2.5e-2 if engine.fused_step.activation_bits else 2e-3
 
@@ -128,15 +128,18 @@ def test_every_vector_width_decodes_as_the_torch_steps_do(runtime, kernel_cache,
         pytest.skip(f"this CPU cannot run -march={level} code")
     if level == "x86-64-v3" and "avx512f" not in flags:
         pytest.skip("the native build has this width here (the tests above check it)")
-    monkeypatch.setattr(cpu_decode, "FLAGS", tuple(f"-march={level}" if flag == "-march=native" else flag
-                                                   for flag in cpu_decode.FLAGS))
+    _build_for(monkeypatch, level)
     ids = _prompt(runtime)[:300]
-    fused = DecodeEngine(runtime.model, quantize_head=False)  # 4-bit codes, the 8-bit head
+    # 4-bit codes in float32 products, the 8-bit head
+    fused = DecodeEngine(runtime.model, quantize_head=False, fused_integer=False)
     plain = DecodeEngine(runtime.model, quantize_head=False, fused_step=False)
     assert fused.fused_step.layout == cpu_decode.LAYOUT_Q4 and fused.fused_head is not None
     assert f"-march={level}" in cpu_decode.FLAGS and cpu_decode.loaded_library().parent == kernel_cache
+    assert fused.fused_step.activation_bits == 0
+    # integer products: AVX2 has them (vpmaddubsw), plain SSE2 does not
+    integer = DecodeEngine(runtime.model, quantize_head=False)
+    assert integer.fused_step.integer_products == ("AVX2" if level == "x86-64-v3" else "")
     expected, expected_logits = _greedy(plain, ids, 12)
-    assert fused.fused_step.activation_bits == 0  # without AVX-512 VNNI: float32 products
     tokens, logits = _greedy(fused, ids, 12, threads=2)
     assert tokens == expected
     assert (logits - expected_logits).abs().max() < 2e-3
@@ -150,21 +153,48 @@ def test_every_vector_width_decodes_as_the_torch_steps_do(runtime, kernel_cache,
     assert (passes["fused"] - passes["plain"]).abs().max() < 2e-3
 
 
+def _build_for(monkeypatch, level: str) -> None:
+    """The step built with -march=`level` instead of the CPU's own (`native`: unchanged)."""
+    if level != "native":
+        monkeypatch.setattr(cpu_decode, "FLAGS", tuple(f"-march={level}" if flag == "-march=native" else flag
+                                                       for flag in cpu_decode.FLAGS))
+
+
+def _integer_products(flags: set[str]) -> str:
+    """The integer products a native build runs on a CPU with these flags ("" for none)."""
+    if {"avx512_vnni", "avx512bw", "avx512vl"} <= flags:
+        return "AVX-512 VNNI"
+    if {"avx2", "fma", "f16c"} <= flags and "avx512f" not in flags:
+        return "AVX2"
+    return ""
+
+
 @needs_compiler
-def test_integer_products_keep_the_float_models_next_tokens(runtime, kernel_cache):
-    # Where the CPU has AVX-512 VNNI, 4-bit codes meet activations rounded to 15 bits in integer
-    # products (llama.cpp's Q4_1 x Q8_1 keeps 8). Over real code, in passes of 1 token (decoding)
-    # and 8 (verify passes), the top token is the float32 model's wherever that model's first two
-    # are more than 0.01 apart (measured: 2 of 256 single steps differ, at gaps of 0.0023 and
-    # 0.0005), and the distributions differ by a KL divergence of about 1e-6.
+@pytest.mark.parametrize("level", ["native", "x86-64-v3"])
+def test_integer_products_keep_the_float_models_next_tokens(runtime, kernel_cache, monkeypatch, level):
+    # Where the CPU has AVX-512 VNNI or AVX2, 4-bit codes meet activations rounded to 15 bits in
+    # integer products (llama.cpp's Q4_1 x Q8_1 keeps 8). Over real code, in passes of 1 token
+    # (decoding) and 8 (verify passes), the top token is the float32 model's wherever that model's
+    # first two are more than 0.01 apart (measured with AVX-512 VNNI: 2 of 256 single steps differ,
+    # at gaps of 0.0023 and 0.0005; AVX2 on the same CPU: 3), and the distributions differ by a KL
+    # divergence of about 1e-6 (either instruction set).
     from context.quant import _all_logits
 
     flags = _cpu_flags()
+    if level == "x86-64-v3":
+        if platform.machine() != "x86_64" or not {"avx2", "fma", "f16c"} <= flags:
+            pytest.skip("this CPU cannot run -march=x86-64-v3 code")
+        if "avx512f" not in flags:
+            pytest.skip("the native build is the AVX2 one here")
+        expected_products = "AVX2"
+    else:
+        expected_products = _integer_products(flags) if platform.machine() == "x86_64" else ""
+    _build_for(monkeypatch, level)
     fused = DecodeEngine(runtime.model, quantize_head=False)
-    vnni = {"avx512_vnni", "avx512bw", "avx512vl"} <= flags
-    assert fused.fused_step.activation_bits == (15 if vnni else 0)
-    if not vnni:  # the assertion above has checked the float path is the one running here
-        pytest.skip("no AVX-512 VNNI here: the step multiplies in float32 (the tests above check it)")
+    assert fused.fused_step.integer_products == expected_products
+    assert fused.fused_step.activation_bits == (15 if expected_products else 0)
+    if not expected_products:  # the assertions above have checked the float path is the one running here
+        pytest.skip("no integer products on this CPU: the step multiplies in float32 (tests above check it)")
     plain = DecodeEngine(runtime.model, quantize_head=False, fused_step=False)
     ids = runtime.encode((REPO / "context/index/store.py").read_text())
     for chunk, positions in ((1, 256), (8, 512)):
