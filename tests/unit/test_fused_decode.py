@@ -193,6 +193,9 @@ def test_integer_products_keep_the_float_models_next_tokens(runtime, kernel_cach
     fused = DecodeEngine(runtime.model, quantize_head=False)
     assert fused.fused_step.integer_products == expected_products
     assert fused.fused_step.activation_bits == (15 if expected_products else 0)
+    described = runtime.describe_steps(fused)  # what `squidcode doctor` prints
+    assert (f"15-bit integer activations ({expected_products})" in described if expected_products
+            else "x float32 activations" in described)
     if not expected_products:  # the assertions above have checked the float path is the one running here
         pytest.skip("no integer products on this CPU: the step multiplies in float32 (tests above check it)")
     plain = DecodeEngine(runtime.model, quantize_head=False, fused_step=False)
