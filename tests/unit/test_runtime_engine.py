@@ -96,7 +96,13 @@ def test_prompt_lookup_drafts_leave_greedy_output_unchanged(runtime):
     assert drafted.new_tokens == plain.new_tokens
     # An edit that copies its original: many tokens come from confirmed drafts.
     assert drafted.accepted_tokens >= drafted.new_tokens // 3, drafted
-    assert drafted.logprob == pytest.approx(plain.logprob, abs=1e-2)
+    # A verify pass computes each token's logits in another order than a single step: float32
+    # rounding apart. Where 4-bit codes meet activations rounded to 15 bits (integer products), an
+    # activation that rounding moves across a rounding boundary moves by 1/128 of its group's step,
+    # so the 48 tokens' summed log-probability drifts further (0.027 measured on an AVX-512 EPYC).
+    step = runtime._engine.fused_step
+    drift = 0.06 if step is not None and step.activation_bits else 1e-2
+    assert drafted.logprob == pytest.approx(plain.logprob, abs=drift)
 
 
 def test_an_edited_prompt_prefills_from_the_first_changed_token(runtime):
