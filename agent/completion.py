@@ -136,6 +136,17 @@ class _References:
                 "reference_prefix": composed.prefix_hash, "reference_recovery": recovery}
 
 
+def _reading(runtime: ModelRuntime, references, composed: _References) -> ModelRuntime:
+    """The runtime that continues `composed`: the references' reader (`squid.reader`, a copy of the
+    model with a Squid reader merged in) after a composition while `runtime` runs the base model;
+    `runtime` itself otherwise (no references, or an adapter applied: its caches are not the base
+    model's the reader was distilled on)."""
+    reader = getattr(references, "reader", None)
+    if composed.cache is None or reader is None or runtime.adapter_id is not None:
+        return runtime
+    return reader
+
+
 def _reference_cache(references, prefix: str, wait: bool = False) -> _References:
     """A private cache of the Squid-composed reference documents (an empty one without any);
     `wait`: with every reference, the ones not encoded yet encoded first."""
@@ -187,8 +198,9 @@ def warm_window(runtime: ModelRuntime, request: CompletionRequest, config: Compl
     # queued for the background encoder encoded here first: warmed after the ready ones only, the
     # window no longer matched once the rest were ready, and the next keystroke answered from a
     # `keystroke_prefill_tokens` window (seen on real code: half the file context lost to Squid).
-    past = _reference_cache(references, ctx.prefix, wait=True).cache
-    return runtime.warm(list(prompt.ids), past=past, should_stop=should_stop)
+    composed = _reference_cache(references, ctx.prefix, wait=True)
+    return _reading(runtime, references, composed).warm(list(prompt.ids), past=composed.cache,
+                                                        should_stop=should_stop)
 
 
 def _complete(runtime, request, config, should_stop, references) -> Completion | None:
@@ -198,8 +210,9 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
     prompt_ids, heal = list(prompt.ids), prompt.heal
     stop = _stops(ctx, config, request.language)
     composed = _reference_cache(references, ctx.prefix)
+    model = _reading(runtime, references, composed)
     try:
-        result = runtime.generate(
+        result = model.generate(
             prompt_ids,
             max_new_tokens=config.max_tokens,
             stop=stop,
@@ -238,7 +251,7 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
         new_tokens=new_tokens,
         stop_reason=reason,
         prompt=replace(prompt, stop=stop, dropped_tokens=result.dropped_tokens,
-                       **composed.served(runtime.decode)),
+                       **composed.served(runtime.decode), reader=getattr(model, "reader_id", None) or ""),
     )
 
 
@@ -330,16 +343,16 @@ def _server_window(prefix: str, chars: int) -> str:
 
 def _finish(runtime, prompt: ServedPrompt, generated: str, ctx, config, stop, should_stop, references):
     """Up to `finish_tokens` more after `prompt` + `generated`, or None when cancelled."""
-    past = _reference_cache(references, ctx.prefix).cache  # a fresh copy: generation may extend one
+    composed = _reference_cache(references, ctx.prefix)  # a fresh copy: generation may extend one
     try:
-        more = runtime.generate(
+        more = _reading(runtime, references, composed).generate(
             list(prompt.ids) + runtime.encode(generated),
             pinned=prompt.pinned_tokens,
             max_new_tokens=config.finish_tokens,
             stop=stop,
             temperature=config.temperature,
             should_stop=should_stop,
-            past=past,
+            past=composed.cache,
             prefill_limit=config.keystroke_prefill_tokens,
         )
     except GenerationCancelled:

@@ -164,6 +164,8 @@ class ServedPrompt:
     # recovery (`context.squid.compose.Recovery`'s fields, sorted by name). Empty: no references.
     reference_prefix: str = ""
     reference_recovery: tuple[tuple[str, Any], ...] = ()
+    # The Squid reader the model read them through (`context.squid.reader`, its weights' hash); "": none.
+    reader: str = ""
     # Fill-in-the-middle: the format (a family's name or a template; "" = the text before the
     # cursor only), the text after the cursor it carried, and the ids in front of the window.
     fim: str = ""

@@ -279,6 +279,11 @@ class ModelRuntime:
         # The LoRA adapter applied on top of the base weights, None for the base model. Anything
         # derived from the model's activations (Squid KV caches) is keyed by it.
         self.adapter_id: str | None = None
+        # A reading runtime's Squid reader, merged into its copy of the weights
+        # (`context.squid.reader.reading_runtime`): its folder and description; None otherwise.
+        self.reader_path: Path | None = None
+        self.reader_info: dict | None = None
+        self.reader_id: str | None = None  # its weights' hash
         self.load_seconds = 0.0
         self.loaded_from_cache = False
         self._lock = threading.Lock()

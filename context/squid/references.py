@@ -593,12 +593,16 @@ class CompletionReferences:
 
     `symbols(names, limit)` (the index store's `symbols_named`, or `no_symbols`): references are the
     definitions of the names around the cursor; None: the open files whole, then retrieved chunks.
+    `reader`: the runtime that continues a composition (`context.squid.reader.reading_runtime`);
+    None: the service's own.
     """
 
     def __init__(self, service: SquidService, *, current_path: str | None,
                  open_documents: Mapping[str, str], search: Callable[[str, int], list] | None,
-                 roots: list[Path] = (), symbols: Callable[[list[str], int], list] | None = None):
+                 roots: list[Path] = (), symbols: Callable[[list[str], int], list] | None = None,
+                 reader=None):
         self.service = service
+        self.reader = reader
         self.current_path = current_path
         self.open_documents = dict(open_documents)
         self.search = search

@@ -59,7 +59,7 @@ def test_a_distilled_reader_lowers_its_kl_and_leaves_the_runtime_on_the_base_mod
 
 
 def test_a_reader_changes_the_model_only_inside_reading(runtime, tmp_path):
-    path = _reader_with_weights(runtime, tmp_path, scale=0.05)
+    path = reader_with_weights(runtime, tmp_path, scale=0.05)
     base = _logits(runtime, "import os\n")
     reader = load_reader(runtime, path)
     try:
@@ -77,7 +77,7 @@ def test_a_reader_changes_the_model_only_inside_reading(runtime, tmp_path):
 def test_a_folder_that_is_not_a_reader_for_this_model_is_refused(runtime, tmp_path):
     with pytest.raises(AdapterError, match="no Squid reader"):
         load_reader(runtime, tmp_path)
-    path = _reader_with_weights(runtime, tmp_path, scale=0.0)
+    path = reader_with_weights(runtime, tmp_path, scale=0.0)
     info = json.loads((path / READER_FILE).read_text())
     (path / READER_FILE).write_text(json.dumps({**info, "model": "another model"}))
     with pytest.raises(AdapterError, match="distilled for 'another model'"):
@@ -90,7 +90,7 @@ def test_a_folder_that_is_not_a_reader_for_this_model_is_refused(runtime, tmp_pa
 def test_the_bench_measures_reader_variants_and_a_zero_reader_scores_as_its_composition(runtime, tmp_path,
                                                                                         one_torch_thread):
     settings = BenchSettings(docs=2, doc_tokens=32, queries=2, runs=1, continuation=3,
-                             reader=str(_reader_with_weights(runtime, tmp_path / "zero", scale=0.0)))
+                             reader=str(reader_with_weights(runtime, tmp_path / "zero", scale=0.0)))
     result = run_bench(runtime, settings, log=lambda message: None)
     variants = {v["name"]: v for v in result["variants"]}
     for name in ("squid", "squid_first16", "squid_first32"):
@@ -104,7 +104,7 @@ def test_the_bench_measures_reader_variants_and_a_zero_reader_scores_as_its_comp
 
     # A reader with weights: the same queries score otherwise (its quality alone, not a whole run).
     bench = _Bench(runtime, replace(settings, reader=None), tmp_path / "bench")
-    bench.reader = load_reader(runtime, _reader_with_weights(runtime, tmp_path / "some", scale=0.05))
+    bench.reader = load_reader(runtime, reader_with_weights(runtime, tmp_path / "some", scale=0.05))
     try:
         with torch.inference_mode():
             quality = bench.quality([("squid", Recovery()), ("squid+reader", ReaderVariant(Recovery()))])
@@ -113,7 +113,7 @@ def test_the_bench_measures_reader_variants_and_a_zero_reader_scores_as_its_comp
     assert quality["squid+reader"]["mean_kl"] != pytest.approx(quality["squid"]["mean_kl"], abs=1e-6)
 
 
-def _reader_with_weights(runtime, folder: Path, scale: float) -> Path:
+def reader_with_weights(runtime, folder: Path, scale: float) -> Path:
     """A reader folder whose LoRA B matrices hold `scale`-sized random values (0: a no-op reader)."""
     from context.squid.keys import model_identity
 
