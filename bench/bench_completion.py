@@ -23,6 +23,8 @@ stays, as an editor sends it. Four configurations answer each position:
   (at least 1.5 s, at most 12 s later: `--idle-max`), so that the background work the first one
   started (the full prompt window, Squid's reference documents) has had time to finish.
 - refs_off: the same with Squid's references off (`squid.enabled = false`).
+- reader (with `--reader DIR`): the product with a Squid reader (`squid.reader = DIR`, `squidcode train
+  reader`): the text after each composition read by a copy of the model with the reader merged in.
 - raw: the model alone, in this process (`context.runtime.ModelRuntime`): plain greedy generation
   from the text before the cursor (the product's window: its last 1,024 tokens), first line taken.
 - llama: llama.cpp's server (llama-cpp-python, built by `.ci/install-llama-server.sh`) on the same
@@ -68,8 +70,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 KINDS = ("next_line", "mid_line", "cross_file")
-CONFIGS = ("product", "refs_off", "raw", "llama")
-SERVER_CONFIGS = ("product", "refs_off")
+CONFIGS = ("product", "reader", "refs_off", "raw", "llama")
+SERVER_CONFIGS = ("product", "reader", "refs_off")
 DEFAULT_PACKAGES = ("click", "jinja2", "requests")
 OPENING_TOKENS = ("(", "=", ".")
 PREFIX_TOKENS = 1024  # completion.prefix_tokens' default: the raw model and llama.cpp read the same window
@@ -348,12 +350,17 @@ def copy_package(name: str, dest: Path) -> dict[str, str]:
 
 # -- the server over LSP ------------------------------------------------------------------------
 
-def server_settings(config: str, data: Path) -> dict:
-    """initializationOptions: the product's defaults, no debounce, every file it writes under `data`."""
+def server_settings(config: str, data: Path, reader: Path | None = None) -> dict:
+    """initializationOptions: the product's defaults, no debounce, every file it writes under `data`;
+    `reader` for the reader configuration."""
     settings = {"completion": {"debounce_ms": 0}, "feedback": {"db_path": str(data / "feedback.db")},
                 "squid": {"cache_dir": str(data / "squid")}}
     if config == "refs_off":
         settings["squid"]["enabled"] = False
+    if config == "reader":
+        if reader is None:
+            raise ValueError("the reader configuration needs --reader DIR")
+        settings["squid"]["reader"] = str(reader)
     return settings
 
 
@@ -424,7 +431,7 @@ def _utf16(position: Position) -> int:
 
 
 async def run_server(config: str, workspace: Path, positions: list[Position], data: Path,
-                     idle_max_s: float = IDLE_MAX_S) -> list[dict]:
+                     idle_max_s: float = IDLE_MAX_S, reader: Path | None = None) -> list[dict]:
     """One `squidcode serve` on `workspace`; each position opened, asked twice, closed."""
     from lsprotocol import types
 
@@ -439,7 +446,7 @@ async def run_server(config: str, workspace: Path, positions: list[Position], da
         await client.initialize_async(types.InitializeParams(
             process_id=os.getpid(), root_uri=workspace.as_uri(), capabilities=types.ClientCapabilities(),
             workspace_folders=[types.WorkspaceFolder(uri=workspace.as_uri(), name=workspace.name)],
-            initialization_options=server_settings(config, data)))
+            initialization_options=server_settings(config, data, reader)))
         client.initialized(types.InitializedParams())
         index_s = await _wait_index(index_states)
         _say(f"  {config}: index {index_states[-1]['state']} in {index_s:.1f} s")
@@ -464,7 +471,9 @@ def server_log_counts(log_path: Path) -> dict:
         return {}
     return {"with_references": text.count("reference documents composed"),
             "documents_encoded": len(re.findall(r"squid: encoded ", text)),
-            "windows_warmed": text.count("warmed a ")}
+            "windows_warmed": text.count("warmed a "),
+            "reader_ready": text.count("compositions are read through the reader"),
+            "reader_not_used": text.count("is not used (")}
 
 
 async def _wait_idle(pid: int, most_s: float) -> float:
@@ -664,6 +673,25 @@ def seed_spread(results: dict, positions: dict[str, Position], seeds: list[int],
     return "\n".join(rows)
 
 
+def paired(results: dict, positions: dict[str, Position], config: str, against: str,
+           select: Callable[[Position], bool]) -> str:
+    """`config` against `against` position by position: first lines made exact and lost, similarity
+    raised and lowered, and the mean change (what a small sample's two rates hide)."""
+    theirs = {r["position"]: r["scores"] for r in results.get(against, [])
+              if select(positions[r["position"]])}
+    pairs = [(r["scores"], theirs[r["position"]]) for r in results.get(config, [])
+             if r["position"] in theirs]
+    if not pairs:
+        return f"{config} against {against}: no common positions"
+    gained = sum(a["exact"] and not b["exact"] for a, b in pairs)
+    lost = sum(b["exact"] and not a["exact"] for a, b in pairs)
+    up = sum(a["similarity"] > b["similarity"] + 1e-9 for a, b in pairs)
+    down = sum(a["similarity"] < b["similarity"] - 1e-9 for a, b in pairs)
+    change = statistics.mean(a["similarity"] - b["similarity"] for a, b in pairs)
+    return (f"{config} against {against} ({len(pairs)} positions): exact gained {gained}, lost {lost}; "
+            f"similarity up at {up}, down at {down}, mean change {change:+.3f}")
+
+
 def usable_not_offered(results: dict, positions: dict[str, Position]) -> list[dict]:
     """Positions where the raw model's first line was usable and a server configuration offered nothing."""
     raw = {r["position"]: r for r in results.get("raw", [])}
@@ -696,6 +724,11 @@ def report_markdown(results: dict, positions: dict[str, Position], seeds: list[i
         parts += ["\nAcross seeds, in-file:", seed_spread(results, positions, seeds, configs, in_file),
                   "\nAcross seeds, cross_file:",
                   seed_spread(results, positions, seeds, configs, lambda p: p.kind == "cross_file")]
+    if "reader" in configs and "product" in configs:
+        parts += ["\nThe reader against the product, position by position:",
+                  "- in-file: " + paired(results, positions, "reader", "product", in_file),
+                  "- cross_file: " + paired(results, positions, "reader", "product",
+                                            lambda p: p.kind == "cross_file")]
     lost = usable_not_offered(results, positions)
     parts.append(f"\nThe raw model's first line usable (exact, or edit similarity >= {USABLE_SIMILARITY}), "
                  f"the server offering nothing: {len(lost)}")
@@ -716,10 +749,11 @@ def render(path: Path) -> str:
 
 # -- main ---------------------------------------------------------------------------------------
 
-def _positions_for(package: str, files: dict[str, str], count: int, seeds: list[int]) -> list[Position]:
+def _positions_for(package: str, files: dict[str, str], count: int, seeds: list[int],
+                   kinds: Iterable[str] = KINDS) -> list[Position]:
     chosen = []
     for seed in seeds:
-        for kind in KINDS:
+        for kind in kinds:
             chosen += select_positions(files, package, kind, count, seed)
     return chosen
 
@@ -752,14 +786,15 @@ def run(args, data: Path, save: Callable[[dict], None] = lambda partial: None) -
             files = copy_package(package, workspace)
             for path, text in files.items():
                 _SOURCES[(package, path)] = text
-            positions = _positions_for(package, files, args.positions, args.seeds)
+            positions = _positions_for(package, files, args.positions, args.seeds, args.kinds)
             all_positions.update({p.key: p for p in positions})
             _say(f"{package}: {len(files)} files, {len(positions)} positions")
             for config in args.configs:
                 started = time.perf_counter()
                 if config in SERVER_CONFIGS:
                     folder = data / f"{package}-{config}"
-                    rows = asyncio.run(run_server(config, workspace, positions, folder, args.idle_max))
+                    rows = asyncio.run(run_server(config, workspace, positions, folder, args.idle_max,
+                                                  args.reader))
                     logs[f"{package}/{config}"] = server_log_counts(folder / "server.log")
                     _say(f"  {config}: server log {logs[f'{package}/{config}']}")
                 elif config == "raw":
@@ -787,7 +822,10 @@ def _parse(argv):
                         help="installed third-party packages, comma-separated")
     parser.add_argument("--positions", type=int, default=2, help="positions per kind, per package, per seed")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds (different position samples)")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"a subset of {','.join(CONFIGS)}")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"a subset of {','.join(KINDS)}")
+    parser.add_argument("--configs", help=f"a subset of {','.join(CONFIGS)} (default: all; reader only "
+                                          "with --reader)")
+    parser.add_argument("--reader", type=Path, help="a Squid reader's folder, for the reader configuration")
     parser.add_argument("--llama-threads", type=int, default=1,
                         help="llama.cpp threads (they spin at barriers: more than the free cores collapse)")
     parser.add_argument("--out", type=Path, help="JSON results (default bench/results/completion-DATE.json)")
@@ -798,10 +836,16 @@ def _parse(argv):
     args = parser.parse_args(argv)
     args.packages = [p for p in args.packages.split(",") if p]
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
-    args.configs = [c for c in args.configs.split(",") if c]
+    args.kinds = [k for k in args.kinds.split(",") if k]
+    if set(args.kinds) - set(KINDS):
+        parser.error(f"unknown kinds: {', '.join(sorted(set(args.kinds) - set(KINDS)))}")
+    args.configs = ([c for c in args.configs.split(",") if c] if args.configs
+                    else [c for c in CONFIGS if c != "reader" or args.reader])
     unknown = set(args.configs) - set(CONFIGS)
     if unknown:
         parser.error(f"unknown configs: {', '.join(sorted(unknown))}")
+    if "reader" in args.configs and args.reader is None:
+        parser.error("the reader configuration needs --reader DIR")
     return args
 
 

@@ -3,8 +3,11 @@ the editor's buffer holds there, and how an answer is scored. No model, no serve
 
 from __future__ import annotations
 
+import pytest
+
 from bench.bench_completion import (
     Position,
+    _parse,
     candidates,
     edit_similarity,
     editor_text,
@@ -12,9 +15,11 @@ from bench.bench_completion import (
     first_use_rows,
     identifier_f1,
     identifiers,
+    paired,
     prefix_at,
     score,
     select_positions,
+    server_settings,
     sibling_import_names,
     usable,
     usable_not_offered,
@@ -134,3 +139,33 @@ def test_usable_not_offered_lists_positions_the_server_dropped():
     assert [(f["config"], f["raw_first_line"]) for f in found] == [("product", "return foo(x)")]
     offered = [{**server[0], "scores": score("x", position)}]
     assert usable_not_offered({"raw": raw, "product": offered}, positions) == []
+
+
+def test_the_reader_configuration_sets_squid_reader_and_needs_a_folder(tmp_path):
+    assert "reader" not in server_settings("product", tmp_path)["squid"]
+    assert server_settings("refs_off", tmp_path)["squid"]["enabled"] is False
+    assert server_settings("reader", tmp_path, tmp_path / "r")["squid"]["reader"] == str(tmp_path / "r")
+    with pytest.raises(ValueError, match="--reader"):
+        server_settings("reader", tmp_path)
+    assert "reader" not in _parse([]).configs
+    assert _parse(["--reader", str(tmp_path)]).configs == ["product", "reader", "refs_off", "raw", "llama"]
+    assert _parse(["--kinds", "cross_file"]).kinds == ["cross_file"]
+    with pytest.raises(SystemExit):
+        _parse(["--kinds", "next_word"])
+    with pytest.raises(SystemExit):
+        _parse(["--configs", "product,reader"])
+
+
+def test_paired_counts_what_one_configuration_gained_and_lost_against_another():
+    positions = {k: Position("pkg", "a.py", 9 + i, 0, "cross_file", 0, "x = 1")
+                 for i, k in enumerate(("p1", "p2", "p3"))}
+
+    def row(key, exact, similarity):
+        return {"position": key, "scores": {"exact": exact, "similarity": similarity}}
+
+    results = {"product": [row("p1", False, 0.5), row("p2", True, 1.0), row("p3", False, 0.2)],
+               "reader": [row("p1", True, 1.0), row("p2", True, 1.0), row("p3", False, 0.1)]}
+    line = paired(results, positions, "reader", "product", lambda p: True)
+    assert line == ("reader against product (3 positions): exact gained 1, lost 0; similarity up at 1, "
+                    "down at 1, mean change +0.133")
+    assert "no common positions" in paired(results, positions, "reader", "raw", lambda p: True)
