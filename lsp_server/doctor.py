@@ -20,7 +20,7 @@ from context.errors import SquidcodeError
 from . import __version__
 
 __all__ = ["Check", "collect_checks", "run_doctor", "GRAMMARS", "data_dir", "check_language_servers",
-           "check_tuning"]
+           "check_squid_reader", "check_tuning"]
 
 GRAMMARS = ("python", "javascript", "typescript", "go", "rust", "lua")
 COMPILER_INSTALL = ("install a C compiler (Debian/Ubuntu: apt install gcc; Fedora: dnf install gcc; "
@@ -218,6 +218,28 @@ def check_semantic_search(config: SquidConfig) -> Check:
                  required=False)
 
 
+def check_squid_reader(config: SquidConfig) -> Check:
+    """The Squid reader completions read their references through (`squid.reader`), if any."""
+    from context.errors import AdapterError
+    from context.squid.reader import reader_info
+
+    if not config.squid.reader:
+        return Check("squid reader", True, "none (squid.reader): the model reads composed references as "
+                     "it is; `squidcode train reader` distils one", required=False)
+    path = Path(config.squid.reader).expanduser()
+    try:
+        info = reader_info(path)
+    except AdapterError as exc:
+        return Check("squid reader", False, f"{exc}; completions read references without it",
+                     "point squid.reader at a folder `squidcode train reader` wrote, or unset it",
+                     required=False)
+    report = info.get("report") or {}
+    losses = report.get("epoch_losses") or []
+    trained = (f", {report.get('tasks')} tasks, last epoch's KL {losses[-1]:.4f}" if losses else "")
+    return Check("squid reader", True, f"{path}: for {info.get('model')}, on "
+                 f"{info.get('recovery', 'unrecorded')} compositions{trained}", required=False)
+
+
 def check_language_servers(config: SquidConfig) -> Check:
     """Which language servers the agent's tools can start (agent.lsp_client): Python's built in (the
     type checker `agent.type_checker` picks), the configured ones, and the usual ones for other languages."""
@@ -257,6 +279,7 @@ def collect_checks(load_model: bool = True, workspace: Path | None = None,
         lambda: _tool_version("git", "install git (Debian/Ubuntu: apt-get install git)"),
         lambda: _tool_version("ruff", "pip install ruff"),
         lambda: check_semantic_search(config),
+        lambda: check_squid_reader(config),
         lambda: check_language_servers(config),
         lambda: check_isolation(config),
         lambda: check_writable("cache dir", config.resolved_cache_dir()),

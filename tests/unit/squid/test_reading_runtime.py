@@ -5,6 +5,7 @@ refused once and the server completes without it."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -14,7 +15,7 @@ from agent.completion import CompletionRequest, complete
 from context.adapters import apply_adapter, remove_adapter
 from context.config import CompletionConfig, SquidCacheConfig, config_from_mapping
 from context.errors import AdapterError
-from context.squid.reader import load_reader, reading_runtime
+from context.squid.reader import READER_FILE, load_reader, reading_runtime
 from context.squid.references import CompletionReferences
 from context.squid.service import SquidService
 from lsp_server.squid_context import completion_references, stop_squid
@@ -142,3 +143,20 @@ def test_squid_reader_is_read_from_the_config_and_a_bad_one_is_a_problem():
     assert problems == [] and config.squid.reader == "~/readers/click"
     config, problems = config_from_mapping({"squid": {"reader": 3}})
     assert config.squid.reader is None and len(problems) == 1 and "squid.reader" in problems[0]
+
+
+def test_doctor_says_which_reader_completions_read_through(runtime, tmp_path):
+    from lsp_server.doctor import check_squid_reader
+
+    none = check_squid_reader(_config(tmp_path))
+    assert none.ok and "none (squid.reader)" in none.detail
+    path = reader_with_weights(runtime, tmp_path / "reader", scale=0.0)
+    info = json.loads((path / READER_FILE).read_text())
+    (path / READER_FILE).write_text(json.dumps({**info, "recovery": "squid",
+                                                "report": {"tasks": 280, "epoch_losses": [0.05, 0.0213]}}))
+    found = check_squid_reader(_config(tmp_path, reader=str(path)))
+    assert found.ok and found.detail == (f"{path}: for {info['model']}, on squid compositions, 280 tasks, "
+                                         "last epoch's KL 0.0213")
+    broken = check_squid_reader(_config(tmp_path, reader=str(tmp_path / "nowhere")))
+    assert not broken.ok and not broken.required and "no Squid reader" in broken.detail
+    assert "squidcode train reader" in broken.fix
