@@ -211,6 +211,8 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
     stop = _stops(ctx, config, request.language)
     composed = _reference_cache(references, ctx.prefix)
     model = _reading(runtime, references, composed)
+    if model is not runtime:
+        log.info("squid: the composition read through the reader %s", model.reader_id)
     try:
         result = model.generate(
             prompt_ids,

@@ -1,7 +1,7 @@
 """Squid over LSP: inline completion reads the definitions of the names it uses from other files
 (`apply_discount`, imported from prices.py) as Squid-composed reference documents once the background
-encoder has cached them, the watcher drops a changed file's cache, and `squid.enabled = false` turns
-it all off."""
+encoder has cached them, the watcher drops a changed file's cache, `squid.reader` reads them through
+a Squid reader, and `squid.enabled = false` turns it all off."""
 
 from __future__ import annotations
 
@@ -46,6 +46,22 @@ async def _start(client: LanguageClient, project: Path, squid: dict) -> None:
 async def client(lsp_client: LanguageClient, project: Path, tmp_path: Path, model_cache_dir):
     await _start(lsp_client, project, {"document_tokens": 64, "recompute_first": 4,
                                        "cache_dir": str(tmp_path / "squid")})
+    yield
+    await lsp_client.shutdown_session()
+
+
+@pytest.fixture
+def reader_dir(runtime, tmp_path: Path) -> Path:
+    from tests.unit.squid.test_reader import reader_with_weights
+
+    return reader_with_weights(runtime, tmp_path / "reader", scale=0.01)
+
+
+@pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER_CMD))
+async def client_reader(lsp_client: LanguageClient, project: Path, tmp_path: Path, model_cache_dir,
+                        reader_dir):
+    await _start(lsp_client, project, {"document_tokens": 64, "recompute_first": 4,
+                                       "cache_dir": str(tmp_path / "squid"), "reader": str(reader_dir)})
     yield
     await lsp_client.shutdown_session()
 
@@ -109,6 +125,20 @@ async def test_imported_definitions_become_composed_references_and_changes_drop_
     # The entries of the old prices.py are gone (the background pre-encode of cart.py's imported
     # definitions, which runs when it runs, may already hold the new text).
     assert not [p for p in old_entries if p.exists()]
+
+
+async def test_a_reader_reads_the_composed_references(client_reader, project):
+    _open(client_reader, project / "prices.py")
+    cart = _open(client_reader, project / "cart.py")
+    first = await _complete(client_reader, cart)  # starts the reader's build and the encode
+    assert first is not None and first.items
+    await _wait_logged(client_reader, "compositions are read through the reader",
+                       str(project.parent / "reader"))
+    await _wait_logged(client_reader, "squid: encoded", "prices.py")
+    second = await _complete(client_reader, cart)
+    assert second is not None and second.items and second.items[0].insert_text.strip()
+    await _wait_logged(client_reader, "squid: 1 reference documents composed")
+    await _wait_logged(client_reader, "squid: the composition read through the reader")
 
 
 async def test_squid_disabled_completes_from_the_prompt_alone(client_off, project, tmp_path):
