@@ -40,6 +40,9 @@ def add_bench_parser(sub) -> None:
     squid.add_argument("--reader", metavar="DIR",
                        help="also measure these compositions read by a Squid reader adapter "
                             "(squidcode train reader)")
+    squid.add_argument("--reader-only", action="store_true",
+                       help="with --reader: only the compositions the reader reads (squid, squid_first16, "
+                            "squid_first32), with and without it")
     squid.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -69,6 +72,9 @@ def run_bench_command(args) -> int:
     from context.squid.bench import BenchSettings, run_bench
     from context.squid.service import recovery_from_config
 
+    if args.reader_only and not args.reader:
+        print("squidcode: --reader-only needs --reader DIR", file=sys.stderr)
+        return 2
     if args.docs < 1 or args.doc_tokens < 8 or args.queries < 1 or args.runs < 1:
         print("squidcode: --docs, --queries and --runs must be >= 1, --doc-tokens >= 8", file=sys.stderr)
         return 2
@@ -86,7 +92,7 @@ def run_bench_command(args) -> int:
     settings = BenchSettings(docs=args.docs, doc_tokens=args.doc_tokens, queries=args.queries, runs=args.runs,
                              curve=args.curve, curve_runs=max(1, args.curve_runs),
                              default=recovery_from_config(config.squid), seed=args.seed,
-                             source=args.source, reader=args.reader)
+                             source=args.source, reader=args.reader, reader_only=args.reader_only)
     load = os.getloadavg()[0]
     try:
         result = run_bench(runtime, settings)

@@ -89,6 +89,8 @@ class BenchSettings:
     seed: int = 0
     source: str | None = None  # a folder of Python files in place of the standard library
     reader: str | None = None  # a Squid reader adapter's folder
+    # Only the compositions a reader is measured on (READER_RECOVERIES), with and without it.
+    reader_only: bool = False
 
 
 def _token_pool(runtime, tokens: int, wanted: int, seed: int, source: str | None = None) -> tuple[list, list]:
@@ -373,7 +375,7 @@ def _measure(bench: _Bench, settings: BenchSettings, workdir: Path, log) -> dict
     n, query = settings.docs, _query_for(bench)
     bench.ttft_full(1, query)  # warm-up: the first forward pays one-off allocations
     log(f"documents encoded ({len(bench.entries)} x {settings.doc_tokens} tokens)")
-    recoveries = list(BENCH_RECOVERIES)
+    recoveries = list(READER_RECOVERIES if settings.reader_only else BENCH_RECOVERIES)
     if settings.default not in recoveries:
         recoveries.append(settings.default)
     if bench.reader is not None:

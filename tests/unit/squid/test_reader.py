@@ -89,10 +89,13 @@ def test_a_folder_that_is_not_a_reader_for_this_model_is_refused(runtime, tmp_pa
 
 def test_the_bench_measures_reader_variants_and_a_zero_reader_scores_as_its_composition(runtime, tmp_path,
                                                                                         one_torch_thread):
-    settings = BenchSettings(docs=2, doc_tokens=32, queries=2, runs=1, continuation=3,
+    settings = BenchSettings(docs=2, doc_tokens=32, queries=2, runs=1, continuation=3, reader_only=True,
                              reader=str(reader_with_weights(runtime, tmp_path / "zero", scale=0.0)))
     result = run_bench(runtime, settings, log=lambda message: None)
     variants = {v["name"]: v for v in result["variants"]}
+    # `reader_only`: the compositions the reader reads, with and without it, beside full prefill.
+    assert list(variants) == ["full", "prefix_cache", "squid", "squid_first16", "squid_first32",
+                              "squid+reader", "squid_first16+reader", "squid_first32+reader"]
     for name in ("squid", "squid_first16", "squid_first32"):
         read = variants[f"{name}+reader"]
         # LoRA's B is zero: reading changes nothing, so the figures are the composition's own.
@@ -111,6 +114,13 @@ def test_the_bench_measures_reader_variants_and_a_zero_reader_scores_as_its_comp
     finally:
         bench.reader.close()
     assert quality["squid+reader"]["mean_kl"] != pytest.approx(quality["squid"]["mean_kl"], abs=1e-6)
+
+
+def test_bench_squid_reader_only_needs_a_reader(capsys):
+    from lsp_server.cli import main
+
+    assert main(["bench", "squid", "--reader-only"]) == 2
+    assert "--reader-only needs --reader DIR" in capsys.readouterr().err
 
 
 def reader_with_weights(runtime, folder: Path, scale: float) -> Path:
