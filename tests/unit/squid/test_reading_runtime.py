@@ -47,6 +47,12 @@ def test_a_reading_runtime_computes_what_the_reader_computes_on_a_copy_of_the_we
     assert torch.allclose(_logits(reading, "import os\n"), read, atol=2e-3)  # ... and merged it still does
     assert torch.equal(_logits(runtime, "import os\n"), base)  # the runtime's own weights untouched
     assert reading.model is not runtime.model and reading._lock is runtime._lock
+    # Only what the reader changes is copied: the embedding and the norms are the runtime's own.
+    assert reading.model.model.embed_tokens.weight is runtime.model.model.embed_tokens.weight
+    assert reading.model.model.norm.weight is runtime.model.model.norm.weight
+    layer, base_layer = reading.model.model.layers[3], runtime.model.model.layers[3]
+    assert layer.input_layernorm.weight is base_layer.input_layernorm.weight
+    assert layer.self_attn.q_proj.weight is not base_layer.self_attn.q_proj.weight
     assert reading.reader_path == path and len(reading.reader_id) == 16 and runtime.reader_id is None
     # The lean engine runs the merged copy as any model.
     assert reading.generate("def main():\n", max_new_tokens=4).new_tokens > 0
@@ -56,6 +62,10 @@ def test_a_reading_runtime_computes_what_the_reader_computes_on_a_copy_of_the_we
 def test_a_reading_runtime_is_refused_for_another_model_or_over_an_adapter(runtime, tmp_path):
     with pytest.raises(AdapterError, match="no Squid reader"):
         reading_runtime(runtime, tmp_path)
+    broken = reader_with_weights(runtime, tmp_path / "broken", scale=0.0)
+    (broken / "adapter_config.json").write_text("{truncated")
+    with pytest.raises(AdapterError, match="no readable adapter_config.json"):
+        reading_runtime(runtime, broken)
     path = reader_with_weights(runtime, tmp_path / "reader", scale=0.0)
     apply_adapter(runtime, path, "some-adapter")  # any LoRA folder applies as an adapter
     try:
