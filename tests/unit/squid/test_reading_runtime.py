@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import pytest
 import torch
@@ -124,6 +125,16 @@ def test_the_server_builds_the_reader_in_the_background_and_drops_a_broken_one(
         ls.squid_reader.join(120)
         references = completion_references(ls, current.as_uri(), runtime)
         assert references.reader is not None and references.reader.reader_path == path
+        built = references.reader
+        assert completion_references(ls, current.as_uri(), runtime).reader is built  # built once
+        # Distilled again into the same folder: the next request starts a new build.
+        info = (path / READER_FILE).read_text()
+        time.sleep(0.01)
+        (path / READER_FILE).write_text(info + "\n")
+        completion_references(ls, current.as_uri(), runtime)
+        ls.squid_reader.join(120)
+        again = completion_references(ls, current.as_uri(), runtime).reader
+        assert again is not None and again is not built
         # With an adapter applied the compositions are not the base model's: no reader.
         apply_adapter(runtime, path, "some-adapter")
         try:
