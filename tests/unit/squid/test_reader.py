@@ -140,3 +140,16 @@ def reader_with_weights(runtime, folder: Path, scale: float) -> Path:
         runtime.model = wrapper.unload()
     (folder / READER_FILE).write_text(json.dumps({"kind": "squid-reader", "model": identity}))
     return folder
+
+
+def test_an_epoch_visits_each_set_once_with_its_tasks_together():
+    from feedback.train.squid_reader import _epoch_order, _Task
+
+    tasks = [_Task(set_index, [i], None) for i, set_index in enumerate([0, 0, 1, 2, 1, 2, 0, 1])]
+    order = _epoch_order(tasks, seed=3)
+    assert sorted(order) == list(range(len(tasks)))
+    runs = [tasks[i].set_index for i in order]
+    # Each set's tasks come together: the composition is made once per set and epoch.
+    assert [s for k, s in enumerate(runs) if k == 0 or runs[k - 1] != s] == sorted(set(runs), key=runs.index)
+    assert len({s for s in runs}) == 3 and _epoch_order(tasks, seed=3) == order
+    assert any(_epoch_order(tasks, seed=s) != order for s in range(4, 10))
