@@ -64,21 +64,23 @@ def _workspace(root: Path) -> Path:
     return ws
 
 
-def _options(tmp: Path) -> dict:
+def _options(tmp: Path, squid: dict | None = None) -> dict:
     return {
         "completion": {"max_tokens": 16, "debounce_ms": 0},
-        "squid": {"enabled": True, "cache_dir": str(tmp / "squid-cache")},
+        "squid": {"enabled": True, "cache_dir": str(tmp / "squid-cache"), **(squid or {})},
         "index": {"embeddings": False},
     }
 
 
-def run_connection(end: ConnectionEnd, tmp: Path, timeout_s: float = 120.0) -> Outcome:
-    """Start a server, bring it to `end.moment`, end the connection `end.delay_s` later."""
+def run_connection(end: ConnectionEnd, tmp: Path, timeout_s: float = 120.0,
+                   squid: dict | None = None) -> Outcome:
+    """Start a server, bring it to `end.moment`, end the connection `end.delay_s` later; `squid`:
+    more Squid settings (a reader)."""
     tmp.mkdir(parents=True, exist_ok=True)
     ws = _workspace(tmp)
     client = start_client(tmp)
     try:
-        client.initialize(root=ws, options=_options(tmp))
+        client.initialize(root=ws, options=_options(tmp, squid))
         _reach(client, end.moment, ws)
         time.sleep(end.delay_s)
         ended = time.monotonic()

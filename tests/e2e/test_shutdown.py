@@ -44,6 +44,18 @@ def test_connection_ends_cleanly(end: ConnectionEnd, model_cache_dir, tmp_path):
     _check(run_connection(end, tmp_path))
 
 
+@pytest.mark.parametrize("ending", ["shutdown", "vanish"])
+def test_a_connection_ended_while_the_squid_reader_is_built_ends_cleanly(ending, runtime, model_cache_dir,
+                                                                         tmp_path):
+    """The reader's copy of the model is built on a thread (about 2 s) from the first completion on:
+    ended as that completion answers, the server waits for the build and exits as LSP asks."""
+    from tests.unit.squid.test_reader import reader_with_weights
+
+    reader = reader_with_weights(runtime, tmp_path / "reader", scale=0.01)
+    end = ConnectionEnd("preencode", ending, 0.0)  # as the first completion answers
+    _check(run_connection(end, tmp_path / "connection", squid={"reader": str(reader)}))
+
+
 def test_requests_after_shutdown_get_an_error_and_exit_is_zero(model_cache_dir, tmp_path):
     client = start_client(tmp_path)
     try:
