@@ -192,6 +192,14 @@ def warm_window(runtime: ModelRuntime, request: CompletionRequest, config: Compl
     """
     if config.keystroke_prefill_tokens == 0:
         return True  # completions prefill the whole window themselves
+    # The background encoder waits meanwhile: on two cores the two would share them at half speed each,
+    # and the window warmed first serves the very next keystroke.
+    hold = references.foreground() if references is not None else contextlib.nullcontext()
+    with hold:
+        return _warm(runtime, request, config, references, should_stop)
+
+
+def _warm(runtime, request, config, references, should_stop) -> bool:
     ctx = cursor_context(request.text, request.offset, config.suffix_lines)
     prompt = served_prompt(runtime, request, ctx, config)
     # The window is warmed after every reference the next keystroke will read, the ones still

@@ -33,6 +33,7 @@ from context.errors import SquidcodeError
 from context.foreground import foreground
 from context.next_edit import EditHistory
 from context.runtime import ModelRuntime, get_runtime
+from context.threads import SerialThreadExecutor
 
 from .connection import post_to_loop
 from .indexing import stop_index
@@ -162,7 +163,7 @@ class SquidServer(LanguageServer):
         # Model work is serialised on one thread; the event loop never runs it.
         self.model_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="squid-model")
         # Agent episodes, one at a time: each one is long, and the model is one per process.
-        self.agent_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="squid-agent")
+        self.agent_executor = SerialThreadExecutor("squid-agent")  # its thread ends with the episode
         self.runtime: ModelRuntime | None = None
         self.model_error: str | None = None
         self._model_task: asyncio.Task | None = None
@@ -339,12 +340,11 @@ class SquidServer(LanguageServer):
                 return None
             # Background work (indexing, the repo map, embeddings) pauses until this returns.
             with foreground():
-                references = completion_references(self, uri, runtime)
-                work = self.run_model_work(complete, runtime, request, self.config.completion,
-                                        pending.cancelled.is_set, references)
+                work = self.run_model_work(self._complete_locally, runtime, request, uri,
+                                           pending.cancelled.is_set)
                 if work is None:
                     return None
-                result = await work
+                result, references = await work
             if ((result is None or result.dropped_tokens) and self.supersede.is_current(uri, pending)
                     and not self.stopping.is_set()):
                 # A shorter window answered this keystroke: the whole one is prefilled while the
@@ -365,6 +365,13 @@ class SquidServer(LanguageServer):
             return asyncio.get_running_loop().run_in_executor(self.model_executor, fn, *args)
         except RuntimeError:  # shut down between the check and the call
             return None
+
+    def _complete_locally(self, runtime: ModelRuntime, request: CompletionRequest, uri: str, cancelled):
+        """On the model's thread: the request's Squid references (their shared prefix is encoded at the
+        first; torch runs on no thread of the server's that lives on, `context.threads`) and the
+        completion. Returns both: the references are the idle-time window warm's too."""
+        references = completion_references(self, uri, runtime)
+        return complete(runtime, request, self.config.completion, cancelled, references), references
 
     def _warm_window(self, runtime: ModelRuntime, request: CompletionRequest, references) -> None:
         try:
@@ -389,11 +396,13 @@ class SquidServer(LanguageServer):
             self.stopping.set()
             self.supersede.cancel_all()
             steps: list[tuple[str, Callable[[], None]]] = [
-                ("squid", lambda: stop_squid(self)),  # the pre-encoder stops between chunks, joined
                 ("repo map", lambda: [thread.join(timeout) for thread in self.background_threads]),
                 # Generation polls its cancel flag between tokens, warming between chunks: both end soon.
                 ("model work", lambda: self.model_executor.shutdown(wait=True, cancel_futures=True)),
                 ("agent", lambda: self.agent_executor.shutdown(wait=True, cancel_futures=True)),
+                # After the model's thread, which makes the services: the pre-encoders stop between
+                # chunks, joined.
+                ("squid", lambda: stop_squid(self)),
                 # A model load cannot be interrupted (it converts, or compiles the fused step); the
                 # process exits around it (`lsp_server.cli`), and its files are written atomically.
                 ("model load", lambda: self._model_thread and self._model_thread.join(MODEL_LOAD_WAIT_S)),

@@ -5,8 +5,11 @@ caches are ready (in the order given) and queues the missing ones for the backgr
 a request never waits for an encode unless it asks to (`wait=True`, for agent prompts that will
 decode for a long time anyway). The background encoder runs on its own low-priority thread in small
 chunks and pauses while any request holds `foreground()`, so it gives the model back within one
-chunk. A document is keyed by the exact tokens encoded, so an edited file never reuses an old
-cache; `invalidate_paths` (called from the index watcher and editor saves) frees the old entries.
+chunk. That thread ends whenever it pauses or runs out of work, and a new one starts when work
+comes and no request holds the model: an idle thread that has run torch slows the model thread's
+decoding (`context.threads` says why). A document is keyed by the exact tokens encoded, so an
+edited file never reuses an old cache; `invalidate_paths` (called from the index watcher and
+editor saves) frees the old entries.
 """
 
 from __future__ import annotations
@@ -84,10 +87,8 @@ class SquidService:
         self._stopping = False
         self.encoded = 0
         self._inflight = threading.Event()
-        self._thread: threading.Thread | None = None
-        if start_thread and config.preencode:
-            self._thread = threading.Thread(target=self._run, name="squid-preencode", daemon=True)
-            self._thread.start()
+        self._background = start_thread and config.preencode
+        self._thread: threading.Thread | None = None  # the encoder thread while it has work
 
     # -- keys and the prefix ---------------------------------------------------------------------
 
@@ -117,7 +118,7 @@ class SquidService:
         finally:
             with self._cond:
                 self._foreground -= 1
-                self._cond.notify_all()
+                self._wake()
 
     def context_for(self, documents: list[ReferenceDocument], *, wait: bool = False,
                     recovery: Recovery | None = None, persist: bool = False,
@@ -224,7 +225,7 @@ class SquidService:
         return entry
 
     def _enqueue(self, key: CacheKey, ids: list[int], source: str | None, epoch: int) -> int:
-        if self._thread is None:
+        if not self._background:
             return 0
         with self._cond:
             if key in self._queue:
@@ -232,17 +233,25 @@ class SquidService:
             self._queue[key] = (ids, source, epoch)
             while len(self._queue) > _QUEUE_LIMIT:
                 self._queue.popitem(last=False)
-            self._cond.notify_all()
+            self._wake()
             return 1
 
     def _paused(self) -> bool:
         return self._foreground > 0 or self._stopping
 
+    def _wake(self) -> None:
+        """Under `_cond`: start the encoder thread when there is work, no request holds the model and
+        none runs (the last one ended, or is ending: it took its last job)."""
+        self._cond.notify_all()
+        if self._thread is None and self._queue and not self._paused():
+            self._thread = threading.Thread(target=self._run, name="squid-preencode", daemon=True)
+            self._thread.start()
+
     def _next_job(self):
+        """The next job, or None: the thread ends (paused, stopping or out of work)."""
         with self._cond:
-            while not self._stopping and (not self._queue or self._foreground):
-                self._cond.wait()
-            if self._stopping:
+            if self._paused() or not self._queue:
+                self._thread = None
                 return None
             self._inflight.set()
             # The newest request's documents first.
@@ -280,11 +289,12 @@ class SquidService:
         return False
 
     def _busy_encoding(self) -> bool:
-        return self._thread is not None and self._inflight.is_set()
+        return self._inflight.is_set()
 
     def stop(self) -> None:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=10)

@@ -109,9 +109,7 @@ async def _model_path(ls: SquidServer, uri: str, text: str, cursor: int) -> Pred
             return pending.cancelled.is_set() or ls.stopping.is_set()
 
         with foreground():  # background work (indexing, the repo map) pauses, as for a completion
-            # The related code a completion here would read (Squid caches; none with squid.enabled off).
-            references = next_edit_references(ls, uri, runtime)
-            work = ls.run_model_work(_predict_with_model, runtime, references, edits, text, cursor, stop)
+            work = ls.run_model_work(_predict_with_model, ls, uri, runtime, edits, text, cursor, stop)
             found = await work if work is not None else None
         return found if ls.edit_history.text(uri) == text and not stop() else None
     except asyncio.CancelledError:
@@ -121,9 +119,11 @@ async def _model_path(ls: SquidServer, uri: str, text: str, cursor: int) -> Pred
         ls.supersede.finish(key, pending)
 
 
-def _predict_with_model(runtime, references, edits, text: str, cursor: int, stop) -> Prediction | None:
-    """The model path on the model's thread, with `references` (or None), their background encoders
-    held off meanwhile."""
+def _predict_with_model(ls, uri: str, runtime, edits, text: str, cursor: int, stop) -> Prediction | None:
+    """The model path on the model's thread, with the related code a completion here would read
+    (Squid caches, made on this thread as a completion's are; none with squid.enabled off), their
+    background encoders held off meanwhile."""
+    references = next_edit_references(ls, uri, runtime)
     try:
         with references.foreground() if references is not None else contextlib.nullcontext():
             return predict_with_model(runtime, edits, text, cursor, stop, references)

@@ -181,7 +181,19 @@ def test_the_window_is_warmed_after_references_not_encoded_yet(runtime, tmp_path
     first = complete(runtime, request, config, references=references)
     assert first is not None and first.reference_tokens == 0  # not encoded: not read
     assert first.dropped_tokens > 0 and first.prompt_tokens == 256
-    assert warm_window(runtime, request, config, references=references) is True
+    held = []
+    warm = runtime.warm
+
+    def watched_warm(*args, **kwargs):
+        held.append(service._paused())  # the background encoder waits while the window warms
+        return warm(*args, **kwargs)
+
+    runtime.warm = watched_warm
+    try:
+        assert warm_window(runtime, request, config, references=references) is True
+    finally:
+        del runtime.warm
+    assert held == [True] and not service._paused()
     again = complete(runtime, request, config, references=references)
     assert again is not None and again.reference_tokens > 0  # encoded by the warm
     assert again.dropped_tokens == 0 and again.prompt_tokens > 900

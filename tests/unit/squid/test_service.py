@@ -98,9 +98,35 @@ def test_a_request_starting_mid_encode_pauses_it_within_a_chunk(runtime, tmp_pat
             # The encoder gave up its place between two chunks and put the document back.
             assert not svc._inflight.is_set() and svc.encoded == 0
             assert svc.stats()["queued"] == 1
+            # ... and its thread ended: no live thread but the request's holds an OpenMP team.
+            assert _encoder_thread_ends(svc)
         assert svc.wait_idle(180) and svc.encoded == 1
+        assert _encoder_thread_ends(svc), "out of work, the encoder thread ends"
     finally:
         svc.stop()
+
+
+def _encoder_thread_ends(service: SquidService, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(t.name == "squid-preencode" for t in threading.enumerate()):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_the_encoder_thread_lives_only_while_it_has_work(runtime, service):
+    assert not any(t.name == "squid-preencode" for t in threading.enumerate()), "no work, no thread"
+    service.schedule([DOC_A])
+    assert service.wait_idle(120) and service.encoded == 1
+    assert _encoder_thread_ends(service)
+    # Work queued later starts a new one.
+    service.schedule([DOC_B])
+    assert service.wait_idle(120) and service.encoded == 2
+    assert _encoder_thread_ends(service)
+    # A service that does not pre-encode never starts one.
+    quiet = SquidService(runtime, replace(CONFIG, preencode=False), None)
+    assert quiet.schedule([DOC_A, DOC_B]) == 0 and quiet._thread is None
 
 
 def test_another_adapter_never_reuses_caches(runtime, service):
@@ -120,7 +146,6 @@ def test_changed_files_are_invalidated(service):
     assert service.invalidate_paths(["/w/util.py"]) == 1
     ctx = service.context_for([DOC_A, DOC_B])
     assert ctx is not None and len(ctx.spans) == 1  # only names.py is still cached
-
 
 
 def test_text_read_before_its_file_changed_is_never_stored(service, tmp_path):
