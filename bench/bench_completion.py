@@ -37,7 +37,9 @@ length, as RepoBench and CodeXGLUE report it), identifier exact match (the order
 identifiers, Python keywords left out, equal to the reference's: CrossCodeEval's ID-EM) and
 identifier F1, and latency p50/p95 (over LSP for the server configurations: first request and
 repeated request apart). A position where nothing was offered scores 0. The server configurations
-are scored on the repeated request; the first request's scores are in the JSON too.
+are scored on the repeated request; the first request's scores are in the JSON too. What a server
+configuration costs over refs_off is also given position by position: the median of the paired
+latency differences.
 
 Results: bench/results/completion-DATE.json, with every answer and the list of positions where the
 raw model's first line was usable (exact, or edit similarity >= 0.7) and the product offered nothing.
@@ -692,6 +694,21 @@ def paired(results: dict, positions: dict[str, Position], config: str, against: 
             f"similarity up at {up}, down at {down}, mean change {change:+.3f}")
 
 
+def paired_latency(results: dict, positions: dict[str, Position], config: str, against: str,
+                   select: Callable[[Position], bool]) -> str:
+    """What `config` costs over `against` at the same positions: the median of the paired latency
+    differences, repeated request and first request (the machine's load drifts less within a pair
+    than between two runs' percentiles)."""
+    theirs = {r["position"]: r for r in results.get(against, []) if select(positions[r["position"]])}
+    pairs = [(r, theirs[r["position"]]) for r in results.get(config, []) if r["position"] in theirs]
+    if not pairs:
+        return f"{config} against {against}: no common positions"
+    repeated = statistics.median(a["latency_s"] - b["latency_s"] for a, b in pairs)
+    first = statistics.median(a["first_latency_s"] - b["first_latency_s"] for a, b in pairs)
+    return (f"{config} minus {against} ({len(pairs)} positions), median of paired differences: "
+            f"repeated request {repeated:+.3f} s, first request {first:+.3f} s")
+
+
 def usable_not_offered(results: dict, positions: dict[str, Position]) -> list[dict]:
     """Positions where the raw model's first line was usable and a server configuration offered nothing."""
     raw = {r["position"]: r for r in results.get("raw", [])}
@@ -729,6 +746,11 @@ def report_markdown(results: dict, positions: dict[str, Position], seeds: list[i
                   "- in-file: " + paired(results, positions, "reader", "product", in_file),
                   "- cross_file: " + paired(results, positions, "reader", "product",
                                             lambda p: p.kind == "cross_file")]
+    for config in (c for c in SERVER_CONFIGS if c != "refs_off" and c in configs and "refs_off" in configs):
+        parts += [f"\nWhat {config} costs over refs_off, position by position:",
+                  "- in-file: " + paired_latency(results, positions, config, "refs_off", in_file),
+                  "- cross_file: " + paired_latency(results, positions, config, "refs_off",
+                                                    lambda p: p.kind == "cross_file")]
     lost = usable_not_offered(results, positions)
     parts.append(f"\nThe raw model's first line usable (exact, or edit similarity >= {USABLE_SIMILARITY}), "
                  f"the server offering nothing: {len(lost)}")

@@ -16,6 +16,7 @@ from bench.bench_completion import (
     identifier_f1,
     identifiers,
     paired,
+    paired_latency,
     prefix_at,
     score,
     select_positions,
@@ -169,3 +170,19 @@ def test_paired_counts_what_one_configuration_gained_and_lost_against_another():
     assert line == ("reader against product (3 positions): exact gained 1, lost 0; similarity up at 1, "
                     "down at 1, mean change +0.133")
     assert "no common positions" in paired(results, positions, "reader", "raw", lambda p: True)
+
+
+def test_paired_latency_is_the_median_of_the_differences_at_the_same_positions():
+    positions = {k: Position("pkg", "a.py", 9 + i, 0, "next_line", 0, "x = 1")
+                 for i, k in enumerate(("p1", "p2", "p3", "p4"))}
+
+    def row(key, latency, first):
+        return {"position": key, "latency_s": latency, "first_latency_s": first}
+
+    results = {"refs_off": [row("p1", 0.40, 0.70), row("p2", 0.50, 0.60), row("p3", 0.30, 0.90)],
+               "product": [row("p1", 0.45, 0.70), row("p2", 0.40, 0.80), row("p3", 0.60, 0.95),
+                           row("p4", 9.0, 9.0)]}  # p4 has no pair: left out
+    line = paired_latency(results, positions, "product", "refs_off", lambda p: True)
+    assert line == ("product minus refs_off (3 positions), median of paired differences: "
+                    "repeated request +0.050 s, first request +0.050 s")
+    assert "no common positions" in paired_latency(results, positions, "product", "raw", lambda p: True)
