@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import platform
 import statistics
 import sys
 import threading
@@ -29,14 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.bench_foundation import cpu_info, loadavg  # noqa: E402
+
 ARMS = ("alone", "idle torch thread", "after the pre-encoder")
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main() -> None:
@@ -101,9 +95,10 @@ def main() -> None:
             rates[arm].append(run[arm]())
         print(f"round {number + 1}/{args.rounds}: " + ", ".join(f"{a} {rates[a][-1]:.0f}" for a in ARMS),
               file=sys.stderr, flush=True)
-    result = {"cpu": cpu_model(), "threads": torch.get_num_threads(), "rounds": args.rounds,
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "arms": {}}
-    print(f"{result['cpu']}, {result['threads']} torch threads, {args.rounds} rounds")
+    result = {"cpu": cpu_info(), "load_average": loadavg(), "threads": torch.get_num_threads(),
+              "rounds": args.rounds, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "arms": {}}
+    print(f"{result['cpu']['model']} ({result['cpu']['cores']} cores), {result['threads']} torch threads, "
+          f"{args.rounds} rounds, load average {result['load_average']}")
     print("| arm | median tok/s | paired ratio to alone |")
     print("|---|---|---|")
     for arm in ARMS:
