@@ -6,7 +6,8 @@ Keys are stored after RoPE, as transformers caches them; `compose` re-rotates th
 document lands in a request.
 
 Encoding runs in chunks with explicit `position_ids`; `should_pause` is polled between chunks, so a
-background encode gives the model back to a request within one chunk.
+background encode gives the model back to a request within one chunk, and `DocumentEncoding` goes on
+from that chunk later.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .keys import FORMAT_VERSION, CacheKey, content_hash, model_identity, token_
 __all__ = [
     "DEFAULT_PREFIX",
     "ENCODE_CHUNK",
+    "DocumentEncoding",
     "DocumentKV",
     "PrefixKV",
     "build_cache",
@@ -108,19 +110,13 @@ def build_cache(config, keys: torch.Tensor, values: torch.Tensor):
     return cache
 
 
-def _forward_chunks(runtime, ids: list[int], cache, start: int, should_pause: ShouldPause | None,
-                    chunk_tokens: int = ENCODE_CHUNK):
-    """Run `ids` at positions start.. through the model, extending `cache`; returns the last logits."""
-    logits = None
-    for offset in range(0, len(ids), chunk_tokens):
-        if should_pause is not None and should_pause():
-            raise GenerationCancelled("encoding paused for a request")
-        chunk = ids[offset : offset + chunk_tokens]
-        input_ids = torch.tensor([chunk], device=runtime.device)
-        positions = torch.arange(start + offset, start + offset + len(chunk), device=runtime.device)
-        out = runtime.model(input_ids=input_ids, position_ids=positions[None], cache=cache, use_cache=True)
-        cache, logits = out.cache, out.logits[:, -1, :]
-    return cache, logits
+def _forward_chunk(runtime, ids: list[int], cache, start: int):
+    """Run `ids` at positions start.. through the model, extending `cache` (no logits kept but the
+    last position's: a document's encode only wants its keys and values)."""
+    input_ids = torch.tensor([ids], device=runtime.device)
+    positions = torch.arange(start, start + len(ids), device=runtime.device)
+    return runtime.model(input_ids=input_ids, position_ids=positions[None], cache=cache, use_cache=True,
+                         logits_to_keep=1).cache
 
 
 def encode_prefix(runtime, text: str = DEFAULT_PREFIX) -> PrefixKV:
@@ -129,7 +125,9 @@ def encode_prefix(runtime, text: str = DEFAULT_PREFIX) -> PrefixKV:
 
     ids = runtime.encode(text) or [runtime.tokenizer.bos_token_id or 0]
     with torch.inference_mode():
-        cache, _ = _forward_chunks(runtime, ids, DynamicCache(config=runtime.model.config), 0, None)
+        cache = DynamicCache(config=runtime.model.config)
+        for offset in range(0, len(ids), ENCODE_CHUNK):
+            cache = _forward_chunk(runtime, ids[offset : offset + ENCODE_CHUNK], cache, offset)
         keys, values = cache_tensors(cache)
     return PrefixKV(tuple(ids), keys, values, model_identity(runtime), runtime.adapter_id)
 
@@ -137,6 +135,59 @@ def encode_prefix(runtime, text: str = DEFAULT_PREFIX) -> PrefixKV:
 def document_key(runtime, prefix: PrefixKV, text: str) -> CacheKey:
     return CacheKey(model_identity(runtime), runtime.adapter_id, prefix.hash, content_hash(text),
                     FORMAT_VERSION)
+
+
+class DocumentEncoding:
+    """One document's encode after `prefix`, at positions P..P+L-1, run in chunks.
+
+    `run` raises GenerationCancelled when `should_pause` turns true between two chunks, and keeps
+    what it encoded: run again, it goes on from there. A background encode that requests keep
+    interrupting (a user typing in bursts) still finishes, where starting over would lose every
+    pause's work and never finish a document longer than the typist's pauses.
+    """
+
+    def __init__(self, runtime, prefix: PrefixKV, token_ids: list[int], key: CacheKey, *,
+                 source: str | None = None):
+        if not token_ids:
+            raise ValueError("cannot encode an empty document")
+        self.runtime, self.prefix, self.key, self.source = runtime, prefix, key, source
+        self.token_ids = tuple(token_ids)
+        self._check_model()
+        self.done = 0  # tokens encoded so far
+        self.encode_s = 0.0  # time spent running, over every run
+        self._cache = None
+
+    def current(self) -> bool:
+        """The prefix (and what was encoded after it) is the runtime's model and adapter's now."""
+        now = (model_identity(self.runtime), self.runtime.adapter_id)
+        return (self.prefix.model, self.prefix.adapter) == now
+
+    def _check_model(self) -> None:
+        if not self.current():
+            raise ValueError("the prefix was encoded by another model or adapter")
+
+    def run(self, should_pause: ShouldPause | None = None, chunk_tokens: int = ENCODE_CHUNK) -> DocumentKV:
+        self._check_model()  # an adapter applied while paused: what was encoded is another model's
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                if self._cache is None:
+                    self._cache = build_cache(self.runtime.model.config, self.prefix.keys, self.prefix.values)
+                while self.done < len(self.token_ids):
+                    if should_pause is not None and should_pause():
+                        raise GenerationCancelled("encoding paused for a request")
+                    chunk = list(self.token_ids[self.done : self.done + chunk_tokens])
+                    start = self.prefix.length + self.done
+                    self._cache = _forward_chunk(self.runtime, chunk, self._cache, start)
+                    self.done += len(chunk)
+                keys, values = cache_tensors(self._cache, self.prefix.length)
+        finally:
+            self.encode_s += time.perf_counter() - started
+        self._cache = None
+        return DocumentKV(
+            key=self.key, token_ids=self.token_ids, start=self.prefix.length, keys=keys.contiguous(),
+            values=values.contiguous(), source=self.source, encode_s=self.encode_s,
+        )
 
 
 def encode_document(
@@ -151,18 +202,7 @@ def encode_document(
 ) -> DocumentKV:
     """Encode `token_ids` after `prefix`, at positions P..P+L-1; only the document's part is kept.
 
-    Raises GenerationCancelled when `should_pause` turns true between chunks.
+    Raises GenerationCancelled when `should_pause` turns true between chunks (what was encoded is
+    lost: `DocumentEncoding` keeps it).
     """
-    if not token_ids:
-        raise ValueError("cannot encode an empty document")
-    if (prefix.model, prefix.adapter) != (model_identity(runtime), runtime.adapter_id):
-        raise ValueError("the prefix was encoded by another model or adapter")
-    started = time.perf_counter()
-    with torch.inference_mode():
-        cache = build_cache(runtime.model.config, prefix.keys, prefix.values)
-        cache, _ = _forward_chunks(runtime, list(token_ids), cache, prefix.length, should_pause, chunk_tokens)
-        keys, values = cache_tensors(cache, prefix.length)
-    return DocumentKV(
-        key=key, token_ids=tuple(token_ids), start=prefix.length, keys=keys.contiguous(),
-        values=values.contiguous(), source=source, encode_s=time.perf_counter() - started,
-    )
+    return DocumentEncoding(runtime, prefix, token_ids, key, source=source).run(should_pause, chunk_tokens)

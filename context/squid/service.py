@@ -25,7 +25,7 @@ from pathlib import Path
 from ..config import SquidCacheConfig
 from ..errors import GenerationCancelled
 from .compose import ComposedContext, Recovery, compose
-from .encode import DocumentKV, PrefixKV, encode_document, encode_prefix
+from .encode import DocumentEncoding, DocumentKV, PrefixKV, encode_prefix
 from .keys import FORMAT_VERSION, CacheKey, model_identity, token_hash
 from .store import KVCacheStore
 
@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 # Background chunks are small: a request waits at most one of them (~0.1 s on two cores).
 BACKGROUND_CHUNK = 32
 _QUEUE_LIMIT = 64
+# Paused encodes kept to go on from (each holds its document's keys and values so far, ~50 KiB a
+# token for the embedded model); the oldest is dropped beyond this.
+_PARTIAL_LIMIT = 4
 _MIB = 1 << 20
 
 
@@ -79,6 +82,9 @@ class SquidService:
         self._lock = threading.Lock()
         self._cond = threading.Condition()
         self._queue: OrderedDict[CacheKey, tuple[list[int], str | None, int]] = OrderedDict()
+        # Encodes a request paused, by key: the next encode of the document goes on from them.
+        self._partial: OrderedDict[CacheKey, DocumentEncoding] = OrderedDict()
+        self.resumed_tokens = 0  # tokens a paused encode did not have to encode again
         # Invalidation epochs: a counter, and the epoch at which each file last changed.
         self._epoch = 0
         self._changed_at: dict[str, int] = {}
@@ -191,6 +197,8 @@ class SquidService:
             with self._cond:
                 for key in [k for k, job in self._queue.items() if job[1] in sources]:
                     del self._queue[key]
+                for key in [k for k, partial in self._partial.items() if partial.source in sources]:
+                    del self._partial[key]
             dropped = sum(self.store.invalidate_source(source) for source in sources)
         if dropped:
             log.info("squid: dropped %d cached documents of changed files", dropped)
@@ -202,15 +210,24 @@ class SquidService:
     def stats(self) -> dict:
         with self._cond:
             queued = len(self._queue)
-        return {"tiers": self.store.stats(), "queued": queued, "encoded": self.encoded}
+            paused = len(self._partial)
+        return {"tiers": self.store.stats(), "queued": queued, "encoded": self.encoded, "paused": paused,
+                "resumed_tokens": self.resumed_tokens}
 
     # -- encoding ------------------------------------------------------------------------------
 
     def _encode(self, prefix, ids, key, source, should_pause=None, chunk=None, *, epoch: int,
                 persist: bool = False) -> DocumentKV:
+        encoding = self._encoding(prefix, ids, key, source)
         kwargs = {"chunk_tokens": chunk} if chunk else {}
-        entry = encode_document(self.runtime, prefix, ids, key, source=source, should_pause=should_pause,
-                                **kwargs)
+        try:
+            entry = encoding.run(should_pause, **kwargs)
+        except GenerationCancelled:
+            with self._cond:
+                self._partial[key] = encoding
+                while len(self._partial) > _PARTIAL_LIMIT:
+                    self._partial.popitem(last=False)
+            raise
         self.encoded += 1
         with self._store_lock:
             if self._stale(source, epoch):
@@ -223,6 +240,21 @@ class SquidService:
                 self.store.persist(key)
         log.info("squid: encoded %s (%d tokens) in %.2fs", source or "a document", len(ids), entry.encode_s)
         return entry
+
+    def _encoding(self, prefix: PrefixKV, ids: list[int], key: CacheKey,
+                  source: str | None) -> DocumentEncoding:
+        """The paused encode of this document to go on from, or a new one (also when the prefix,
+        model or adapter changed since it paused)."""
+        with self._cond:
+            partial = self._partial.pop(key, None)
+        if partial is not None and partial.prefix is prefix and partial.token_ids == tuple(ids) \
+                and partial.current():
+            if partial.done:
+                self.resumed_tokens += partial.done
+                log.info("squid: going on with %s from token %d of %d", source or "a document",
+                         partial.done, len(ids))
+            return partial
+        return DocumentEncoding(self.runtime, prefix, ids, key, source=source)
 
     def _enqueue(self, key: CacheKey, ids: list[int], source: str | None, epoch: int) -> int:
         if not self._background:
@@ -295,6 +327,7 @@ class SquidService:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+            self._partial.clear()
             thread = self._thread
         if thread is not None:
             thread.join(timeout=10)

@@ -249,3 +249,46 @@ def test_a_swap_refreshes_the_changed_document_and_following_ones_and_keeps_the_
     # Of the three documents after the first, 1 + `following` have their first tokens recomputed.
     assert again.recomputed_fraction == pytest.approx(fresh.recomputed_fraction * (1 + following) / 3)
     assert recovery.name == f"squid_first6_next{following}"
+
+
+def test_a_paused_encode_goes_on_where_it_stopped(runtime, prefix):
+    from context.errors import GenerationCancelled
+    from context.squid.encode import DocumentEncoding
+
+    text = "def area(width, height):\n    return width * height\n" * 4
+    ids = runtime.encode(text)
+    key = document_key(runtime, prefix, text)
+    whole = encode_document(runtime, prefix, ids, key, chunk_tokens=8)
+    encoding = DocumentEncoding(runtime, prefix, ids, key)
+    polls = []
+
+    def pause_at_the_third_chunk() -> bool:
+        polls.append(encoding.done)
+        return len(polls) == 3
+
+    with pytest.raises(GenerationCancelled):
+        encoding.run(pause_at_the_third_chunk, chunk_tokens=8)
+    assert encoding.done == 16, "two chunks were encoded before the pause, and kept"
+    resumed = encoding.run(lambda: polls.append(encoding.done) and False, chunk_tokens=8)
+    assert polls[3] == 16, "the second run starts at the first token not encoded"
+    # The same chunks at the same positions: the same keys and values as an encode never paused.
+    assert torch.equal(resumed.keys, whole.keys) and torch.equal(resumed.values, whole.values)
+    assert resumed.token_ids == whole.token_ids and resumed.start == prefix.length
+
+
+def test_a_paused_encode_refuses_to_go_on_for_another_adapter(runtime, prefix):
+    from context.errors import GenerationCancelled
+    from context.squid.encode import DocumentEncoding
+
+    ids = runtime.encode(TEXTS[1] * 3)
+    encoding = DocumentEncoding(runtime, prefix, ids, document_key(runtime, prefix, TEXTS[1]))
+    with pytest.raises(GenerationCancelled):
+        encoding.run(lambda: encoding.done > 0, chunk_tokens=4)
+    runtime.adapter_id = "adapter-under-test"
+    try:
+        assert not encoding.current()
+        with pytest.raises(ValueError, match="another model or adapter"):
+            encoding.run()
+    finally:
+        runtime.adapter_id = None
+    assert encoding.current() and encoding.run().length == len(ids)

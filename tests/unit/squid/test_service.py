@@ -9,12 +9,14 @@ import time
 from dataclasses import replace
 
 import pytest
+import torch
 
 from agent.completion import CompletionRequest, complete
 from context.config import CompletionConfig, SquidCacheConfig
 from context.squid import Recovery
+from context.squid.encode import encode_document
 from context.squid.references import CompletionReferences, retrieval_query, select_references
-from context.squid.service import ReferenceDocument, SquidService, recovery_from_config
+from context.squid.service import BACKGROUND_CHUNK, ReferenceDocument, SquidService, recovery_from_config
 
 DOC_A = ReferenceDocument("# util.py\ndef clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n",
                           source="/w/util.py")
@@ -91,17 +93,48 @@ def test_a_request_starting_mid_encode_pauses_it_within_a_chunk(runtime, tmp_pat
         deadline = time.monotonic() + 60
         while not svc._inflight.is_set() and time.monotonic() < deadline:
             time.sleep(0.005)
+        time.sleep(0.3)  # a few chunks in
         with svc.foreground():
             started = time.monotonic()
             while svc._inflight.is_set() and time.monotonic() - started < 30:
                 time.sleep(0.005)
-            # The encoder gave up its place between two chunks and put the document back.
+            # The encoder gave up its place between two chunks and put the document back, with
+            # what it had encoded.
             assert not svc._inflight.is_set() and svc.encoded == 0
-            assert svc.stats()["queued"] == 1
+            assert svc.stats()["queued"] == 1 and svc.stats()["paused"] == 1
+            done = next(iter(svc._partial.values())).done
+            assert 0 < done < 400
             # ... and its thread ended: no live thread but the request's holds an OpenMP team.
             assert _encoder_thread_ends(svc)
         assert svc.wait_idle(180) and svc.encoded == 1
         assert _encoder_thread_ends(svc), "out of work, the encoder thread ends"
+        # It went on from where it paused, and what it stored is what an encode never paused gives.
+        stats = svc.stats()
+        assert stats["paused"] == 0 and stats["resumed_tokens"] >= done
+        ids, key = svc._tokens_and_key(svc.prefix(), long_doc)
+        stored = svc.store.get(key)
+        whole = encode_document(runtime, svc.prefix(), ids, key, chunk_tokens=BACKGROUND_CHUNK)
+        assert torch.equal(stored.keys, whole.keys) and torch.equal(stored.values, whole.values)
+    finally:
+        svc.stop()
+
+
+def test_a_paused_encode_of_a_changed_file_is_dropped(runtime, tmp_path):
+    long_doc = ReferenceDocument("y = 2\n" * 200, source="/w/changing.py")
+    svc = SquidService(runtime, replace(CONFIG, document_tokens=400), tmp_path)
+    try:
+        svc.schedule([long_doc])
+        deadline = time.monotonic() + 60
+        while not svc._inflight.is_set() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.3)
+        with svc.foreground():
+            while svc._inflight.is_set() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert svc.stats()["paused"] == 1
+            svc.invalidate_paths(["/w/changing.py"])
+            stats = svc.stats()
+            assert (stats["queued"], stats["paused"], stats["encoded"]) == (0, 0, 0)
     finally:
         svc.stop()
 
@@ -164,19 +197,19 @@ def test_text_read_before_its_file_changed_is_never_stored(service, tmp_path):
 def test_an_encode_running_when_its_file_changes_is_dropped(service, tmp_path, monkeypatch):
     import context.squid.service as service_module
 
-    real_encode = service_module.encode_document
+    real_encode = service_module.DocumentEncoding.run
 
     def encode_while_the_file_changes(*args, **kwargs):
         entry = real_encode(*args, **kwargs)
         service.invalidate_paths(["/w/util.py"])  # the watcher's event lands before the encode ends
         return entry
 
-    monkeypatch.setattr(service_module, "encode_document", encode_while_the_file_changes)
+    monkeypatch.setattr(service_module.DocumentEncoding, "run", encode_while_the_file_changes)
     # A request that waits still gets its context from the text it read ...
     ctx = service.context_for([DOC_A], wait=True, persist=True)
     assert ctx is not None and len(ctx.spans) == 1
     # ... but the old text's cache is kept in no tier.
-    monkeypatch.setattr(service_module, "encode_document", real_encode)
+    monkeypatch.setattr(service_module.DocumentEncoding, "run", real_encode)
     assert not service.store.contains(service._tokens_and_key(service.prefix(), DOC_A)[1])
     assert not list(tmp_path.rglob("*.safetensors"))
 
