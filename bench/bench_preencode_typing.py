@@ -152,7 +152,8 @@ def run(args) -> dict:
                                      site_gaps)
                     stats = service.stats()
                     results[mode].append({"site": number, "line": site[1].strip(), "rows": rows,
-                                          "encoded": stats["encoded"], "resumed_tokens": stats["resumed_tokens"],
+                                          "encoded": stats["encoded"],
+                                          "resumed_tokens": stats["resumed_tokens"],
                                           "thrown_away": getattr(service, "thrown_away", 0)})
                 finally:
                     service.stop()
