@@ -200,6 +200,81 @@ def test_the_window_is_warmed_after_references_not_encoded_yet(runtime, tmp_path
     service.stop()
 
 
+def _references_setup(runtime, text):
+    from context.config import SquidCacheConfig
+    from context.squid.references import CompletionReferences
+    from context.squid.service import SquidService
+
+    # No background encoder: a reference is encoded only when someone waits for it.
+    service = SquidService(runtime, SquidCacheConfig(document_tokens=64), None, start_thread=False)
+    open_documents = {"/w/units.py": "def to_metres(feet):\n    return feet * 0.3048\n", "/w/cur.py": text}
+    references = CompletionReferences(service, current_path="/w/cur.py", open_documents=open_documents,
+                                      search=None, symbols=lambda names, limit: [])
+    return service, references
+
+
+def test_newer_references_wait_for_the_warm_instead_of_costing_a_keystroke_its_window(runtime):
+    """References that became ready since the window was built (a document encoded, a new name's
+    definition) would cost the keystroke its window, cut to the keystroke budget: it reads the ones
+    its window follows and says so; the warm brings the new ones in for the next keystroke."""
+    text = CODE + "\n\ndef stride(feet):\n    return to_metres(feet) + margin("
+    service, references = _references_setup(runtime, text)
+    config = CompletionConfig(max_tokens=8, keystroke_prefill_tokens=256, prefix_tokens=1024)
+    typed = [CompletionRequest(text + "f" * n, len(text) + n, "python", "/w/cur.py") for n in range(4)]
+    runtime.forget_prefix()
+    assert warm_window(runtime, typed[0], config, references=references) is True
+    first = complete(runtime, typed[0], config, references=references)
+    assert first.reference_tokens > 0 and first.dropped_tokens == 0 and not first.deferred_references
+    # A second open file defines `margin`: its definition is encoded (as the background encoder would).
+    references.open_documents["/w/layout.py"] = "def margin(width):\n    return width // 10\n"
+    assert references.compose(text, wait=True) is not None
+    second = complete(runtime, typed[1], config, references=references)
+    assert second.deferred_references and second.dropped_tokens == 0
+    assert second.reference_tokens == first.reference_tokens  # still the window's references
+    assert [r.path for r in second.prompt.references] == ["/w/units.py"]
+    # While the editor idles the window is warmed after both; the next keystroke reads both.
+    assert warm_window(runtime, typed[2], config, references=references) is True
+    third = complete(runtime, typed[3], config, references=references)
+    assert not third.deferred_references and third.dropped_tokens == 0
+    assert sorted(r.path for r in third.prompt.references) == ["/w/layout.py", "/w/units.py"]
+    assert third.reference_tokens > first.reference_tokens
+    service.stop()
+
+
+def test_references_the_window_follows_are_not_read_once_their_file_changed(runtime):
+    text = CODE + "\n\ndef stride(feet):\n    return to_metres(feet) + margin("
+    service, references = _references_setup(runtime, text)
+    config = CompletionConfig(max_tokens=8, keystroke_prefill_tokens=256, prefix_tokens=1024)
+    request = CompletionRequest(text, len(text), "python", "/w/cur.py")
+    runtime.forget_prefix()
+    assert warm_window(runtime, request, config, references=references) is True
+    references.open_documents["/w/layout.py"] = "def margin(width):\n    return width // 10\n"
+    assert references.compose(text, wait=True) is not None
+    service.invalidate_paths(["/w/units.py"])  # the file the window's reference came from changed
+    answer = complete(runtime, request, config, references=references)
+    assert not answer.deferred_references
+    assert [r.path for r in answer.prompt.references] == ["/w/layout.py"]  # the one still cached
+    assert answer.dropped_tokens > 0  # a new window, cut to the keystroke budget
+    service.stop()
+
+
+def test_references_arriving_after_a_window_without_any_wait_for_the_warm(runtime):
+    text = CODE + "\n\ndef stride(feet):\n    return to_metres("
+    service, references = _references_setup(runtime, text)
+    config = CompletionConfig(max_tokens=8, keystroke_prefill_tokens=256, prefix_tokens=1024)
+    request = CompletionRequest(text, len(text), "python", "/w/cur.py")
+    runtime.forget_prefix()
+    assert warm_window(runtime, request, config) is True  # the window, before any reference was ready
+    assert references.compose(text, wait=True) is not None
+    answer = complete(runtime, request, config, references=references)
+    assert answer.deferred_references and answer.reference_tokens == 0 and answer.dropped_tokens == 0
+    # Where neither is held, the keystroke reads its own references.
+    runtime.forget_prefix()
+    cold = complete(runtime, request, config, references=references)
+    assert not cold.deferred_references and cold.reference_tokens > 0 and cold.dropped_tokens > 0
+    service.stop()
+
+
 # A method whose neighbours open with docstrings: the model opens one too.
 DOCSTRING_STYLE = '''class Inventory:
     """Items on hand, by name."""
