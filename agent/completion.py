@@ -26,6 +26,7 @@ from context.boundary import (
 from context.config import CompletionConfig
 from context.errors import GenerationCancelled, SquidcodeError
 from context.fim import FimFormat, resolve, trim_suffix
+from context.foreground import foreground_busy
 from context.prompt_record import CHARS_PER_TOKEN_CEILING, ReferenceIdentity, ServedPrompt, window_ids
 from context.runtime import ModelRuntime
 
@@ -184,13 +185,19 @@ def _keystroke_references(runtime: ModelRuntime, references, fresh: _References,
     return follows, True
 
 
-def _reference_cache(references, prefix: str, wait: bool = False) -> _References:
+def _reference_cache(references, prefix: str, wait: bool = False, should_pause=None) -> _References:
     """A private cache of the Squid-composed reference documents (an empty one without any);
-    `wait`: with every reference, the ones not encoded yet encoded first."""
+    `wait`: with every reference, the ones not encoded yet encoded first, giving way (raising
+    GenerationCancelled) when `should_pause` turns true."""
     if references is None:
         return _References()
     try:
-        composed = references.compose(prefix, wait=wait)
+        if should_pause is None:
+            composed = references.compose(prefix, wait=wait)
+        else:
+            composed = references.compose(prefix, wait=wait, should_pause=should_pause)
+    except GenerationCancelled:
+        raise
     except (SquidcodeError, RuntimeError, ValueError, OSError) as exc:
         # References only improve a completion; one that cannot have them still gets one.
         log.warning("squid: reference documents unavailable (%s); completing without them", exc)
@@ -243,7 +250,13 @@ def _warm(runtime, request, config, references, should_stop) -> bool:
     # queued for the background encoder encoded here first: warmed after the ready ones only, the
     # window no longer matched once the rest were ready, and the next keystroke answered from a
     # `keystroke_prefill_tokens` window (seen on real code: half the file context lost to Squid).
-    composed = _reference_cache(references, ctx.prefix, wait=True)
+    # Those encodes give way to the next keystroke as the window's prefill does, keeping their work.
+    stop = should_stop or (lambda: False)
+    try:
+        composed = _reference_cache(references, ctx.prefix, wait=True,
+                                    should_pause=lambda: foreground_busy() or stop())
+    except GenerationCancelled:
+        return False
     return _reading(runtime, references, composed).warm(list(prompt.ids), past=composed.cache,
                                                         should_stop=should_stop)
 

@@ -4,9 +4,12 @@
 The pre-encoder works while no request holds the model. A user typing leaves it the gaps between
 keystrokes: short ones within a word, longer ones while thinking. Before 35125dd a request that
 paused an encode threw its chunks away, so a document needed one gap as long as its whole encode
-(2.3 s for 512 tokens on two cores); now a paused encode goes on from where it stopped. This bench
-types the same lines with the same gaps both ways, side by side, and reports how soon the
-references reach a completion and how much encoding was thrown away.
+(2.3 s for 512 tokens on two cores); now a paused encode goes on from where it stopped. And when
+a keystroke's references change (a document finished encoding), reading them costs the window
+after them prefilled again; since c1a3718 a keystroke reads the references its window follows
+and the idle-time warm brings the new ones in. This bench types the same lines with the same gaps
+each way, side by side, and reports how soon the references reach a completion, how much encoding
+was thrown away, and what the keystrokes cost.
 
 A third-party package (`sqlite_utils` by default) is copied into a temporary workspace and indexed
 (no watcher, no embeddings); at `--sites` lines spread over the typed file (lines that use a name
@@ -14,10 +17,15 @@ the file imports from its package), the user has just opened the file (a fresh S
 document encoded, memory tier only) and types `--chars` characters, one completion
 (`agent.completion.complete` with `CompletionReferences`, as the server makes them) per keystroke,
 then the next keystroke after a gap drawn with the site's seed: 0.15-0.35 s, or with probability
-`--pause-share` a pause of 0.8-2.0 s. Both modes see the same gaps; their order alternates by site.
+`--pause-share` a pause of 0.8-2.0 s. After a keystroke answered from a shortened window or with
+newer references deferred, the window is warmed during the gap, as the server does, and gives way
+when the next keystroke comes (`context.foreground`). Every mode sees the same gaps; their order
+rotates by site.
 
-- resume: the product (a paused encode goes on);
-- restart: a paused encode starts over (the behaviour before; `SquidService._encoding` overridden).
+- product: a paused encode goes on; newer references wait for the warm;
+- no_defer: a paused encode goes on; a keystroke reads its newer references at once (the
+  behaviour of 35125dd: `agent.completion.DEFER_REFERENCES_TOKENS` raised past any window);
+- restart: neither (the behaviour before this work; `SquidService._encoding` overridden too).
 
     python bench/bench_preencode_typing.py [--package sqlite_utils] [--file db.py] [--sites 6]
         [--chars 24] [--seed 0] [--json FILE]
@@ -32,7 +40,9 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,7 +57,7 @@ from bench.bench_squid_keystroke import (  # noqa: E402
     typing_sites,
 )
 
-MODES = ("resume", "restart")
+MODES = ("product", "no_defer", "restart")
 
 
 def gaps(seed: int, count: int, pause_share: float) -> list[float]:
@@ -75,27 +85,70 @@ def service_for(mode: str, runtime, config):
     return (RestartingService if mode == "restart" else SquidService)(runtime, config, None)
 
 
+@contextmanager
+def reading_at_once(mode: str):
+    """For the modes before c1a3718: no keystroke defers its newer references."""
+    import agent.completion as completion
+
+    kept = completion.DEFER_REFERENCES_TOKENS
+    if mode != "product":
+        completion.DEFER_REFERENCES_TOKENS = 1 << 30
+    try:
+        yield
+    finally:
+        completion.DEFER_REFERENCES_TOKENS = kept
+
+
+class IdleWarm:
+    """The server's idle-time warm of the completion window, on a thread, until the next keystroke."""
+
+    def __init__(self):
+        self.thread: threading.Thread | None = None
+
+    def start(self, runtime, request, config, references) -> None:
+        from agent.completion import warm_window
+
+        self.thread = threading.Thread(target=warm_window, args=(runtime, request, config, references),
+                                       daemon=True)
+        self.thread.start()
+
+    def give_way(self) -> None:
+        """Called inside the keystroke's `foreground()`: the warm stops at its next chunk."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+
+
 def type_site(runtime, service, index, root: Path, typed: Path, opened: dict[str, str], text: str,
               site: tuple[int, str, int], chars: int, site_gaps: list[float]) -> list[dict]:
     from agent.completion import CompletionRequest, complete
     from context.config import CompletionConfig
+    from context.foreground import foreground
     from context.squid.references import CompletionReferences
 
     start, line, column = site
     rest = text[start + len(line):]
     references = references_as_served(CompletionReferences, service, str(typed), opened, index, root)
     config = CompletionConfig(debounce_ms=0)
-    rows, began = [], time.perf_counter()
+    rows, began, warm = [], time.perf_counter(), IdleWarm()
     for typed_chars in range(1, chars + 1):
         cursor = start + min(column + typed_chars, len(line))
         request = CompletionRequest(text[:cursor] + rest, cursor, "python", path=str(typed))
         asked = time.perf_counter()
-        completion = complete(runtime, request, config, references=references)
+        with foreground():
+            warm.give_way()
+            completion = complete(runtime, request, config, references=references)
         rows.append({"keystroke": typed_chars, "at_s": round(asked - began, 3),
                      "latency_s": round(time.perf_counter() - asked, 3),
                      "reference_tokens": completion.reference_tokens if completion else 0,
-                     "references": len(completion.prompt.references) if completion else 0})
+                     "references": len(completion.prompt.references) if completion else 0,
+                     "dropped_tokens": completion.dropped_tokens if completion else 0,
+                     "deferred": bool(completion and completion.deferred_references)})
+        if completion is None or completion.dropped_tokens or completion.deferred_references:
+            warm.start(runtime, request, config, references)
         time.sleep(site_gaps[typed_chars - 1])
+    with foreground():
+        warm.give_way()
     return rows
 
 
@@ -113,6 +166,10 @@ def summarise(sites: list[dict]) -> dict:
         "reference_tokens_median": statistics.median(r["reference_tokens"] for r in rows),
         "latency_p50_s": percentile([r["latency_s"] for r in rows], 50),
         "latency_p95_s": percentile([r["latency_s"] for r in rows], 95),
+        "typing_p95_s": percentile([r["latency_s"] for r in rows if r["keystroke"] > 1], 95),
+        "typing_max_s": max((r["latency_s"] for r in rows if r["keystroke"] > 1), default=0.0),
+        "shortened_windows": sum(bool(r.get("dropped_tokens")) for r in rows if r["keystroke"] > 1),
+        "deferred": sum(bool(r.get("deferred")) for r in rows),
         "documents_encoded": sum(site["encoded"] for site in sites),
         "tokens_resumed": sum(site["resumed_tokens"] for site in sites),
         "tokens_thrown_away": sum(site["thrown_away"] for site in sites),
@@ -144,12 +201,13 @@ def run(args) -> dict:
         results: dict[str, list[dict]] = {mode: [] for mode in MODES}
         for number, site in enumerate(sites):
             site_gaps = gaps(args.seed * 1000 + number, args.chars, args.pause_share)
-            for mode in MODES if number % 2 == 0 else tuple(reversed(MODES)):
+            for mode in MODES[number % len(MODES):] + MODES[:number % len(MODES)]:
                 service = service_for(mode, runtime, squid)
                 runtime.forget_prefix()  # the file was just opened: nothing of it is prefilled
                 try:
-                    rows = type_site(runtime, service, index, root, typed, opened, text, site, args.chars,
-                                     site_gaps)
+                    with reading_at_once(mode):
+                        rows = type_site(runtime, service, index, root, typed, opened, text, site,
+                                         args.chars, site_gaps)
                     stats = service.stats()
                     results[mode].append({"site": number, "line": site[1].strip(), "rows": rows,
                                           "encoded": stats["encoded"],

@@ -223,10 +223,10 @@ class TimedReferences:
     def foreground(self):
         return self.inner.foreground()
 
-    def compose(self, prefix_text: str, *, wait: bool = False):
+    def compose(self, prefix_text: str, *, wait: bool = False, **kwargs):
         began = time.perf_counter()
         try:
-            return self.inner.compose(prefix_text, wait=wait)
+            return self.inner.compose(prefix_text, wait=wait, **kwargs)
         finally:
             self.probe.times["reference_total"] = (self.probe.times.get("reference_total", 0.0)
                                                    + time.perf_counter() - began)

@@ -630,10 +630,11 @@ class CompletionReferences:
         """A composition handed out lately, while still valid (`SquidService.recent`)."""
         return self.service.recent(identity)
 
-    def compose(self, prefix_text: str, *, wait: bool = False) -> ComposedContext | None:
+    def compose(self, prefix_text: str, *, wait: bool = False, should_pause=None) -> ComposedContext | None:
         """The ready references composed (the missing ones queued for the background encoder), or
-        with `wait` every reference, the missing ones encoded here first."""
+        with `wait` every reference, the missing ones encoded here first (GenerationCancelled when
+        `should_pause` turns true meanwhile: `SquidService.context_for`)."""
         documents = self.documents(prefix_text)
         if not documents:
             return None
-        return self.service.context_for(documents, wait=wait)
+        return self.service.context_for(documents, wait=wait, should_pause=should_pause)

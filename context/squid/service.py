@@ -132,9 +132,12 @@ class SquidService:
 
     def context_for(self, documents: list[ReferenceDocument], *, wait: bool = False,
                     recovery: Recovery | None = None, persist: bool = False,
-                    fresh: bool = False) -> ComposedContext | None:
+                    fresh: bool = False, should_pause=None) -> ComposedContext | None:
         """The composed context of the ready `documents` (missing ones queued, or encoded when
         `wait`, and then also written to the disk tier when `persist`); None when none is ready.
+
+        `should_pause`: polled between the chunks of a `wait` encode; when it turns true the encode
+        stops (what it encoded is kept for the next one) and GenerationCancelled is raised.
 
         `fresh`: composed from the documents alone, as by a service that served nothing before (no
         copy from the last composition, which is kept as it was): the trainer's composition of a
@@ -148,7 +151,7 @@ class SquidService:
                 continue
             entry = self.store.get(key)
             if entry is None and wait:
-                entry = self._encode(prefix, ids, key, doc.source, epoch=epoch, persist=persist)
+                entry = self._encode(prefix, ids, key, doc.source, should_pause, epoch=epoch, persist=persist)
             if entry is None:
                 self._enqueue(key, ids, doc.source, epoch)
                 continue

@@ -275,6 +275,48 @@ def test_references_arriving_after_a_window_without_any_wait_for_the_warm(runtim
     service.stop()
 
 
+def test_the_warms_reference_encodes_give_way_and_keep_their_work(runtime, monkeypatch):
+    """A warm encodes the references not encoded yet before the window; those encodes stop for the
+    next keystroke as the prefill does, and the next warm goes on from where they stopped."""
+    from context.config import SquidCacheConfig
+    from context.squid.encode import DocumentEncoding
+    from context.squid.references import CompletionReferences
+    from context.squid.service import SquidService
+
+    units = "def to_metres(feet):\n" + "".join(f"    step_{i} = feet * {i}\n" for i in range(60))
+    text = CODE + "\n\ndef stride(feet):\n    return to_metres("
+    service = SquidService(runtime, SquidCacheConfig(document_tokens=512), None, start_thread=False)
+    # Open files composed whole (no symbols): one long reference.
+    references = CompletionReferences(service, current_path="/w/cur.py",
+                                      open_documents={"/w/units.py": units, "/w/cur.py": text},
+                                      search=None)
+    config = CompletionConfig(max_tokens=8, keystroke_prefill_tokens=256, prefix_tokens=1024)
+    request = CompletionRequest(text, len(text), "python", "/w/cur.py")
+    runtime.forget_prefix()
+
+    def a_keystroke_comes() -> bool:  # the next keystroke, once the encode is under way
+        return any(encoding.done for encoding in encodings)
+
+    encodings = []
+    real = DocumentEncoding.run
+
+    def watched(self, *args, **kwargs):
+        encodings.append(self)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DocumentEncoding, "run", watched)
+    stopped = warm_window(runtime, request, config, references=references, should_stop=a_keystroke_comes)
+    assert stopped is False
+    assert service.stats()["paused"] == 1 and service.encoded == 0
+    done = next(iter(service._partial.values())).done
+    assert done > 0
+    assert warm_window(runtime, request, config, references=references) is True
+    assert service.encoded == 1 and service.stats()["resumed_tokens"] == done
+    answer = complete(runtime, request, config, references=references)
+    assert answer.reference_tokens > 200 and answer.dropped_tokens == 0
+    service.stop()
+
+
 # A method whose neighbours open with docstrings: the model opens one too.
 DOCSTRING_STYLE = '''class Inventory:
     """Items on hand, by name."""
