@@ -75,9 +75,6 @@ class Completion:
     # What answered: "local" (this process's model), or a completion server's backend:model.
     served_by: str = "local"
     cached_tokens: int = 0  # prompt tokens a completion server took from its prompt cache
-    # Newer references were ready but would have cost this keystroke a new window: it read the ones
-    # its window follows, and the idle-time warm (`warm_window`) brings the new ones in.
-    deferred_references: bool = False
 
     @property
     def reference_tokens(self) -> int:
@@ -149,40 +146,6 @@ def _reading(runtime: ModelRuntime, references, composed: _References) -> ModelR
     if composed.cache is None or reader is None or runtime.adapter_id is not None:
         return runtime
     return reader
-
-
-# A keystroke's references change when a document finishes encoding or a newly typed name needs a
-# definition. Read at once, they cost the window after them prefilled again, cut to the keystroke's
-# budget: the slowest typing keystrokes with references (`bench/bench_preencode_typing.py`). Where
-# they would cost more than this many tokens of prefill and the references the window follows cost
-# at most this many, the keystroke reads those.
-DEFER_REFERENCES_TOKENS = 64
-
-
-def _keystroke_references(runtime: ModelRuntime, references, fresh: _References,
-                          prompt_ids: list[int]) -> tuple[_References, bool]:
-    """The references a keystroke reads: `fresh` (its own), or the ones the cached window follows
-    while `fresh` would need a new window; and whether it deferred `fresh` so."""
-    recent = getattr(references, "recent", None)
-    if recent is None:
-        return fresh, False
-    model = _reading(runtime, references, fresh)
-    if model.prefill_needed(prompt_ids, fresh.cache) <= DEFER_REFERENCES_TOKENS:
-        return fresh, False
-    held = model.window_past()
-    if held is None:
-        follows = _References()  # the window was built without references
-    else:
-        composed = recent(held[0])
-        if composed is None or composed is fresh.composed:
-            return fresh, False
-        follows = _References(composed.new_cache(), composed.offset, composed)
-    if _reading(runtime, references, follows).prefill_needed(prompt_ids, follows.cache) \
-            > DEFER_REFERENCES_TOKENS:
-        return fresh, False
-    log.info("squid: newer references wait for the idle-time warm (%d reference tokens read, %d ready)",
-             follows.tokens, fresh.tokens)
-    return follows, True
 
 
 def _reference_cache(references, prefix: str, wait: bool = False, should_pause=None) -> _References:
@@ -268,9 +231,6 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
     prompt_ids, heal = list(prompt.ids), prompt.heal
     stop = _stops(ctx, config, request.language)
     composed = _reference_cache(references, ctx.prefix)
-    deferred = False
-    if config.keystroke_prefill_tokens != 0:  # 0: every keystroke prefills its whole window anyway
-        composed, deferred = _keystroke_references(runtime, references, composed, prompt_ids)
     model = _reading(runtime, references, composed)
     if model is not runtime:
         log.info("squid: the composition read through the reader %s", model.reader_id)
@@ -315,7 +275,6 @@ def _complete(runtime, request, config, should_stop, references) -> Completion |
         stop_reason=reason,
         prompt=replace(prompt, stop=stop, dropped_tokens=result.dropped_tokens,
                        **composed.served(runtime.decode), reader=getattr(model, "reader_id", None) or ""),
-        deferred_references=deferred,
     )
 
 

@@ -4,11 +4,9 @@
 The pre-encoder works while no request holds the model. A user typing leaves it the gaps between
 keystrokes: short ones within a word, longer ones while thinking. Before 35125dd a request that
 paused an encode threw its chunks away, so a document needed one gap as long as its whole encode
-(2.3 s for 512 tokens on two cores); now a paused encode goes on from where it stopped. And when
-a keystroke's references change (a document finished encoding), reading them costs the window
-after them prefilled again; since c1a3718 a keystroke reads the references its window follows
-and the idle-time warm brings the new ones in. This bench types the same lines with the same gaps
-each way, side by side, and reports how soon the references reach a completion, how much encoding
+(2.3 s for 512 tokens on two cores); now a paused encode goes on from where it stopped, in the
+background and in the idle-time warm alike. This bench types the same lines with the same gaps
+both ways, side by side, and reports how soon the references reach a completion, how much encoding
 was thrown away, and what the keystrokes cost.
 
 A third-party package (`sqlite_utils` by default) is copied into a temporary workspace and indexed
@@ -19,13 +17,11 @@ document encoded, memory tier only) and types `--chars` characters, one completi
 then the next keystroke after a gap drawn with the site's seed: 0.15-0.35 s, or with probability
 `--pause-share` a pause of 0.8-2.0 s. After a keystroke answered from a shortened window or with
 newer references deferred, the window is warmed during the gap, as the server does, and gives way
-when the next keystroke comes (`context.foreground`). Every mode sees the same gaps; their order
-rotates by site.
+when the next keystroke comes (`context.foreground`). Both modes see the same gaps; their order
+alternates by site.
 
-- product: a paused encode goes on; newer references wait for the warm;
-- no_defer: a paused encode goes on; a keystroke reads its newer references at once (the
-  behaviour of 35125dd: `agent.completion.DEFER_REFERENCES_TOKENS` raised past any window);
-- restart: neither (the behaviour before this work; `SquidService._encoding` overridden too).
+- product: a paused encode goes on;
+- restart: a paused encode starts over (the behaviour before; `SquidService._encoding` overridden).
 
     python bench/bench_preencode_typing.py [--package sqlite_utils] [--file db.py] [--sites 6]
         [--chars 24] [--seed 0] [--json FILE]
@@ -42,7 +38,6 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,7 +52,7 @@ from bench.bench_squid_keystroke import (  # noqa: E402
     typing_sites,
 )
 
-MODES = ("product", "no_defer", "restart")
+MODES = ("product", "restart")
 
 
 def gaps(seed: int, count: int, pause_share: float) -> list[float]:
@@ -83,20 +78,6 @@ def service_for(mode: str, runtime, config):
             return DocumentEncoding(self.runtime, prefix, ids, key, source=source)
 
     return (RestartingService if mode == "restart" else SquidService)(runtime, config, None)
-
-
-@contextmanager
-def reading_at_once(mode: str):
-    """For the modes before c1a3718: no keystroke defers its newer references."""
-    import agent.completion as completion
-
-    kept = completion.DEFER_REFERENCES_TOKENS
-    if mode != "product":
-        completion.DEFER_REFERENCES_TOKENS = 1 << 30
-    try:
-        yield
-    finally:
-        completion.DEFER_REFERENCES_TOKENS = kept
 
 
 class IdleWarm:
@@ -142,9 +123,8 @@ def type_site(runtime, service, index, root: Path, typed: Path, opened: dict[str
                      "latency_s": round(time.perf_counter() - asked, 3),
                      "reference_tokens": completion.reference_tokens if completion else 0,
                      "references": len(completion.prompt.references) if completion else 0,
-                     "dropped_tokens": completion.dropped_tokens if completion else 0,
-                     "deferred": bool(completion and completion.deferred_references)})
-        if completion is None or completion.dropped_tokens or completion.deferred_references:
+                     "dropped_tokens": completion.dropped_tokens if completion else 0})
+        if completion is None or completion.dropped_tokens:
             warm.start(runtime, request, config, references)
         time.sleep(site_gaps[typed_chars - 1])
     with foreground():
@@ -169,7 +149,6 @@ def summarise(sites: list[dict]) -> dict:
         "typing_p95_s": percentile([r["latency_s"] for r in rows if r["keystroke"] > 1], 95),
         "typing_max_s": max((r["latency_s"] for r in rows if r["keystroke"] > 1), default=0.0),
         "shortened_windows": sum(bool(r.get("dropped_tokens")) for r in rows if r["keystroke"] > 1),
-        "deferred": sum(bool(r.get("deferred")) for r in rows),
         "documents_encoded": sum(site["encoded"] for site in sites),
         "tokens_resumed": sum(site["resumed_tokens"] for site in sites),
         "tokens_thrown_away": sum(site["thrown_away"] for site in sites),
@@ -201,13 +180,12 @@ def run(args) -> dict:
         results: dict[str, list[dict]] = {mode: [] for mode in MODES}
         for number, site in enumerate(sites):
             site_gaps = gaps(args.seed * 1000 + number, args.chars, args.pause_share)
-            for mode in MODES[number % len(MODES):] + MODES[:number % len(MODES)]:
+            for mode in MODES if number % 2 == 0 else tuple(reversed(MODES)):
                 service = service_for(mode, runtime, squid)
                 runtime.forget_prefix()  # the file was just opened: nothing of it is prefilled
                 try:
-                    with reading_at_once(mode):
-                        rows = type_site(runtime, service, index, root, typed, opened, text, site,
-                                         args.chars, site_gaps)
+                    rows = type_site(runtime, service, index, root, typed, opened, text, site, args.chars,
+                                     site_gaps)
                     stats = service.stats()
                     results[mode].append({"site": number, "line": site[1].strip(), "rows": rows,
                                           "encoded": stats["encoded"],

@@ -795,31 +795,6 @@ class ModelRuntime:
         log.info("warmed a %d-token window in %.2fs", len(prompt_ids), time.perf_counter() - started)
         return True
 
-    def prefill_needed(self, prompt: list[int], past=None) -> int:
-        """How many of `prompt`'s tokens a generation after `past` would prefill now (no
-        `prefill_limit`): all of them unless the window cached holds `past` (or, without one, holds
-        none), else those after what the cached window already begins with."""
-        from .decode import KVCache
-
-        with self._lock:
-            cache = self._cache
-            if not isinstance(cache, KVCache) or not prompt:
-                return len(prompt)
-            if (not cache.holds_past(past)) if past is not None else cache.past_length:
-                return len(prompt)
-            head, kept, common = _plan_prefill(cache.ids, prompt, reuse=self.config.reuse_prefix,
-                                               slack=self.config.reuse_slack_tokens, limit=0)
-            return max(len(head) + len(kept) - common, 1)  # the last token always runs again
-
-    def window_past(self) -> tuple[int, int] | None:
-        """The `squid_identity` (a composition's identity, its length) of what the cached window
-        follows; None: no composition (or the window follows none)."""
-        from .decode import KVCache
-
-        with self._lock:
-            cache = self._cache
-            return cache.past_identity if isinstance(cache, KVCache) and cache.past_length else None
-
     def _held(self, cache, prompt_ids: list[int], past) -> bool:
         """Whether `cache` holds `past` and all of `prompt_ids` but (at most) its last token."""
         if past is not None and not cache.holds_past(past):

@@ -345,12 +345,10 @@ class SquidServer(LanguageServer):
                 if work is None:
                     return None
                 result, references = await work
-            if ((result is None or result.dropped_tokens or result.deferred_references)
-                    and self.supersede.is_current(uri, pending)
+            if ((result is None or result.dropped_tokens) and self.supersede.is_current(uri, pending)
                     and not self.stopping.is_set()):
-                # A shorter window answered this keystroke, or newer references wait: the whole
-                # window (after every reference) is prefilled while the editor is idle, and gives
-                # way as soon as the next completion waits.
+                # A shorter window answered this keystroke: the whole one is prefilled while the
+                # editor is idle, and gives way as soon as the next completion waits.
                 self.run_model_work(self._warm_window, runtime, request, references)
             return result
         except asyncio.CancelledError:

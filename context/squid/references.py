@@ -626,10 +626,6 @@ class CompletionReferences:
             roots=self.roots,
         )
 
-    def recent(self, identity: int) -> ComposedContext | None:
-        """A composition handed out lately, while still valid (`SquidService.recent`)."""
-        return self.service.recent(identity)
-
     def compose(self, prefix_text: str, *, wait: bool = False, should_pause=None) -> ComposedContext | None:
         """The ready references composed (the missing ones queued for the background encoder), or
         with `wait` every reference, the missing ones encoded here first (GenerationCancelled when

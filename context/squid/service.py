@@ -39,9 +39,6 @@ _QUEUE_LIMIT = 64
 # Paused encodes kept to go on from (each holds its document's keys and values so far, ~50 KiB a
 # token for the embedded model); the oldest is dropped beyond this.
 _PARTIAL_LIMIT = 4
-# Compositions handed out lately, kept by identity: a keystroke may go on reading the one its window
-# was built after (`agent.completion`); the newest and the one before it.
-_RECENT_LIMIT = 2
 _MIB = 1 << 20
 
 
@@ -82,7 +79,6 @@ class SquidService:
         )
         self._prefix: PrefixKV | None = None
         self._last: tuple[tuple, ComposedContext] | None = None
-        self._recent: OrderedDict[int, ComposedContext] = OrderedDict()
         self._lock = threading.Lock()
         self._cond = threading.Condition()
         self._queue: OrderedDict[CacheKey, tuple[list[int], str | None, int]] = OrderedDict()
@@ -173,21 +169,6 @@ class SquidService:
                            previous=last[1] if last is not None else None)
         with self._lock:
             self._last = (signature, composed)
-            self._recent[composed.identity] = composed
-            while len(self._recent) > _RECENT_LIMIT:
-                self._recent.popitem(last=False)
-        return composed
-
-    def recent(self, identity: int) -> ComposedContext | None:
-        """A composition this service handed out lately (`ComposedContext.identity`), while it still
-        says what its documents say: each of them still cached (a changed file drops its caches) and
-        the shared prefix the current model's; None otherwise."""
-        with self._lock:
-            composed = self._recent.get(identity)
-        if composed is None or composed.prefix_hash != self.prefix().hash:
-            return None
-        if not all(self.store.contains(key) for key in composed.document_keys):
-            return None
         return composed
 
     def schedule(self, documents: list[ReferenceDocument], *, epoch: int | None = None) -> int:
