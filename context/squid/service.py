@@ -226,10 +226,11 @@ class SquidService:
         try:
             entry = encoding.run(should_pause, **kwargs)
         except GenerationCancelled:
-            with self._cond:
-                self._partial[key] = encoding
-                while len(self._partial) > _PARTIAL_LIMIT:
-                    self._partial.popitem(last=False)
+            with self._store_lock, self._cond:
+                if not self._stale(source, epoch):  # its file changed meanwhile: nothing to go on from
+                    self._partial[key] = encoding
+                    while len(self._partial) > _PARTIAL_LIMIT:
+                        self._partial.popitem(last=False)
             raise
         self.encoded += 1
         with self._store_lock:

@@ -139,6 +139,35 @@ def test_a_paused_encode_of_a_changed_file_is_dropped(runtime, tmp_path):
         svc.stop()
 
 
+def test_an_encode_paused_after_its_file_changed_is_not_kept(runtime, tmp_path):
+    from context.errors import GenerationCancelled
+
+    svc = SquidService(runtime, replace(CONFIG, document_tokens=400), tmp_path, start_thread=False)
+    try:
+        doc = ReferenceDocument("z = 3\n" * 100, source="/w/moving.py")
+        epoch = svc.epoch()
+        ids, key = svc._tokens_and_key(svc.prefix(), doc)
+        polls = []
+
+        def the_file_changes_then_a_request_comes() -> bool:
+            polls.append(1)
+            if len(polls) == 2:
+                svc.invalidate_paths(["/w/moving.py"])
+            return len(polls) == 3
+
+        with pytest.raises(GenerationCancelled):
+            svc._encode(svc.prefix(), ids, key, doc.source, the_file_changes_then_a_request_comes,
+                        BACKGROUND_CHUNK, epoch=epoch)
+        assert svc.stats()["paused"] == 0
+        # Paused before any change, it is kept.
+        with pytest.raises(GenerationCancelled):
+            svc._encode(svc.prefix(), ids, key, doc.source, lambda: len(polls) > 3 or polls.append(1),
+                        BACKGROUND_CHUNK, epoch=svc.epoch())
+        assert svc.stats()["paused"] == 1
+    finally:
+        svc.stop()
+
+
 def _encoder_thread_ends(service: SquidService, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
