@@ -46,8 +46,8 @@ if str(REPO) not in sys.path:
 
 from bench.bench_foundation import cpu_info, loadavg, percentile  # noqa: E402
 from bench.bench_squid_keystroke import (  # noqa: E402
-    copy_package,
     imported_names,
+    indexed_workspace,
     references_as_served,
     typing_sites,
 )
@@ -156,24 +156,12 @@ def summarise(sites: list[dict]) -> dict:
 
 
 def run(args) -> dict:
-    from context.config import IndexConfig, ModelConfig, SquidCacheConfig, default_cache_dir
-    from context.index.service import IndexService
+    from context.config import ModelConfig, SquidCacheConfig, default_cache_dir
     from context.runtime import get_runtime
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-preencode-typing-"))
     try:
-        root = tmp / "ws"
-        package = copy_package(args.package, root)
-        typed = package / args.file
-        text = typed.read_text()
-        opened = {str(typed): text}
-        for name in filter(None, args.open.split(",")):
-            opened[str(package / name)] = (package / name).read_text()
-        index = IndexService([root], IndexConfig(watch=False, debounce_ms=0, embeddings=False),
-                             db_path=tmp / "index.sqlite3")
-        index.start()
-        if not index.wait_until_indexed(300):
-            raise SystemExit("the index did not finish")
+        root, typed, text, opened, index = indexed_workspace(tmp, args.package, args.file, args.open)
         runtime = get_runtime(ModelConfig(), default_cache_dir())
         squid = SquidCacheConfig(cache_dir=None)
         sites = typing_sites(text, args.sites, args.chars, imported_names(text, args.package))

@@ -282,29 +282,39 @@ def paired(rows: dict[str, list[dict]]) -> dict:
     return {"all": medians(pairs), "with_references": medians(referenced)}
 
 
+def indexed_workspace(tmp: Path, package_name: str, file: str, open_names: str):
+    """`package_name` copied under `tmp`/ws and indexed (no watcher, no embeddings): the workspace
+    root, the typed file and its text, the documents open in the editor (it and `open_names`,
+    comma-separated siblings), and the started `IndexService`."""
+    from context.config import IndexConfig
+    from context.index.service import IndexService
+
+    root = tmp / "ws"
+    package = copy_package(package_name, root)
+    typed = package / file
+    text = typed.read_text()
+    opened = {str(typed): text}
+    for name in filter(None, open_names.split(",")):
+        opened[str(package / name)] = (package / name).read_text()
+    progress(f"indexing {package} ({len(list(package.glob('*.py')))} files)")
+    index = IndexService([root], IndexConfig(watch=False, debounce_ms=0, embeddings=False),
+                         db_path=tmp / "index.sqlite3")
+    index.start()
+    if not index.wait_until_indexed(300):
+        raise SystemExit("the index did not finish")
+    return root, typed, text, opened, index
+
+
 def run(args) -> dict:
     from agent.completion import CompletionRequest, warm_window
-    from context.config import CompletionConfig, IndexConfig, ModelConfig, SquidCacheConfig, default_cache_dir
-    from context.index.service import IndexService
+    from context.config import CompletionConfig, ModelConfig, SquidCacheConfig, default_cache_dir
     from context.runtime import get_runtime
     from context.squid.references import CompletionReferences
     from context.squid.service import SquidService
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-squid-keystroke-"))
     try:
-        root = tmp / "ws"
-        package = copy_package(args.package, root)
-        typed = package / args.file
-        text = typed.read_text()
-        opened = {str(typed): text}
-        for name in filter(None, args.open.split(",")):
-            opened[str(package / name)] = (package / name).read_text()
-        progress(f"indexing {package} ({len(list(package.glob('*.py')))} files)")
-        index = IndexService([root], IndexConfig(watch=False, debounce_ms=0, embeddings=False),
-                             db_path=tmp / "index.sqlite3")
-        index.start()
-        if not index.wait_until_indexed(300):
-            raise SystemExit("the index did not finish")
+        root, typed, text, opened, index = indexed_workspace(tmp, args.package, args.file, args.open)
         runtime = get_runtime(ModelConfig(), default_cache_dir())
         squid = SquidCacheConfig(cache_dir=None)
         service = SquidService(runtime, squid, None)

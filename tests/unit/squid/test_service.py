@@ -4,6 +4,7 @@ completion path reading its references through it."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import replace
@@ -85,19 +86,26 @@ def test_background_encoding_pauses_while_a_request_runs(service):
     assert service.wait_idle(120) and service.encoded == 1
 
 
+@contextlib.contextmanager
+def _request_mid_encode(svc: SquidService, doc: ReferenceDocument):
+    """`doc` scheduled; once its encode is a few chunks in, a request holds the service (inside the
+    block) and the encoder has given way."""
+    svc.schedule([doc])
+    deadline = time.monotonic() + 60
+    while not svc._inflight.is_set() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.3)  # a few chunks in
+    with svc.foreground():
+        while svc._inflight.is_set() and time.monotonic() < deadline + 30:
+            time.sleep(0.005)
+        yield
+
+
 def test_a_request_starting_mid_encode_pauses_it_within_a_chunk(runtime, tmp_path):
     long_doc = ReferenceDocument("x = 1\n" * 200, source="/w/long.py")
     svc = SquidService(runtime, replace(CONFIG, document_tokens=400), tmp_path)
     try:
-        svc.schedule([long_doc])
-        deadline = time.monotonic() + 60
-        while not svc._inflight.is_set() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(0.3)  # a few chunks in
-        with svc.foreground():
-            started = time.monotonic()
-            while svc._inflight.is_set() and time.monotonic() - started < 30:
-                time.sleep(0.005)
+        with _request_mid_encode(svc, long_doc):
             # The encoder gave up its place between two chunks and put the document back, with
             # what it had encoded.
             assert not svc._inflight.is_set() and svc.encoded == 0
@@ -123,14 +131,7 @@ def test_a_paused_encode_of_a_changed_file_is_dropped(runtime, tmp_path):
     long_doc = ReferenceDocument("y = 2\n" * 200, source="/w/changing.py")
     svc = SquidService(runtime, replace(CONFIG, document_tokens=400), tmp_path)
     try:
-        svc.schedule([long_doc])
-        deadline = time.monotonic() + 60
-        while not svc._inflight.is_set() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(0.3)
-        with svc.foreground():
-            while svc._inflight.is_set() and time.monotonic() < deadline:
-                time.sleep(0.005)
+        with _request_mid_encode(svc, long_doc):
             assert svc.stats()["paused"] == 1
             svc.invalidate_paths(["/w/changing.py"])
             stats = svc.stats()
