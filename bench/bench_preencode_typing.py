@@ -46,6 +46,7 @@ if str(REPO) not in sys.path:
 
 from bench.bench_foundation import cpu_info, loadavg, percentile  # noqa: E402
 from bench.bench_squid_keystroke import (  # noqa: E402
+    add_typing_arguments,
     imported_names,
     indexed_workspace,
     references_as_served,
@@ -207,11 +208,7 @@ def print_table(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--package", default="sqlite_utils")
-    parser.add_argument("--file", default="db.py", help="the typed file, inside the package")
-    parser.add_argument("--open", default="utils.py,migrations.py", help="siblings open beside it")
-    parser.add_argument("--sites", type=int, default=6)
-    parser.add_argument("--chars", type=int, default=24)
+    add_typing_arguments(parser, chars=24)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pause-share", type=float, default=0.2,
                         help="the share of gaps that are pauses to think (0.8-2.0 s)")

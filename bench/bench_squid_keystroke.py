@@ -387,13 +387,18 @@ def print_table(result: dict) -> None:
           f"load {machine['load_before']} -> {machine['load_after']}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_typing_arguments(parser: argparse.ArgumentParser, chars: int) -> None:
+    """Where the typing happens (`indexed_workspace`, `typing_sites`): shared by the typing benches."""
     parser.add_argument("--package", default="sqlite_utils")
     parser.add_argument("--file", default="db.py", help="the typed file, inside the package")
     parser.add_argument("--open", default="utils.py,migrations.py", help="siblings open beside it")
     parser.add_argument("--sites", type=int, default=6)
-    parser.add_argument("--chars", type=int, default=10)
+    parser.add_argument("--chars", type=int, default=chars)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_typing_arguments(parser, chars=10)
     parser.add_argument("--cross-file", action="store_true",
                         help="type only lines that use a name the file imports from its package")
     parser.add_argument("--json", type=Path, help="write everything measured (every keystroke) here")
