@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from .episode import Candidate
-from .errors import ToolError
+from .errors import SandboxError, ToolError
 from .protocol import ParseFailure, ToolCall
 from .tools.edit import check_edit, new_text_for, rejection_message
 from .tools.registry import ToolContext
@@ -41,7 +41,7 @@ def verify_candidate(
         path = ctx.workspace.resolve(action.args.get("path", ""))
         before = overlay.read(path)
         after = new_text_for(before, action.args)
-    except ToolError as exc:  # SandboxError is one too: a path outside the workspace fails here
+    except (ToolError, SandboxError) as exc:  # a path outside the workspace fails here
         return _failed(checks, "applies", str(exc), text, temperature)
     if after == before:
         return _failed(checks, "applies", "the edit changes nothing", text, temperature)

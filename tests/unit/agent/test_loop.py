@@ -99,6 +99,17 @@ def test_unknown_tools_and_bad_paths_are_reported_and_the_loop_goes_on(project):
     assert result.chosen == 0
 
 
+@pytest.mark.parametrize("path", ["/tests/test_calc.py", "../outside.py"])
+def test_an_edit_of_a_path_outside_the_workspace_is_a_failed_candidate_not_a_crash(project, path):
+    # Seen in training: a sample named an absolute path; the check raised out of the episode.
+    outside = GOOD.replace("```edit calc.py", f"```edit {path}")
+    result, backend = run(project, [outside, GOOD])
+    assert result.candidates[0].checks["format"] is True
+    assert result.candidates[0].checks["applies"] is False and not result.candidates[0].verified
+    assert "outside the workspace" in result.candidates[0].detail
+    assert result.chosen == 1 and not (project.parent / "outside.py").exists()
+
+
 def test_the_step_budget_ends_the_episode(project):
     result, backend = run(project, [READ] * 10, AgentConfig(max_steps=3, pretest=False))
     assert result.stop_reason == "step_budget" and len(backend.seen) == 3 and result.chosen is None

@@ -130,6 +130,12 @@ def test_the_reward_pays_for_each_check_and_for_the_tests_the_fix_repairs(worksp
         missing = repair_reward(task, FIX.format(search="not in the file", replace="x = 1"), scratch, PAGES)
         assert missing.checks["format"] and missing.checks["applies"] is False
         assert missing.reward == pytest.approx(CHECK_WEIGHT)
+        # An edit of a path outside the workspace (a sample wrote "/tests/..."): the format only.
+        outside = FIX.format(search=task.search, replace=task.replace).replace(task.path, "/" + task.path)
+        assert outside != FIX.format(search=task.search, replace=task.replace)
+        stray = repair_reward(task, outside, scratch, PAGES)
+        assert stray.checks["format"] and stray.checks["applies"] is False
+        assert stray.reward == pytest.approx(CHECK_WEIGHT)
         # Prose is not the format: nothing.
         assert repair_reward(task, "I would change the comparison.", scratch, PAGES).reward == 0.0
         # A fix that breaks another test earns nothing for the tests.
