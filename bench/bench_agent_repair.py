@@ -207,6 +207,7 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--without-fallback", action="store_true",
                         help="also run the base model with agent.edit_fallback off")
+    parser.add_argument("--keep-adapter", type=Path, help="save the trained adapter here (default: discarded)")
     parser.add_argument("--tasks-json", type=Path, help="write the tasks made (train and held out) here")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -237,7 +238,7 @@ def main() -> int:
         if args.adapter:
             adapters = [("adapter", args.adapter, True)]
         if args.sft_steps or args.grpo_steps:
-            out = Path(tmp) / "adapter" / "trained"
+            out = args.keep_adapter or Path(tmp) / "adapter" / "trained"
             training = train_adapter(args, train, root, out)
             shown = {k: v for k, v in training.items() if k != "sft_losses"}
             print(f"trained: {json.dumps(shown)}", flush=True)
