@@ -449,7 +449,7 @@ def repair_reward(task: RepairTask, answer: str, workspace: RepairWorkspace, ori
     """Score the agent's answer to `task` in `workspace` (a scratch copy of the repository, holding
     `original` at `task.path`): each check of `verify_candidate` passed is worth `CHECK_WEIGHT`; a
     clean edit then earns `TESTS_WEIGHT` times the share of `task.failing` that pass again, and
-    nothing for the tests when another test now fails."""
+    nothing for the tests when another test now fails or when it edits a test file."""
     from agent.best_of_k import verify_candidate
     from agent.overlay import Overlay
     from agent.protocol import parse_action
@@ -474,6 +474,11 @@ def repair_reward(task: RepairTask, answer: str, workspace: RepairWorkspace, ori
     if not checks.get("lint"):
         return verdict
     edited = {change.rel: change.after for change in candidate.changes}
+    if any(_is_test_file(Path(rel)) for rel in edited):
+        # Passing tests it rewrote is not a fix (a sample of a GRPO run edited the test file).
+        checks["tests"] = False
+        verdict.detail = "the answer edits the tests"
+        return verdict
     outcome = workspace.run(task.test_files, {task.path: broken, **edited})
     still = set(outcome.failing)
     fixed = sum(test not in still for test in task.failing) / len(task.failing)

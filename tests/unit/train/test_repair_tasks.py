@@ -136,6 +136,13 @@ def test_the_reward_pays_for_each_check_and_for_the_tests_the_fix_repairs(worksp
         stray = repair_reward(task, outside, scratch, PAGES)
         assert stray.checks["format"] and stray.checks["applies"] is False
         assert stray.reward == pytest.approx(CHECK_WEIGHT)
+        # Rewriting the tests until they pass is not a fix: the tests earn nothing.
+        asserts = [line for line in TEST_PAGES.splitlines() if line.strip().startswith("assert")]
+        hack = "```edit tests/test_pages.py\n" + "".join(
+            f"<<<<<<< SEARCH\n{line}\n=======\n    assert page and page_count\n>>>>>>> REPLACE\n" for line in asserts) + "```"
+        rewritten = repair_reward(task, hack, scratch, PAGES)
+        assert rewritten.checks["lint"] and rewritten.checks["tests"] is False
+        assert rewritten.reward == pytest.approx(4 * CHECK_WEIGHT) and "edits the tests" in rewritten.detail
         # Prose is not the format: nothing.
         assert repair_reward(task, "I would change the comparison.", scratch, PAGES).reward == 0.0
         # A fix that breaks another test earns nothing for the tests.
