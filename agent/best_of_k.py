@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from context.index.retrieval import is_test_path
+
 from .episode import Candidate
 from .errors import SandboxError, ToolError
 from .protocol import ParseFailure, ToolCall
@@ -28,9 +30,13 @@ def _failed(checks: dict, name: str, detail: str, text: str, temperature: float)
 
 
 def verify_candidate(
-    ctx: ToolContext, action, text: str, temperature: float, run_tests: bool = True
+    ctx: ToolContext, action, text: str, temperature: float, run_tests: bool = True,
+    protect_tests: bool = False,
 ) -> Candidate:
-    """Apply an edit action to a copy of the overlay and check it; never raises for the model's mistakes."""
+    """Apply an edit action to a copy of the overlay and check it; never raises for the model's mistakes.
+
+    `protect_tests` (a request about code, not about its tests): an edit that changes a test file
+    fails the tests check, since tests it rewrote passing says nothing about the fix."""
     checks: dict[str, bool | None] = dict.fromkeys(CHECKS)
     if isinstance(action, ParseFailure) or not (isinstance(action, ToolCall) and action.name == "edit"):
         why = action.message if isinstance(action, ParseFailure) else "the answer is not an edit"
@@ -58,6 +64,11 @@ def verify_candidate(
     candidate = Candidate(overlay.diff(), False, checks, text, None, temperature, changes=overlay.changes())
     if not check.ok:
         candidate.detail = rejection_message(ctx.workspace.rel(path), check)
+        return candidate
+    if protect_tests and (edited := [c.rel for c in candidate.changes if is_test_path(c.rel)]):
+        checks["tests"] = False
+        candidate.detail = (f"the edit changes the tests ({', '.join(edited)}); fix the code they test, "
+                            "not the tests")
         return candidate
     if run_tests:
         try:

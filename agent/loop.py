@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from context.index.retrieval import is_test_path
+
 from .backends import Backend, Conversation, LocalBackend, Sample
 from .best_of_k import choose, verify_candidate
 from .episode import AgentResult, Candidate, StepRecord, new_episode_id, record_episode
@@ -81,6 +83,7 @@ class AgentLoop:
         self.buffers = buffers or {}
         self.on_step = on_step
         self.should_stop = should_stop or (lambda: False)
+        self._protect_tests = False
 
     # -- the episode ---------------------------------------------------------------------------
 
@@ -91,6 +94,8 @@ class AgentLoop:
         result = AgentResult(
             new_episode_id(), request.instruction, [], [], None, "step_budget", backend=self.backend.name
         )
+        # Asked about code (not its tests): a candidate that rewrites the tests is not verified by them.
+        self._protect_tests = target is not None and not is_test_path(self.workspace.rel(target))
         conversation = self._start(ctx, request, target, result)
         try:
             self._steps(ctx, conversation, request, target, result)
@@ -299,7 +304,8 @@ class AgentLoop:
             self._check_cancel()
             parsed = action if index == 0 else self._action(sample, default_path)
             temperature = 0.0 if index == 0 else self.config.temperature
-            result.candidates.append(verify_candidate(ctx, parsed, sample.text, temperature))
+            result.candidates.append(verify_candidate(ctx, parsed, sample.text, temperature,
+                                                      protect_tests=self._protect_tests))
         fresh = result.candidates[round_start:]
         self._rank(conversation, samples, fresh)
         first_candidate = fresh[0]

@@ -207,7 +207,7 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--without-fallback", action="store_true",
                         help="also run the base model with agent.edit_fallback off")
-    parser.add_argument("--keep-adapter", type=Path, help="save the trained adapter here (default: discarded)")
+    parser.add_argument("--keep-adapter", type=Path, help="save the trained adapter here")
     parser.add_argument("--tasks-json", type=Path, help="write the tasks made (train and held out) here")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

@@ -38,6 +38,7 @@ __all__ = [
     "RRF_K",
     "QueryTerms",
     "analyse_query",
+    "is_test_path",
     "light_stem",
     "search",
     "split_identifier",
@@ -540,7 +541,8 @@ def _context_words(terms: QueryTerms, identifiers_only: bool = False) -> set[str
     return {w for w in words if len(w) >= 3}
 
 
-def _is_test_path(rel: str) -> bool:
+def is_test_path(rel: str) -> bool:
+    """Whether the workspace-relative path `rel` is a test file (by its folder or its name)."""
     parts = rel.lower().split("/")
     name = parts[-1]
     return bool(_TEST_PARTS.intersection(parts[:-1])) or name.startswith("test_") or name.endswith("_test.py")
@@ -579,7 +581,7 @@ def _symbol_score(
     score *= 1.0 + 0.05 * math.log2(1 + max(0, row.end_line - row.start_line))
     if row.name.startswith("_") and not any(i.startswith("_") for i in terms.identifiers):
         score *= 0.9
-    if _is_test_path(row.rel):
+    if is_test_path(row.rel):
         score *= 0.8
     return score
 

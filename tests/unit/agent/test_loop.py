@@ -110,6 +110,28 @@ def test_an_edit_of_a_path_outside_the_workspace_is_a_failed_candidate_not_a_cra
     assert result.chosen == 1 and not (project.parent / "outside.py").exists()
 
 
+def test_an_edit_that_rewrites_the_tests_is_not_verified_by_them(project):
+    # Asked to fix calc.py, a candidate that makes the test expect the bug passes the tests it changed.
+    hack = ("```edit test_calc.py\n<<<<<<< SEARCH\n    assert add(2, 3) == 5\n=======\n"
+            "    assert add(2, 3) == -1\n>>>>>>> REPLACE\n```")
+    result, backend = run(project, [hack, GOOD])
+    first = result.candidates[0]
+    assert first.checks["lint"] is True and first.checks["tests"] is False and not first.verified
+    assert "changes the tests (test_calc.py)" in first.detail
+    assert "changes the tests" in backend.seen[1].messages[-1]["content"]
+    assert result.chosen == 1 and "+    return a + b" in result.diff
+
+
+def test_a_request_about_a_test_file_may_edit_it(project):
+    fix_test = ("```edit test_calc.py\n<<<<<<< SEARCH\n    assert mean([1, 2, 3]) == 2\n=======\n"
+                "    assert mean([1, 2, 3]) == 2.0\n>>>>>>> REPLACE\n```")
+    (project / "calc.py").write_text((project / "calc.py").read_text().replace("a - b", "a + b"))
+    config = AgentConfig(test_timeout_s=30, pretest=False)
+    loop = AgentLoop(ScriptedBackend([fix_test]), Workspace([project]), config)
+    result = loop.run(AgentRequest("compare the mean with a float", project / "test_calc.py"))
+    assert result.candidates[0].checks["tests"] is True and result.chosen == 0
+
+
 def test_the_step_budget_ends_the_episode(project):
     result, backend = run(project, [READ] * 10, AgentConfig(max_steps=3, pretest=False))
     assert result.stop_reason == "step_budget" and len(backend.seen) == 3 and result.chosen is None

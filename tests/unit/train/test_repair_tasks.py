@@ -138,8 +138,9 @@ def test_the_reward_pays_for_each_check_and_for_the_tests_the_fix_repairs(worksp
         assert stray.reward == pytest.approx(CHECK_WEIGHT)
         # Rewriting the tests until they pass is not a fix: the tests earn nothing.
         asserts = [line for line in TEST_PAGES.splitlines() if line.strip().startswith("assert")]
-        hack = "```edit tests/test_pages.py\n" + "".join(
-            f"<<<<<<< SEARCH\n{line}\n=======\n    assert page and page_count\n>>>>>>> REPLACE\n" for line in asserts) + "```"
+        blocks = [f"<<<<<<< SEARCH\n{line}\n=======\n    assert page and page_count\n>>>>>>> REPLACE\n"
+                  for line in asserts]
+        hack = "```edit tests/test_pages.py\n" + "".join(blocks) + "```"
         rewritten = repair_reward(task, hack, scratch, PAGES)
         assert rewritten.checks["lint"] and rewritten.checks["tests"] is False
         assert rewritten.reward == pytest.approx(4 * CHECK_WEIGHT) and "edits the tests" in rewritten.detail
