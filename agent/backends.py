@@ -198,6 +198,7 @@ class LocalBackend:
         self.squid_disk = squid_disk
         self._services: dict[str, object] = {}  # prompt head -> SquidService
         self._copy_vocabulary: dict[str, list[int]] | None = None  # built at the first copy constraint
+        self.last_results: list = []  # the runtime's GenerationResults of the last `sample` (timings)
 
     def prompt(self, conversation: Conversation) -> str:
         return build_local_prompt(
@@ -282,6 +283,7 @@ class LocalBackend:
             raise AgentCancelled(str(exc)) from exc
         if should_stop():
             raise AgentCancelled("cancelled while sampling")
+        self.last_results = results
         samples = []
         for result in results:
             text = LOCAL_PREFILL + conversation.prefill + result.text

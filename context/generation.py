@@ -107,7 +107,9 @@ class SequenceLoop:
         self.engine, self.cache = engine, cache
         self.draft_token_cost = draft_token_cost
         self.decode, self.eos_ids, self.healing_mask = decode, eos_ids, healing_mask
-        self.constrain = constrain  # exact logits every step, no drafts: a mask picks among them
+        # Exact logits every step, a mask picks among them; a draft is kept as far as the masked
+        # argmax would have picked it (`_accept_draft`).
+        self.constrain = constrain
 
     def run(self, logits: torch.Tensor, *, max_new_tokens: int, stop: tuple[str, ...], temperature: float,
             top_p: float, generator, should_stop, heal: str, lookup: PromptLookup | None) -> Emitted:
@@ -154,7 +156,8 @@ class SequenceLoop:
         """Keep the draft's longest prefix that greedy decoding would have produced."""
         predicted = all_logits.argmax(-1).tolist()  # predicted[i] follows draft[i - 1]
         accepted = 0
-        while accepted < len(draft) and draft[accepted] == predicted[accepted]:
+        while accepted < len(draft) and draft[accepted] == self._greedy_pick(
+                predicted[accepted], all_logits[accepted : accepted + 1], out.ids + draft[:accepted], heal):
             accepted += 1
         out.drafted += len(draft)
         out.accepted += accepted
@@ -173,6 +176,17 @@ class SequenceLoop:
         # When the sequence ended inside the draft the cache still holds valid keys for every
         # accepted token (it describes `cache.ids`), so nothing needs undoing.
         return all_logits[accepted : accepted + 1]
+
+
+    def _greedy_pick(self, argmax: int, logits: torch.Tensor, ids: list[int], heal: str) -> int:
+        """The token greedy decoding picks after `ids` from `logits` [1, vocab] (whose argmax is
+        `argmax`): the argmax among what the constraint allows there."""
+        if self.constrain is None:
+            return argmax
+        allowed = self.constrain(self.decode(ids)[len(heal) :])
+        if not allowed or argmax in allowed:
+            return argmax
+        return int((logits + constraint_mask(allowed, logits)).argmax(-1))
 
 
 # A decoding constraint: given the text generated so far, the token ids allowed next (None: any).

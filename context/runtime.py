@@ -499,7 +499,7 @@ class ModelRuntime:
                 limit=prefill_limit, pinned=pinned)
             prefill_s = time.perf_counter() - started
             lookup = None
-            if temperature <= 0 and settings.draft_tokens > 0 and constrain is None:
+            if temperature <= 0 and settings.draft_tokens > 0:
                 lookup = PromptLookup(self._cache.ids, max_draft=settings.draft_tokens)
             loop = SequenceLoop(engine, self._cache, decode=self.decode, eos_ids=self._eos_ids,
                                 healing_mask=self._healing_mask, constrain=constrain,

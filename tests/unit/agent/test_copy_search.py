@@ -62,3 +62,31 @@ def test_greedy_and_batched_decoding_copy_the_file(runtime):
         for sample in backend.sample(conversation, k, temperature=temperature, max_tokens=48, seed=3):
             search = sample.text.split("<<<<<<< SEARCH\n", 1)[1].split("=======", 1)[0]
             assert search and _copies(search), sample.text
+
+
+def test_a_constrained_copy_keeps_prompt_lookup_drafts_and_the_greedy_output(runtime):
+    # The file is in the prompt, so the copy is drafted from it; each drafted token is kept only
+    # where the constraint's masked argmax picks it.
+    import dataclasses
+
+    from agent.backends import Conversation, LocalBackend
+
+    ask = [{"role": "user", "content": f"calc.py:\n```python\n{SOURCE}```\nadd() subtracts; fix it"}]
+    conversation = Conversation("You fix bugs.", messages=ask, prefill="edit calc.py\n<<<<<<< SEARCH\n",
+                                copy_from=SOURCE)
+    backend = LocalBackend(runtime)
+    before = runtime.config
+    results = {}
+    try:
+        for drafts in (0, 10):
+            runtime.config = dataclasses.replace(before, draft_tokens=drafts)
+            runtime.forget_prefix()
+            (sample,) = backend.sample(conversation, 1, temperature=0.0, max_tokens=40)
+            results[drafts] = (sample.text, backend.last_results[0])
+    finally:
+        runtime.config = before
+    (plain, plain_result), (drafted, drafted_result) = results[0], results[10]
+    assert plain_result.drafted_tokens == 0 and drafted_result.accepted_tokens > 0
+    assert drafted == plain
+    search = drafted.split("<<<<<<< SEARCH\n", 1)[1].split("=======", 1)[0]
+    assert search and _copies(search), drafted
