@@ -25,7 +25,7 @@ import httpx
 from context.config import SquidCacheConfig
 from context.errors import GenerationCancelled
 
-from .copy_search import CopySearch, copy_vocabulary
+from .copy_search import OPEN, CopySearch, EditCopy, copy_vocabulary
 from .errors import (
     AgentCancelled,
     BackendAuthError,
@@ -91,6 +91,9 @@ class Conversation:
     # With a prefill that opens an edit block's search text: the file's text, which that search
     # text is decoded as a copy of (`agent.copy_search`).
     copy_from: str | None = None
+    # (path, text) of the file asked about, with `agent.copy_search`: the search text of an edit
+    # block of it that the answer opens is decoded as a copy of it (`copy_search.EditCopy`).
+    edit_source: tuple[str, str] | None = None
 
 
 @dataclass
@@ -292,13 +295,17 @@ class LocalBackend:
             samples.append(Sample(text, [], result.new_tokens, None, result.stop_reason))
         return samples
 
-    def _copy_constraint(self, conversation: Conversation) -> CopySearch | None:
-        """The search text of an edit block the prefill opened, decoded as a copy of the file."""
-        if conversation.copy_from is None or not conversation.prefill.endswith("<<<<<<< SEARCH\n"):
+    def _copy_constraint(self, conversation: Conversation) -> CopySearch | EditCopy | None:
+        """The search text of an edit block the prefill opened, decoded as a copy of the file; else
+        that of an edit block of the file asked about that the answer opens (`edit_source`)."""
+        opened = conversation.copy_from is not None and conversation.prefill.endswith(OPEN)
+        if not opened and (conversation.edit_source is None or conversation.prefill):
             return None
         if self._copy_vocabulary is None:
             self._copy_vocabulary = copy_vocabulary(self.runtime.token_texts())
-        return CopySearch(conversation.copy_from, self._copy_vocabulary)
+        if opened:
+            return CopySearch(conversation.copy_from, self._copy_vocabulary)
+        return EditCopy(*conversation.edit_source, self._copy_vocabulary)
 
     def logprob(self, conversation: Conversation, sample: Sample) -> float | None:
         """Mean log-probability per token of the sample after the prompt, in one forward pass (over

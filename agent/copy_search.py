@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["CopySearch", "DIVIDER", "copy_vocabulary"]
+__all__ = ["CopySearch", "DIVIDER", "EditCopy", "OPEN", "copy_vocabulary"]
 
+OPEN = "<<<<<<< SEARCH\n"
 DIVIDER = "======="
 CLOSE = ">>>>>>> REPLACE"
 _MARKS = ("=", "<", ">")
@@ -100,3 +101,27 @@ class CopySearch:
         for end in range(1, min(len(rest), self.longest) + 1):
             ids.update(self.vocabulary.get(rest[:end], ()))
         return ids
+
+
+class EditCopy:
+    """The copy for edit blocks the model opens itself (`agent.copy_search`): its answer is free
+    until it opens an edit block of `path` (the block's header names that file, or none), whose
+    search text is then decoded as a copy of `source` (`CopySearch`), and free again once the block
+    is closed. Small models that do write edit blocks quote lines that are not in the file."""
+
+    def __init__(self, path: str, source: str, vocabulary: dict[str, list[int]]):
+        self.path = path
+        self.copy = CopySearch(source, vocabulary)
+
+    def __call__(self, text: str) -> set[int] | None:
+        at = text.rfind(OPEN)
+        if at < 0 or not self._names_file(text[:at]):
+            return None
+        return self.copy(text[at + len(OPEN):])
+
+    def _names_file(self, head: str) -> bool:
+        first = head.partition("\n")[0].strip()
+        if not first.startswith("edit"):
+            return False
+        named = first.removeprefix("edit").strip()
+        return named in ("", self.path) or self.path.endswith("/" + named)

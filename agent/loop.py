@@ -149,6 +149,9 @@ class AgentLoop:
         )
         pretest = self._pretest(ctx, result) if self.config.pretest else None
         rel = self.workspace.rel(target) if target else None
+        if self.config.copy_search and rel is not None and isinstance(self.backend, LocalBackend):
+            text = _text_of(ctx, target)
+            conversation.edit_source = (rel, text) if text is not None else None
         conversation.messages.append(
             {"role": "user", "content": first_message(request.instruction, rel, request.line_range, pretest)}
         )

@@ -141,7 +141,7 @@ class SequenceLoop:
                     source = lookup.source
                     draft = lookup.draft(self.lengths.length(source, max_new_tokens - len(out.ids)))
             step = torch.tensor([[next_id, *draft]], device=self.engine.device)
-            exact = healing_next or self.constrain is not None
+            exact = healing_next or self._constrained_ahead(out.ids + [*draft], len(draft), heal)
             all_logits = self.engine.forward(step, self.cache, all_logits=bool(draft),
                                              greedy=greedy and not exact)[0]  # [T, vocab]
             if not draft:
@@ -177,6 +177,15 @@ class SequenceLoop:
         # accepted token (it describes `cache.ids`), so nothing needs undoing.
         return all_logits[accepted : accepted + 1]
 
+
+    def _constrained_ahead(self, ids: list[int], drafted: int, heal: str) -> bool:
+        """Whether the constraint limits a pick after `ids` or after any of its first `drafted`
+        tokens cut off its end (the positions the next forward pass scores): only then does it need
+        exact logits; elsewhere the argmax of the cheaper greedy head is the pick."""
+        if self.constrain is None:
+            return False
+        return any(self.constrain(self.decode(ids[: len(ids) - cut])[len(heal) :])
+                   for cut in range(drafted + 1))
 
     def _greedy_pick(self, argmax: int, logits: torch.Tensor, ids: list[int], heal: str) -> int:
         """The token greedy decoding picks after `ids` from `logits` [1, vocab] (whose argmax is

@@ -90,3 +90,34 @@ def test_a_constrained_copy_keeps_prompt_lookup_drafts_and_the_greedy_output(run
     assert drafted == plain
     search = drafted.split("<<<<<<< SEARCH\n", 1)[1].split("=======", 1)[0]
     assert search and _copies(search), drafted
+
+
+def test_an_edit_block_the_model_opens_for_the_file_is_a_copy_and_the_rest_is_free(runtime):
+    from agent.copy_search import EditCopy
+
+    copy = EditCopy("pkg/calc.py", SOURCE, copy_vocabulary(runtime.token_texts()))
+    assert copy("") is None and copy("tool\n{") is None and copy("edit pkg/calc.py\n") is None
+    for header in ("edit pkg/calc.py", "edit calc.py", "edit"):
+        opened = _texts(runtime, copy(f"{header}\n<<<<<<< SEARCH\n    return a "))
+        assert opened and all(_copies("    return a " + t) for t in opened)
+    assert copy("edit other.py\n<<<<<<< SEARCH\n") is None  # another file: nothing to copy from
+    closed = "edit calc.py\n<<<<<<< SEARCH\n    return a - b\n=======\n    return a + b\n>>>>>>> REPLACE\n"
+    assert copy(closed) is None
+    second = _texts(runtime, copy(closed + "<<<<<<< SEARCH\n"))
+    assert second and all(_copies(t) for t in second if "\n" not in t)
+
+
+def test_with_copy_search_the_loop_gives_the_backend_the_file_asked_about(project):
+    from agent.backends import LocalBackend
+    from agent.loop import AgentLoop, AgentRequest
+    from agent.sandbox import Workspace
+    from context.config import AgentConfig
+
+    class Runtime:  # a stand-in: the conversation is built before anything is generated
+        pass
+
+    backend = LocalBackend(Runtime())
+    for copy_search, expected in ((True, ("calc.py", (project / "calc.py").read_text())), (False, None)):
+        loop = AgentLoop(backend, Workspace([project]), AgentConfig(pretest=False, copy_search=copy_search))
+        conversation = loop.first_conversation(AgentRequest("fix add", project / "calc.py"))
+        assert conversation.edit_source == expected
