@@ -23,7 +23,7 @@ has nothing to compare), then GRPO with the repair reward (its own attempts, che
 a group whose samples all earn the same gets the fix as its last sample, `train.guide_flat_groups`).
 
     python bench/bench_agent_repair.py --git-dir /work/.mirror/pytoolz+toolz/repo --commit 5eee30e \\
-        --tasks 24 --k 4 --threads 2 [--adapter DIR] [--json out.json]
+        --tasks 24 --k 4 --threads 2 [--adapter DIR [--with-base]] [--copy-search] [--json out.json]
 
 toolz (BSD-3-Clause) at 5eee30e: the last commit before its pytest configuration turned warnings into
 errors (the agent runs tests with squidcode's interpreter, whose pytest plugins warn).
@@ -207,6 +207,9 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--without-fallback", action="store_true",
                         help="also run the base model with agent.edit_fallback off")
+    parser.add_argument("--copy-search", action="store_true",
+                        help="agent.copy_search on: edit blocks the model opens quote the file")
+    parser.add_argument("--with-base", action="store_true", help="with --adapter: the base model too")
     parser.add_argument("--keep-adapter", type=Path, help="save the trained adapter here")
     parser.add_argument("--tasks-json", type=Path, help="write the tasks made (train and held out) here")
     parser.add_argument("--json", type=Path)
@@ -236,7 +239,7 @@ def main() -> int:
             adapters.insert(0, ("base, no edit fallback", None, False))
         training = None
         if args.adapter:
-            adapters = [("adapter", args.adapter, True)]
+            adapters = [*(adapters if args.with_base else []), ("adapter", args.adapter, True)]
         if args.sft_steps or args.grpo_steps:
             out = args.keep_adapter or Path(tmp) / "adapter" / "trained"
             training = train_adapter(args, train, root, out)
@@ -245,7 +248,8 @@ def main() -> int:
             adapters.append(("trained", out, True))
         results = {}
         for label, adapter, fallback in adapters:
-            config = replace(AgentConfig(), k=args.k, memory=False, edit_fallback=fallback)
+            config = replace(AgentConfig(), k=args.k, memory=False, edit_fallback=fallback,
+                             copy_search=args.copy_search)
             if adapter is not None:
                 from context.adapters import apply_adapter
 
@@ -264,6 +268,7 @@ def main() -> int:
             print(f"{label}: {json.dumps(results[label]['summary'])}", flush=True)
     summary = {label: r["summary"] for label, r in results.items()}
     summary.update(tasks_made_s=round(made_s, 1), k=args.k, squid=not args.no_squid, threads=args.threads,
+                   copy_search=args.copy_search, adapter=str(args.adapter or ""),
                    machine=machine_info(), training=training, train_tasks=len(train), held_out=len(held),
                    held_out_files=sorted({t.path for t in held}))
     print(json.dumps(summary, indent=1))
