@@ -60,6 +60,19 @@ def _indent(line: str) -> str:
     return line[: len(line) - len(line.lstrip())]
 
 
+def _indented_as_search(search: str, replace: str) -> str:
+    """`replace`, or when it is written flush left for search text whose first line is indented
+    (and no line of it less so), `replace` indented by that much: small models copy the search text
+    with its indentation and drop it in the replacement, which then does not parse."""
+    wanted = [line for line in search.split("\n") if line.strip()]
+    lines = replace.split("\n")
+    first = next((line for line in lines if line.strip()), None)
+    indent = _indent(wanted[0]) if wanted else ""
+    if not indent or first is None or _indent(first) or any(len(_indent(x)) < len(indent) for x in wanted):
+        return replace
+    return "\n".join(indent + line if line.strip() else line for line in lines)
+
+
 def apply_block(text: str, block: Block) -> str:
     """`text` with the one place matching `block.search` replaced (ToolError when not exactly one)."""
     if block.search == "":
@@ -68,7 +81,7 @@ def apply_block(text: str, block: Block) -> str:
         return block.replace
     count = text.count(block.search)
     if count == 1:
-        return text.replace(block.search, block.replace, 1)
+        return text.replace(block.search, _indented_as_search(block.search, block.replace), 1)
     if count > 1:
         raise ToolError(f"the SEARCH text matches {count} places; include more surrounding lines")
     lines = text.split("\n")

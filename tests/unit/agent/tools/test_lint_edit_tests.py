@@ -63,6 +63,23 @@ def test_search_text_must_match_once_with_whitespace_tolerance(ctx):
     assert "    return a + b\n" in ctx.overlay.read(ctx.workspace.resolve("calc.py"))
 
 
+def test_a_replacement_written_flush_left_is_indented_as_its_search_text(ctx):
+    # Seen from the embedded model: the search text copied with its indentation, the replacement without.
+    registry = default_registry()
+    replace = "if not values:\n    return 0\nreturn sum(values) / len(values)"
+    search = "    return sum(values) / len(values)"
+    flush = {"path": "calc.py", "blocks": [{"search": search, "replace": replace}]}
+    assert registry.call(ctx, "edit", flush).ok
+    assert ("    if not values:\n        return 0\n    return sum(values) / len(values)\n"
+            in ctx.overlay.read(ctx.workspace.resolve("calc.py")))
+    # A replacement with indentation of its own is taken as written.
+    from agent.tools.edit import Block, apply_block
+
+    own = apply_block("x = 1\nif x:\n    y = 2\n", Block("    y = 2", "  y = 3"))
+    assert own == "x = 1\nif x:\n  y = 3\n"
+    assert apply_block("def f():\n    y = 2\n", Block("def f():\n    y = 2", "y = 3")) == "y = 3\n"
+
+
 def test_edit_outside_the_workspace_is_refused(ctx):
     result = default_registry().call(
         ctx, "edit", {"path": "../x.py", "blocks": [{"search": "", "replace": "x"}]}
