@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .protocol import PATH_PLACEHOLDER
+
 __all__ = ["CopySearch", "DIVIDER", "EditCopy", "OPEN", "copy_vocabulary"]
 
 OPEN = "<<<<<<< SEARCH\n"
@@ -105,7 +107,8 @@ class CopySearch:
 
 class EditCopy:
     """The copy for edit blocks the model opens itself (`agent.copy_search`): its answer is free
-    until it opens an edit block of `path` (the block's header names that file, or none), whose
+    until it opens an edit block of `path` (the block's header names that file, none, or the
+    instructions' placeholder), whose
     search text is then decoded as a copy of `source` (`CopySearch`), and free again once the block
     is closed. Small models that do write edit blocks quote lines that are not in the file."""
 
@@ -124,4 +127,4 @@ class EditCopy:
         if not first.startswith("edit"):
             return False
         named = first.removeprefix("edit").strip()
-        return named in ("", self.path) or self.path.endswith("/" + named)
+        return named in ("", PATH_PLACEHOLDER, self.path) or self.path.endswith("/" + named)

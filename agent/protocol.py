@@ -71,6 +71,7 @@ class ParseFailure:
 
 Action = ToolCall | Done | ParseFailure
 
+PATH_PLACEHOLDER = "PATH"  # the file's place in the edit block's example below
 TEXT_PROTOCOL = """Answer with exactly one fenced block, nothing else.
 To change a file, quote the exact lines to replace and give their replacement:
 ```edit PATH
@@ -133,7 +134,9 @@ def parse_action(text: str, default_path: str | None = None) -> Action:
         if kind == "tool" or (kind == "json" and re.search(r"\"(tool|name)\"\s*:", body)):
             return _tool_from_json(body)
         blocks = parse_edit_blocks(body)
-        path = info.strip() or default_path
+        path = info.strip()
+        # The instructions' own placeholder copied as written (small models do): the file asked about.
+        path = default_path if path in ("", PATH_PLACEHOLDER) else path
         if blocks or kind == "edit":
             if not path:
                 return ParseFailure("the edit block names no file: write ```edit PATH", body)

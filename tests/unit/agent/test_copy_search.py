@@ -97,7 +97,7 @@ def test_an_edit_block_the_model_opens_for_the_file_is_a_copy_and_the_rest_is_fr
 
     copy = EditCopy("pkg/calc.py", SOURCE, copy_vocabulary(runtime.token_texts()))
     assert copy("") is None and copy("tool\n{") is None and copy("edit pkg/calc.py\n") is None
-    for header in ("edit pkg/calc.py", "edit calc.py", "edit"):
+    for header in ("edit pkg/calc.py", "edit calc.py", "edit", "edit PATH"):
         opened = _texts(runtime, copy(f"{header}\n<<<<<<< SEARCH\n    return a "))
         assert opened and all(_copies("    return a " + t) for t in opened)
     assert copy("edit other.py\n<<<<<<< SEARCH\n") is None  # another file: nothing to copy from

@@ -25,6 +25,15 @@ def test_edit_block_with_search_replace():
     )
 
 
+def test_the_instructions_placeholder_for_the_path_means_the_file_asked_about():
+    # The embedded model, trained on the repository's fixes, still wrote "```edit PATH" at times.
+    text = "```edit PATH\n<<<<<<< SEARCH\nx = 1\n=======\nx = 2\n>>>>>>> REPLACE\n```"
+    assert parse_action(text, "pkg/m.py") == ToolCall(
+        "edit", {"path": "pkg/m.py", "blocks": [{"search": "x = 1", "replace": "x = 2"}]}
+    )
+    assert isinstance(parse_action(text), ParseFailure)  # no file asked about: still no file named
+
+
 def test_markers_without_a_fence_use_the_default_path():
     text = "<<<<<<< SEARCH\nx = 1\n=======\nx = 2\n>>>>>>> REPLACE"
     assert parse_action(text, "m.py") == ToolCall(
