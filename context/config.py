@@ -338,7 +338,7 @@ class AgentConfig:
     # The local model: the search text of an edit block it writes for the file asked about is
     # decoded as a copy of that file (always so in the edit fallback), so that it quotes lines the
     # file has.
-    copy_search: bool = False
+    copy_search: bool = True
     k: int = field(default=1, metadata=_range(1, 16))
     temperature: float = field(default=0.7, metadata=_range(0.0, 2.0))  # for candidates 2..K
     # The sampled candidates' seed: an episode is repeatable; another seed draws other candidates.

@@ -278,7 +278,9 @@ def test_an_unparsable_local_answer_is_answered_again_as_an_edit_of_the_file(pro
     assert runtime.prompts[1] == runtime.prompts[0] + "edit calc.py\n<<<<<<< SEARCH\n"
     # ... its search text decoded as a copy of calc.py: only the file's own text may follow.
     copy = runtime.constraints[1]
-    assert runtime.constraints[0] is None and copy.source == (project / "calc.py").read_text()
+    assert copy.source == (project / "calc.py").read_text()
+    # The first answer was free (`agent.copy_search` copies only inside an edit block of calc.py it opens).
+    assert runtime.constraints[0]("\n\nThe code is:\n") is None
     assert copy("    return a - ") == {ord("b")}
     assert result.candidates[0].text.startswith("```edit calc.py\n<<<<<<< SEARCH\n    return a - b\n")
 
