@@ -1,4 +1,5 @@
-"""An edit block's search text decoded as a copy of the file (the local model's edit fallback).
+"""An edit block's search text decoded as a copy of the file (the local model's edit fallback, and
+with `agent.copy_search` any edit block it opens for the file asked about: `EditCopy`).
 
 A small model asked to quote the lines it replaces writes lines that are not in the file, or copies
 the placeholder of the protocol's own example ("lines copied exactly from the file"): its edit then
@@ -108,9 +109,9 @@ class CopySearch:
 class EditCopy:
     """The copy for edit blocks the model opens itself (`agent.copy_search`): its answer is free
     until it opens an edit block of `path` (the block's header names that file, none, or the
-    instructions' placeholder), whose
-    search text is then decoded as a copy of `source` (`CopySearch`), and free again once the block
-    is closed. Small models that do write edit blocks quote lines that are not in the file."""
+    instructions' placeholder), whose search text is then decoded as a copy of `source`
+    (`CopySearch`), and free again once the block is closed. Small models that do write edit
+    blocks quote lines that are not in the file."""
 
     def __init__(self, path: str, source: str, vocabulary: dict[str, list[int]]):
         self.path = path

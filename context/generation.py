@@ -107,8 +107,8 @@ class SequenceLoop:
         self.engine, self.cache = engine, cache
         self.draft_token_cost = draft_token_cost
         self.decode, self.eos_ids, self.healing_mask = decode, eos_ids, healing_mask
-        # Exact logits every step, a mask picks among them; a draft is kept as far as the masked
-        # argmax would have picked it (`_accept_draft`).
+        # A mask picks among exact logits wherever it limits the pick (`_constrained_ahead`); a draft
+        # is kept as far as the masked argmax would have picked it (`_accept_draft`).
         self.constrain = constrain
 
     def run(self, logits: torch.Tensor, *, max_new_tokens: int, stop: tuple[str, ...], temperature: float,
