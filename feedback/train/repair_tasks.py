@@ -308,8 +308,9 @@ def run_tests(root: Path, test_files: Sequence[str], timeout_s: float, stop_firs
     failed = counts["failed"] + counts["error"]
     if result.timed_out or result.returncode is None:
         return TestOutcome(counts["passed"], max(failed, 1), failing, True, "timed out")
-    if result.returncode not in (0, 1) and not failed:
-        # Collection failed, an import error, no tests: nothing passed.
+    if result.returncode != 0 and not failed:
+        # Collection failed, an import error, no tests, or the run died before pytest's summary (a
+        # test that ends the interpreter, a container that could not start): nothing passed.
         why = f"pytest exited with {result.returncode}"
         return TestOutcome(0, 1, failing or ("<collection>",), False, why)
     summary = f"{failed} failed, {counts['passed']} passed"

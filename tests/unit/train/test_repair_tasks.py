@@ -267,3 +267,13 @@ def test_tasks_are_kept_while_the_workspaces_code_stays_the_same(tmp_path):
     assert cache.read_text() != saved and all(t.path == "pages.py" for t in again)
     cache.write_text("{broken")
     assert cached_repair_tasks(workspace, cache, per_file=1, max_tasks=1, seed=3) == again
+
+
+def test_a_run_that_dies_before_pytest_reports_is_a_failure_not_a_pass(tmp_path):
+    from feedback.train.repair_tasks import run_tests
+
+    root = make_workspace(tmp_path / "ws")
+    (root / "tests" / "test_dies.py").write_text("import os\n\nos._exit(1)\n")
+    outcome = run_tests(root, ["tests/test_dies.py"], 60)
+    assert outcome.passed == 0 and outcome.failed >= 1, outcome
+    assert run_tests(root, ["tests/test_pages.py"], 60).failed == 0  # the same workspace's tests pass
