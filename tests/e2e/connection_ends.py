@@ -21,7 +21,8 @@ from pathlib import Path
 
 from tests.e2e.raw_lsp import end_position, start_client
 
-__all__ = ["MOMENTS", "ENDINGS", "ConnectionEnd", "Outcome", "run_connection", "random_ends", "FAILURE_MARKS"]
+__all__ = ["MOMENTS", "ENDINGS", "ConnectionEnd", "Outcome", "run_connection", "random_ends", "FAILURE_MARKS",
+           "failure_lines"]
 
 MOMENTS = ("model-load", "index", "completion", "preencode", "idle")
 ENDINGS = ("shutdown", "exit-only", "vanish")
@@ -95,8 +96,22 @@ def run_connection(end: ConnectionEnd, tmp: Path, timeout_s: float = 120.0,
             client.proc.kill()  # it did not stop (a failure, reported by its code) or the test failed
         client.close()
     log = client.stderr_path.read_text(errors="replace")
-    failures = [line for line in log.splitlines() if any(mark in line for mark in FAILURE_MARKS)]
-    return Outcome(end, code, round(exit_s, 3), failures)
+    return Outcome(end, code, round(exit_s, 3), failure_lines(log))
+
+
+def failure_lines(log: str) -> list[str]:
+    """The lines of `log` that read as a failure; a traceback whole, to its exception's line."""
+    failures: list[str] = []
+    in_traceback = False
+    for line in log.splitlines():
+        if in_traceback:
+            failures.append(line)
+            # The frames are indented; the exception's own line is the first that is not.
+            in_traceback = line.startswith((" ", "\t")) or not line.strip()
+        elif any(mark in line for mark in FAILURE_MARKS):
+            failures.append(line)
+            in_traceback = "Traceback" in line
+    return failures
 
 
 def _reach(client, moment: str, ws: Path) -> None:
