@@ -65,6 +65,9 @@ class IndexService:
         self.last_report: IndexReport | None = None
         self.error: str | None = None
         self._stop = threading.Event()
+        # Held while the first pass's thread starts the watcher and while `stop` stops it: a stop that
+        # lands as the pass ends either finds the watcher started, or keeps it from starting.
+        self._watcher_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         if embeddings is None:
             embeddings = bool(getattr(config, "embeddings", True))
@@ -97,20 +100,22 @@ class IndexService:
             if on_done:
                 on_done(None, self.error)
             return
-        if self._stop.is_set():
-            self._first_pass.set()
-            return
-        self.last_report = report
-        self.state = "ready"
-        log.info("index ready: %d files, %d chunks, %d symbols in %.1fs",
-                 report.files, report.chunks, report.symbols, report.seconds)
-        # Without `watch` the watcher still runs, fed by the editor's own events only.
-        self.watcher = IndexWatcher(
-            self.indexer, debounce_s=self.config.debounce_ms / 1000, observe=self.config.watch,
-            on_batch=lambda *_: self._after_batch(on_update),
-        )
-        self.watcher.path_listeners = self._path_listeners
-        self.watcher.start()
+        with self._watcher_lock:
+            if self._stop.is_set():
+                self._first_pass.set()
+                return
+            self.last_report = report
+            self.state = "ready"
+            log.info("index ready: %d files, %d chunks, %d symbols in %.1fs",
+                     report.files, report.chunks, report.symbols, report.seconds)
+            # Without `watch` the watcher still runs, fed by the editor's own events only.
+            watcher = IndexWatcher(
+                self.indexer, debounce_s=self.config.debounce_ms / 1000, observe=self.config.watch,
+                on_batch=lambda *_: self._after_batch(on_update),
+            )
+            watcher.path_listeners = self._path_listeners
+            watcher.start()
+            self.watcher = watcher
         # Buffers opened during the first pass may have been read before their overlay was set.
         self.watcher.notify_changed(Path(p) for p in self.indexer.overlay_paths())
         self._first_pass.set()
@@ -155,9 +160,11 @@ class IndexService:
         return self.state == "ready"
 
     def stop(self) -> None:
-        self._stop.set()
-        if self.watcher is not None:
-            self.watcher.stop()
+        with self._watcher_lock:
+            self._stop.set()
+            watcher = self.watcher
+        if watcher is not None:
+            watcher.stop()
         if self._thread is not None:
             self._thread.join(timeout=10)
         if self.embedding is not None:
