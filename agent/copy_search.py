@@ -2,15 +2,14 @@
 with `agent.copy_search` any edit block it opens for the file asked about: `EditCopy`).
 
 A small model asked to quote the lines it replaces writes lines that are not in the file, or copies
-the placeholder of the protocol's own example ("lines copied exactly from the file"): its edit then
-never applies. When the agent opens an edit block for it (`agent.loop`'s edit fallback), this
-constraint holds while it writes the SEARCH section: every token it may pick keeps the text so far
-a piece of the file that starts at the start of a line (its first line not a blank one), and once
-that is whole lines found at one place only it may also close the section (`=======`). In the
-replacement it writes freely, except that a line starting with a marker's character must be the
-closing `>>>>>>> REPLACE` (small models write `>>==` or a second divider, and the block never
-parses). The model still chooses which lines, and what replaces them; it can no longer choose
-lines that are not there.
+the protocol's own example: its edit then never applies. When the agent opens an edit block for it
+(`agent.loop`'s edit fallback), this constraint holds while it writes the SEARCH section: every
+token it may pick keeps the text so far a piece of the file that starts at the start of a line (its
+first line not a blank one), and once that is whole lines found at one place only it may also close
+the section (`=======`). In the replacement it writes freely, except that a line starting with a
+marker's character must be the closing `>>>>>>> REPLACE` (small models write `>>==` or a second
+divider, and the block never parses). The model still chooses which lines, and what replaces
+them; it can no longer choose lines that are not there.
 """
 
 from __future__ import annotations

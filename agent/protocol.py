@@ -72,13 +72,18 @@ class ParseFailure:
 Action = ToolCall | Done | ParseFailure
 
 PATH_PLACEHOLDER = "PATH"  # the file's place in the edit block's example below
+# The example is real code changed in one place: with placeholder text there ("the new lines"), the
+# small model wrote the placeholder as its replacement.
 TEXT_PROTOCOL = """Answer with exactly one fenced block, nothing else.
-To change a file, quote the exact lines to replace and give their replacement:
+To change a file, quote the exact lines to replace, then the same lines as they must read
+(PATH is the file's path):
 ```edit PATH
 <<<<<<< SEARCH
-lines copied exactly from the file
+    if count > limit:
+        return None
 =======
-the new lines
+    if count >= limit:
+        return None
 >>>>>>> REPLACE
 ```
 To use a tool instead, give its name and JSON arguments:
