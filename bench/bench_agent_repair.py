@@ -23,7 +23,7 @@ has nothing to compare), then GRPO with the repair reward (its own attempts, che
 a group whose samples all earn the same gets the fix as its last sample, `train.guide_flat_groups`).
 
     python bench/bench_agent_repair.py --git-dir /work/.mirror/pytoolz+toolz/repo --commit 5eee30e \\
-        --tasks 24 --k 4 --threads 2 [--adapter DIR [--with-base]] [--copy-search] [--json out.json]
+        --tasks 24 --k 4 --threads 2 [--adapter DIR [--with-base]] [--no-copy-search] [--json out.json]
 
 toolz (BSD-3-Clause) at 5eee30e: the last commit before its pytest configuration turned warnings into
 errors (the agent runs tests with squidcode's interpreter, whose pytest plugins warn).
@@ -207,8 +207,9 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--without-fallback", action="store_true",
                         help="also run the base model with agent.edit_fallback off")
-    parser.add_argument("--copy-search", action="store_true",
-                        help="agent.copy_search on: edit blocks the model opens quote the file")
+    parser.add_argument("--no-copy-search", dest="copy_search", action="store_false",
+                        help="agent.copy_search off (on by default, as in the product): the search text "
+                             "of an edit block the model opens is not decoded as a copy of the file")
     parser.add_argument("--with-base", action="store_true", help="with --adapter: the base model too")
     parser.add_argument("--keep-adapter", type=Path, help="save the trained adapter here")
     parser.add_argument("--tasks-json", type=Path, help="write the tasks made (train and held out) here")
