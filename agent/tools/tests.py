@@ -31,7 +31,7 @@ from ..sandbox import run_command, trim_middle
 from .code import _SKIP_DIRS
 from .registry import Tool, ToolContext, ToolResult
 
-__all__ = ["RUN_TESTS", "TestRun", "run_project_tests", "copy_workspace"]
+__all__ = ["RUN_TESTS", "TestRun", "run_project_tests", "copy_workspace", "python_path"]
 
 MAX_COPY_FILES = 20_000
 MAX_COPY_BYTES = 200_000_000
@@ -135,6 +135,16 @@ def _unittest_run(result, output: str) -> TestRun:
     return TestRun(False, summary, trim_middle(output[first.start() if first else 0 :], REPORT_CHARS), False)
 
 
+def python_path(root: Path) -> str:
+    """`PYTHONPATH` for tests run in `root` (a copy of the workspace): the copy, and before it its
+    `src/` where that holds a package (the src layout). Without it `import pkg` in the tests finds
+    the package installed in the interpreter's environment, or nothing, not the code being edited."""
+    root = Path(root)
+    src = root / "src"
+    with_src = src.is_dir() and any((d / "__init__.py").is_file() for d in src.iterdir() if d.is_dir())
+    return os.pathsep.join([str(src)] * with_src + [str(root)])
+
+
 def run_project_tests(ctx: ToolContext, target: str | None = None, timeout_s: float | None = None) -> TestRun:
     timeout = min(timeout_s or ctx.config.test_timeout_s, ctx.config.test_timeout_s)
     argv = ["python", "-m", "pytest", "-q", "-x", "--tb=short", "-p", "no:cacheprovider", "--color=no",
@@ -149,7 +159,7 @@ def run_project_tests(ctx: ToolContext, target: str | None = None, timeout_s: fl
     with tempfile.TemporaryDirectory(prefix="squid-tests-") as tmp:
         copy_workspace(ctx, Path(tmp))
         # Code nobody reviewed: contained, with only these variables on top of a scrubbed environment.
-        env = {"PYTHONPATH": tmp, "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {"PYTHONPATH": python_path(Path(tmp)), "PYTHONDONTWRITEBYTECODE": "1"}
         try:
             result = run_command(
                 argv, Path(tmp), timeout_s=timeout, max_output_bytes=ctx.config.max_output_bytes, env=env,

@@ -294,10 +294,11 @@ def run_tests(root: Path, test_files: Sequence[str], timeout_s: float, stop_firs
     (allowlisted, with a timeout, contained: `agent.contain`); the counts of passed and failed
     tests and the ids that failed."""
     from agent.sandbox import run_command
+    from agent.tools.tests import python_path
 
     argv = ["python", "-m", "pytest", "-q", "-rfE", "--tb=no", "-p", "no:cacheprovider", "--color=no",
             *(["-x"] if stop_first else []), *test_files]
-    env = {"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {"PYTHONPATH": python_path(root), "PYTHONDONTWRITEBYTECODE": "1"}
     result = run_command(argv, root, timeout_s=timeout_s, max_output_bytes=2_000_000, env=env, contain=root,
                          allow_unisolated=allow_unisolated)
     output = result.output or ""

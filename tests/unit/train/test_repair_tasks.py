@@ -17,6 +17,7 @@ from feedback.train.repair_tasks import (
     mutations,
     repair_reward,
     repair_tasks,
+    run_tests,
 )
 
 PAGES = textwrap.dedent('''\
@@ -277,3 +278,14 @@ def test_a_run_that_dies_before_pytest_reports_is_a_failure_not_a_pass(tmp_path)
     outcome = run_tests(root, ["tests/test_dies.py"], 60)
     assert outcome.passed == 0 and outcome.failed >= 1, outcome
     assert run_tests(root, ["tests/test_pages.py"], 60).failed == 0  # the same workspace's tests pass
+
+
+def test_run_tests_in_a_src_layout_import_the_workspace_package(tmp_path):
+    root = tmp_path / "proj"
+    (root / "src" / "click").mkdir(parents=True)
+    (root / "src" / "click" / "__init__.py").write_text('WHERE = "workspace"\n')
+    (root / "tests").mkdir()
+    (root / "tests" / "test_where.py").write_text(
+        "import click\n\n\ndef test_where():\n    assert click.WHERE == 'workspace'\n")
+    outcome = run_tests(root, ["tests/test_where.py"], timeout_s=60)
+    assert (outcome.passed, outcome.failed) == (1, 0), outcome

@@ -143,3 +143,14 @@ def test_run_tests_with_a_test_printing_gigabytes_is_bounded(ctx, project):
 def test_run_tests_without_tests_says_so(ctx, project):
     (project / "test_calc.py").unlink()
     assert default_registry().call(ctx, "run_tests", {}).data["passed"] is None
+
+
+def test_run_tests_in_a_src_layout_import_the_workspace_package_not_the_installed_one(ctx, project):
+    """`click` is installed in this environment; a workspace with `src/click` (click's own checkout)
+    must test its own copy, or an edit is never what its tests see."""
+    (project / "src" / "click").mkdir(parents=True)
+    (project / "src" / "click" / "__init__.py").write_text('WHERE = "workspace"\n')
+    (project / "test_where.py").write_text(
+        "import click\n\n\ndef test_where():\n    assert click.WHERE == 'workspace'\n")
+    result = default_registry().call(ctx, "run_tests", {"target": "test_where.py"})
+    assert result.data["passed"] is True, result.output
