@@ -154,3 +154,19 @@ def test_run_tests_in_a_src_layout_import_the_workspace_package_not_the_installe
         "import click\n\n\ndef test_where():\n    assert click.WHERE == 'workspace'\n")
     result = default_registry().call(ctx, "run_tests", {"target": "test_where.py"})
     assert result.data["passed"] is True, result.output
+
+
+def test_whole_lines_match_where_a_line_starts_not_inside_a_more_indented_line(ctx, project):
+    """`    if k in d:` is also the end of `        if k in d:`; quoted whole, it is one place (the
+    agent's copy of the file offers it as unique), and only that line changes."""
+    text = ("def f(d, k):\n    for x in d:\n        if k in d:\n            pass\n"
+            "    if k in d:\n        return 1\n")
+    (project / "calc.py").write_text(text)
+    block = {"search": "    if k in d:", "replace": "    if k not in d:"}
+    assert default_registry().call(ctx, "edit", {"path": "calc.py", "blocks": [block]}).ok
+    assert ctx.overlay.read(ctx.workspace.resolve("calc.py")) == text.replace(
+        "    if k in d:\n        return", "    if k not in d:\n        return")
+    # A piece of a line is still ambiguous where it occurs more than once.
+    piece = {"search": "in d:", "replace": "in e:"}
+    thrice = default_registry().call(ctx, "edit", {"path": "calc.py", "blocks": [piece]})
+    assert not thrice.ok and "matches 3 places" in thrice.output
