@@ -12,17 +12,14 @@ from context.config import IndexConfig
 from context.index import service as service_module
 from context.index.service import IndexService
 from context.index.watcher import IndexWatcher
+from tests.unit.index.test_indexer import write_tree
 
 FILES = {"pkg/__init__.py": "", "pkg/maths.py": "def add_numbers(a, b):\n    return a + b\n"}
 
 
 @pytest.fixture
 def root(tmp_path):
-    root = tmp_path / "ws"
-    for rel, text in FILES.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    return root
+    return write_tree(tmp_path / "ws", FILES)
 
 
 def _watch_threads() -> list[str]:
