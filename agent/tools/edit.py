@@ -87,20 +87,18 @@ def apply_block(text: str, block: Block) -> str:
         if text.strip():
             raise ToolError("an empty SEARCH only creates a new (empty) file; quote the lines to change")
         return block.replace
-    count = text.count(block.search)
-    if count > 1:
-        # Lines quoted whole match where a line starts: `    if k in d:` is not also the end of the
-        # more indented `        if k in d:` (the agent's copy of the file allows it as unique).
-        size = len(block.search)
-        starts = [i for i in _occurrences(text, block.search) if (i == 0 or text[i - 1] == "\n")
-                  and (block.search.endswith("\n") or i + size == len(text) or text[i + size] == "\n")]
-        if len(starts) != 1 or block.search.startswith("\n"):
-            raise ToolError(f"the SEARCH text matches {count} places; include more surrounding lines")
-        at = starts[0]
-        replaced = _indented_as_search(block.search, block.replace)
-        return text[:at] + replaced + text[at + size :]
-    if count == 1:
-        return text.replace(block.search, _indented_as_search(block.search, block.replace), 1)
+    count, size = text.count(block.search), len(block.search)
+    if count:
+        at = text.find(block.search)
+        if count > 1:
+            # Lines quoted whole match where a line starts: `    if k in d:` is not also the end of
+            # the more indented `        if k in d:` (the agent's copy of the file allows it as unique).
+            starts = [i for i in _occurrences(text, block.search) if (i == 0 or text[i - 1] == "\n")
+                      and (block.search.endswith("\n") or i + size == len(text) or text[i + size] == "\n")]
+            if len(starts) != 1 or block.search.startswith("\n"):
+                raise ToolError(f"the SEARCH text matches {count} places; include more surrounding lines")
+            at = starts[0]
+        return text[:at] + _indented_as_search(block.search, block.replace) + text[at + size :]
     lines = text.split("\n")
     wanted = block.search.strip("\n").split("\n")
     replace = block.replace.strip("\n").split("\n") if block.replace.strip("\n") else []
