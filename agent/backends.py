@@ -94,6 +94,8 @@ class Conversation:
     # (path, text) of the file asked about, with `agent.copy_search`: the search text of an edit
     # block of it that the answer opens is decoded as a copy of it (`copy_search.EditCopy`).
     edit_source: tuple[str, str] | None = None
+    # The lines the request names (1-based, inclusive): a copied search text starts among them.
+    copy_lines: tuple[int, int] | None = None
 
 
 @dataclass
@@ -304,8 +306,8 @@ class LocalBackend:
         if self._copy_vocabulary is None:
             self._copy_vocabulary = copy_vocabulary(self.runtime.token_texts())
         if opened:
-            return CopySearch(conversation.copy_from, self._copy_vocabulary)
-        return EditCopy(*conversation.edit_source, self._copy_vocabulary)
+            return CopySearch(conversation.copy_from, self._copy_vocabulary, conversation.copy_lines)
+        return EditCopy(*conversation.edit_source, self._copy_vocabulary, conversation.copy_lines)
 
     def logprob(self, conversation: Conversation, sample: Sample) -> float | None:
         """Mean log-probability per token of the sample after the prompt, in one forward pass (over

@@ -9,7 +9,9 @@ first line not a blank one), and once that is whole lines found at one place onl
 the section (`=======`). In the replacement it writes freely, except that a line starting with a
 marker's character must be the closing `>>>>>>> REPLACE` (small models write `>>==` or a second
 divider, and the block never parses). The model still chooses which lines, and what replaces
-them; it can no longer choose lines that are not there.
+them; it can no longer choose lines that are not there. When the request names lines of the file
+(an editor's selection, a function), the search text starts among them, as an editor's edit of a
+selection rewrites that selection: a small model otherwise quotes a line of another function.
 """
 
 from __future__ import annotations
@@ -39,15 +41,17 @@ def copy_vocabulary(token_texts: Sequence[str]) -> dict[str, list[int]]:
 
 class CopySearch:
     """`context.generation.Constrain` for the text after an opened `<<<<<<< SEARCH` line: the
-    token ids that continue `source` from a line start, or close the section at a line end."""
+    token ids that continue `source` from a line start (one of `lines`, 1-based and inclusive,
+    when given), or close the section at a line end where the text is found once in `source`."""
 
-    def __init__(self, source: str, vocabulary: dict[str, list[int]]):
+    def __init__(self, source: str, vocabulary: dict[str, list[int]], lines: tuple[int, int] | None = None):
         self.source = source
         self.vocabulary = vocabulary
         self.longest = max((len(text) for text in vocabulary), default=1)
         line_starts = [0] + [i + 1 for i, char in enumerate(source) if char == "\n" and i + 1 < len(source)]
         self._memo: dict[str, list[int]] = {"": line_starts}
         self._line_free: set[int] | None = None  # tokens a replacement line may start with
+        self._opening = self._openings(line_starts, lines)
 
     def __call__(self, text: str) -> set[int] | None:
         _, divided, replacement = ("\n" + text).partition(f"\n{DIVIDER}\n")
@@ -59,13 +63,24 @@ class CopySearch:
         # Closing is allowed after whole lines found at one place only (an edit applies there).
         if line_start > 0 and DIVIDER.startswith(tail) and len(self._starts(text[:line_start])) == 1:
             allowed |= self._prefixes_of((DIVIDER + "\n")[len(tail):])
-        starts = self._starts(text)
-        if not text:  # the search text opens on a line with something in it
-            starts = [start for start in starts if self.source[start:].partition("\n")[0].strip()]
+        starts = [start for start in self._starts(text) if start in self._opening]
         for start in starts:
             at = start + len(text)
             allowed |= self._prefixes_of(self.source[at : at + self.longest])
         return allowed or None  # nothing fits (the file's end): free rather than stuck
+
+    def _openings(self, line_starts: list[int], lines: tuple[int, int] | None) -> set[int]:
+        """Where a search text may start: lines with something in them, among `lines` when any
+        of those has (else anywhere in the file)."""
+        ends = [start - 1 for start in line_starts[1:]] + [len(self.source)]
+        pairs = zip(line_starts, ends, strict=True)
+        filled = {start for start, end in pairs if self.source[start:end].strip()}
+        if lines is not None:
+            first, last = lines
+            chosen = {start for start in line_starts[max(first, 1) - 1 : last] if start in filled}
+            if chosen:
+                return chosen
+        return filled
 
     def _replacement(self, rest: str) -> set[int] | None:
         """The replacement's constraint: a line that starts like a marker is the closing one."""
@@ -112,9 +127,10 @@ class EditCopy:
     (`CopySearch`), and free again once the block is closed. Small models that do write edit
     blocks quote lines that are not in the file."""
 
-    def __init__(self, path: str, source: str, vocabulary: dict[str, list[int]]):
+    def __init__(self, path: str, source: str, vocabulary: dict[str, list[int]],
+                 lines: tuple[int, int] | None = None):
         self.path = path
-        self.copy = CopySearch(source, vocabulary)
+        self.copy = CopySearch(source, vocabulary, lines)
 
     def __call__(self, text: str) -> set[int] | None:
         at = text.rfind(OPEN)

@@ -149,6 +149,7 @@ class AgentLoop:
         )
         pretest = self._pretest(ctx, result) if self.config.pretest else None
         rel = self.workspace.rel(target) if target else None
+        conversation.copy_lines = request.line_range
         if self.config.copy_search and rel is not None and isinstance(self.backend, LocalBackend):
             text = _text_of(ctx, target)
             conversation.edit_source = (rel, text) if text is not None else None

@@ -51,6 +51,27 @@ def test_only_the_files_text_from_a_line_start_may_follow(runtime):
     assert copy("lines copied exactly") is None
 
 
+def test_with_the_lines_asked_about_the_copy_starts_among_them(runtime):
+    # Lines 6-7 are `sub`: the search text starts there, not in `add`.
+    vocabulary = copy_vocabulary(runtime.token_texts())
+    copy = CopySearch(SOURCE, vocabulary, (6, 7))
+    first = _texts(runtime, copy(""))
+    assert first and all(any(SOURCE.startswith(t, start) for start in LINE_STARTS[5:7]) for t in first)
+    assert copy('    """Sum') is None  # a line of `add`: nothing to copy from there
+    assert "-" in _texts(runtime, copy("    return a "))
+    # Lines 1-3 are `add`: `    return a - b`, which stands in both functions, still may not close
+    # the section alone (the edit would not know where to apply), and the copy goes on past it.
+    copy = CopySearch(SOURCE, vocabulary, (1, 3))
+    assert not any(t.startswith("def s") for t in _texts(runtime, copy("")))
+    after_return = _texts(runtime, copy("    return a - b\n"))
+    assert after_return and not any(t.startswith("=") for t in after_return)
+    assert any(t.startswith("=") for t in _texts(runtime, copy('    """Sum."""\n')))
+    # Lines with nothing in them, or past the file's end, leave the whole file to copy from.
+    for lines in ((4, 5), (40, 50)):
+        assert {"def"} <= _texts(runtime, CopySearch(SOURCE, vocabulary, lines)(""))
+        assert CopySearch(SOURCE, vocabulary, lines)("def sub") is not None
+
+
 def test_greedy_and_batched_decoding_copy_the_file(runtime):
     from agent.backends import Conversation, LocalBackend
 
@@ -121,3 +142,5 @@ def test_with_copy_search_the_loop_gives_the_backend_the_file_asked_about(projec
         loop = AgentLoop(backend, Workspace([project]), AgentConfig(pretest=False, copy_search=copy_search))
         conversation = loop.first_conversation(AgentRequest("fix add", project / "calc.py"))
         assert conversation.edit_source == expected
+    asked = loop.first_conversation(AgentRequest("fix add", project / "calc.py", line_range=(1, 2)))
+    assert asked.copy_lines == (1, 2)
