@@ -184,11 +184,16 @@ def _agent_step_group(model, tokenizer, example, prompt: torch.Tensor, group_siz
     """An agent step's samples as the local backend returns them: the prompt's opening fence, then
     the text up to where the backend stops a step (the closing fence; its tokens past that are
     masked out of the loss). Such a step gets `verification["max_tokens"]` tokens when it names more
-    than `max_new_tokens` (an edit block is longer than a line of code)."""
+    than `max_new_tokens` (an edit block is longer than a line of code). A repair task's step is
+    decoded as the agent's is (`repair_tasks.repair_step_constraint`: its edit block's search text a
+    copy of the file), so the samples rewarded are answers the agent could give."""
     from agent.backends import LOCAL_PREFILL, cut_at_step_stop
 
+    from .repair_tasks import repair_step_constraint
+
     budget = max(max_new_tokens, int(example.verification.get("max_tokens", 0)))
-    group = sample_group(model, tokenizer, prompt, group_size, budget, temperature)
+    constrain = repair_step_constraint(example, lambda: _copy_vocabulary(tokenizer))
+    group = sample_group(model, tokenizer, prompt, group_size, budget, temperature, constrain=constrain)
     texts = []
     for row in range(group.completions.shape[0]):
         length = int(group.mask[row].sum())
@@ -199,6 +204,18 @@ def _agent_step_group(model, tokenizer, example, prompt: torch.Tensor, group_siz
         if used is not None:
             group.mask[row, _tokens_covering(tokenizer, ids, used):] = 0
     return SampledGroup(group.prompt, group.completions, group.mask, texts, group.context)
+
+
+_COPY_VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _copy_vocabulary(tokenizer) -> dict[str, list[int]]:
+    from agent.copy_search import copy_vocabulary
+
+    vocabulary = _COPY_VOCABULARIES.get(tokenizer)
+    if vocabulary is None:
+        vocabulary = _COPY_VOCABULARIES[tokenizer] = copy_vocabulary(token_texts(tokenizer))
+    return vocabulary
 
 
 def _next_edit_group(model, tokenizer, example, prompt: torch.Tensor, group_size: int,
@@ -378,11 +395,13 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 @torch.no_grad()
 def sample_group(
     model, tokenizer, prompt: torch.Tensor, group_size: int, max_new_tokens: int, temperature: float,
-    heal: str = "", context: ReferencePrefix | None = None,
+    heal: str = "", context: ReferencePrefix | None = None, constrain=None,
 ) -> SampledGroup:
     """`group_size` completions of `prompt` [1, P]; temperature 0 decodes greedily (one row per copy).
     With `heal`, each completion's first tokens are held to those that regenerate that text. With a
     `context`, the prompt continues its composed cache (as `ModelRuntime.generate(past=...)` does).
+    With `constrain` (`context.generation.Constrain`), each row's next token is one it allows after
+    the row's text so far, as the runtime's own loop decodes with it.
     The group's tensors are on the model's device (a prompt made on the CPU goes there)."""
     prompt = prompt.to(model_device(model))
     eos = eos_token_ids(model, tokenizer)
@@ -400,6 +419,8 @@ def sample_group(
 
     release_freed_heap()  # what composing and prefilling freed, before the cache grows G rows at a time
     processors = [_Healing(tokenizer, heal, full.shape[1])] if heal else []
+    if constrain is not None:
+        processors.append(_Constrained(tokenizer, constrain, full.shape[1]))
     sampling["logits_processor"] = LogitsProcessorList([*processors, TrimHeap()])
     prompts = full.expand(group_size, -1)  # [G, context + P]
     out = model.generate(
@@ -440,10 +461,7 @@ class _Healing:
 
     def __init__(self, tokenizer, heal: str, prompt_length: int):
         self.tokenizer, self.heal, self.prompt_length = tokenizer, heal, prompt_length
-        texts = self._texts.get(tokenizer)
-        if texts is None:
-            texts = self._texts[tokenizer] = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
-        self.texts = texts
+        self.texts = token_texts(tokenizer)
         self.allowed: dict[tuple[str, int], list[int]] = {}  # rows share them: one scan per text
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -459,6 +477,33 @@ class _Healing:
             masked[allowed] = scores[row, allowed]
             scores[row] = masked
         return scores
+
+
+class _Constrained:
+    """A logits processor for a decoding constraint: each row's scores kept only where the
+    constraint allows a token after the row's text so far (all kept where it allows any, or none)."""
+
+    def __init__(self, tokenizer, constrain, prompt_length: int):
+        self.tokenizer, self.constrain, self.prompt_length = tokenizer, constrain, prompt_length
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for row in range(input_ids.shape[0]):
+            allowed = self.constrain(self.tokenizer.decode(input_ids[row, self.prompt_length:].tolist()))
+            if not allowed:
+                continue
+            allowed = [token for token in allowed if token < scores.shape[-1]]
+            masked = torch.full_like(scores[row], float("-inf"))
+            masked[allowed] = scores[row, allowed]
+            scores[row] = masked
+        return scores
+
+
+def token_texts(tokenizer) -> list[str]:
+    """The text of every token id of `tokenizer` (decoded once per tokenizer)."""
+    texts = _Healing._texts.get(tokenizer)
+    if texts is None:
+        texts = _Healing._texts[tokenizer] = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    return texts
 
 
 def group_logprobs(model, group: SampledGroup, temperature: float) -> torch.Tensor:

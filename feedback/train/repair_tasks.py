@@ -26,7 +26,7 @@ import random
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -42,6 +42,7 @@ __all__ = [
     "repair_example_reward",
     "repair_examples",
     "repair_reward",
+    "repair_step_constraint",
     "repair_tasks",
     "run_tests",
     "workspace_digest",
@@ -531,9 +532,28 @@ def repair_examples(tasks: Sequence[RepairTask], root: Path, runtime, agent_conf
                 kept_text=task.replace, language="python", group=task.path,
                 chat_prompt=backend.prompt(conversation),
                 verification={"source": REPAIR_SOURCE, "root": str(root), "task": task.to_json(),
-                              "max_tokens": STEP_TOKENS, "guide": fix_answer(task)},
+                              "max_tokens": STEP_TOKENS, "guide": fix_answer(task),
+                              "copy_search": config.copy_search},
             ))
     return examples
+
+
+def repair_step_constraint(example, vocabulary: Callable[[], dict[str, list[int]]]):
+    """How the local backend decodes the agent's step for a repair example: with `agent.copy_search`
+    (as the example was made), an edit block of the task's file copies its search text from the file
+    with the bug in, starting among the function's lines (`agent.copy_search.EditCopy`); None
+    without. Training samples decoded so are the answers the agent gives. `vocabulary` makes the
+    token ids by text (`copy_search.copy_vocabulary`), called only when there is a copy to make."""
+    from agent.copy_search import EditCopy
+
+    if example.verification.get("source") != REPAIR_SOURCE or not example.verification.get("copy_search"):
+        return None
+    task = RepairTask.from_json(example.verification["task"])
+    try:
+        broken = task.broken_text(example.original)
+    except ValueError:
+        return None
+    return EditCopy(task.path, broken, vocabulary(), tuple(task.span))
 
 
 def fix_answer(task: RepairTask) -> str:

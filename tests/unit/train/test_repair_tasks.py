@@ -289,3 +289,36 @@ def test_run_tests_in_a_src_layout_import_the_workspace_package(tmp_path):
         "import click\n\n\ndef test_where():\n    assert click.WHERE == 'workspace'\n")
     outcome = run_tests(root, ["tests/test_where.py"], timeout_s=60)
     assert (outcome.passed, outcome.failed) == (1, 0), outcome
+
+
+def test_a_repair_step_is_sampled_with_its_search_text_copied_from_the_function(workspace, tasks, runtime):
+    # As the agent's local backend decodes it (`agent.copy_search`): an edit block of the task's file
+    # quotes lines of the file with the bug in, starting among the function's lines.
+    from agent.copy_search import copy_vocabulary
+    from feedback.train.policy import sample_group, token_texts
+    from feedback.train.repair_tasks import repair_examples, repair_step_constraint
+
+    task = next(t for t in tasks if t.function == "page")
+    (example,) = repair_examples([task], workspace, runtime)
+    assert example.verification["copy_search"] is True
+    texts = token_texts(runtime.tokenizer)
+    constrain = repair_step_constraint(example, lambda: copy_vocabulary(texts))
+    broken = task.broken_text(PAGES).splitlines(keepends=True)
+    function = broken[task.span[0] - 1 : task.span[1]]
+    opened = "edit pages.py\n<<<<<<< SEARCH\n"
+    first = {texts[i] for i in constrain(opened)}
+    assert first and all(any(line.startswith(t) for line in function) for t in first)
+    assert not any(t.startswith("def page_count") for t in first)
+    assert constrain("tool\n{") is None  # outside an edit block: free
+    made = []
+    off = dataclasses.replace(example, verification={**example.verification, "copy_search": False})
+    assert repair_step_constraint(off, lambda: made.append(1)) is None and not made
+
+    # The sampler holds every row to what the constraint allows after that row's text.
+    import torch
+
+    allowed = runtime.tokenizer.encode(" one two", add_special_tokens=False)
+    prompt = torch.tensor([runtime.tokenizer.encode("Count:", add_special_tokens=False)])
+    group = sample_group(runtime.model, runtime.tokenizer, prompt, 3, 5, temperature=1.0,
+                         constrain=lambda text: set(allowed))
+    assert set(group.completions.flatten().tolist()) <= set(allowed)
