@@ -418,9 +418,9 @@ def sample_group(
     from transformers import LogitsProcessorList
 
     release_freed_heap()  # what composing and prefilling freed, before the cache grows G rows at a time
-    processors = [_Healing(tokenizer, heal, full.shape[1])] if heal else []
-    if constrain is not None:
-        processors.append(_Constrained(tokenizer, constrain, full.shape[1]))
+    if heal:
+        constrain = _healing(tokenizer, heal, constrain)
+    processors = [_Constrained(tokenizer, constrain, full.shape[1])] if constrain is not None else []
     sampling["logits_processor"] = LogitsProcessorList([*processors, TrimHeap()])
     prompts = full.expand(group_size, -1)  # [G, context + P]
     out = model.generate(
@@ -453,35 +453,10 @@ def prefilled(model, prompt: torch.Tensor, cache, start: int, rows: int):
     return cache
 
 
-class _Healing:
-    """A logits processor for token healing, as the runtime's own loop does it: while a row's new
-    text is shorter than `heal`, only tokens that agree with the rest of it are allowed."""
-
-    _texts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # every token's text, per tokenizer
-
-    def __init__(self, tokenizer, heal: str, prompt_length: int):
-        self.tokenizer, self.heal, self.prompt_length = tokenizer, heal, prompt_length
-        self.texts = token_texts(tokenizer)
-        self.allowed: dict[tuple[str, int], list[int]] = {}  # rows share them: one scan per text
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        for row in range(input_ids.shape[0]):
-            done = self.tokenizer.decode(input_ids[row, self.prompt_length:].tolist())
-            if len(done) >= len(self.heal):
-                continue
-            key = (self.heal[len(done):], scores.shape[-1])
-            if key not in self.allowed:
-                self.allowed[key] = healing_tokens(self.texts[: key[1]], key[0])
-            allowed = self.allowed[key]
-            masked = torch.full_like(scores[row], float("-inf"))
-            masked[allowed] = scores[row, allowed]
-            scores[row] = masked
-        return scores
-
-
 class _Constrained:
-    """A logits processor for a decoding constraint: each row's scores kept only where the
-    constraint allows a token after the row's text so far (all kept where it allows any, or none)."""
+    """A logits processor for a decoding constraint (`context.generation.Constrain`): each row's
+    scores kept only where the constraint allows a token after the row's text so far (all kept
+    where it allows any, or none)."""
 
     def __init__(self, tokenizer, constrain, prompt_length: int):
         self.tokenizer, self.constrain, self.prompt_length = tokenizer, constrain, prompt_length
@@ -498,11 +473,31 @@ class _Constrained:
         return scores
 
 
+def _healing(tokenizer, heal: str, then=None):
+    """Token healing as a constraint, as the runtime's own loop heals: while a row's new text is
+    shorter than `heal`, only tokens that agree with the rest of it; after that `then` (or any)."""
+    texts = token_texts(tokenizer)
+    allowed: dict[str, list[int]] = {}  # rows share them: one scan per text
+
+    def constrain(done: str):
+        if len(done) >= len(heal):
+            return then(done) if then is not None else None
+        rest = heal[len(done):]
+        if rest not in allowed:
+            allowed[rest] = healing_tokens(texts, rest)
+        return allowed[rest]
+
+    return constrain
+
+
+_TOKEN_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def token_texts(tokenizer) -> list[str]:
     """The text of every token id of `tokenizer` (decoded once per tokenizer)."""
-    texts = _Healing._texts.get(tokenizer)
+    texts = _TOKEN_TEXTS.get(tokenizer)
     if texts is None:
-        texts = _Healing._texts[tokenizer] = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+        texts = _TOKEN_TEXTS[tokenizer] = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
     return texts
 
 

@@ -322,3 +322,10 @@ def test_a_repair_step_is_sampled_with_its_search_text_copied_from_the_function(
     group = sample_group(runtime.model, runtime.tokenizer, prompt, 3, 5, temperature=1.0,
                          constrain=lambda text: set(allowed))
     assert set(group.completions.flatten().tolist()) <= set(allowed)
+    # With token healing, each row first regenerates the healed text, then the constraint holds.
+    healed = sample_group(runtime.model, runtime.tokenizer, prompt, 3, 8, temperature=1.0, heal="\n    ",
+                          constrain=lambda text: set(allowed))
+    for row in healed.completions.tolist():
+        assert runtime.tokenizer.decode(row).startswith("\n    ")
+        healing = next(n for n in range(1, len(row) + 1) if len(runtime.tokenizer.decode(row[:n])) >= 5)
+        assert healing < len(row) and set(row[healing:]) <= set(allowed)
