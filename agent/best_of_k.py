@@ -17,7 +17,7 @@ from .errors import SandboxError, ToolError
 from .protocol import ParseFailure, ToolCall
 from .tools.edit import check_edit, new_text_for, rejection_message
 from .tools.registry import ToolContext
-from .tools.tests import run_project_tests
+from .tools.tests import TestRun, run_project_tests
 
 __all__ = ["verify_candidate", "choose", "CHECKS"]
 
@@ -31,12 +31,14 @@ def _failed(checks: dict, name: str, detail: str, text: str, temperature: float)
 
 def verify_candidate(
     ctx: ToolContext, action, text: str, temperature: float, run_tests: bool = True,
-    protect_tests: bool = False,
+    protect_tests: bool = False, tests_before: TestRun | None = None,
 ) -> Candidate:
     """Apply an edit action to a copy of the overlay and check it; never raises for the model's mistakes.
 
     `protect_tests` (a request about code, not about its tests): an edit that changes a test file
-    fails the tests check, since tests it rewrote passing says nothing about the fix."""
+    fails the tests check, since tests it rewrote passing says nothing about the fix. `tests_before`:
+    the tests as they ran before any edit (the agent's first run, to the end): when some failed there,
+    the candidate's tests run to the end too and are judged against it (`TestRun.judged_against`)."""
     checks: dict[str, bool | None] = dict.fromkeys(CHECKS)
     if isinstance(action, ParseFailure) or not (isinstance(action, ToolCall) and action.name == "edit"):
         why = action.message if isinstance(action, ParseFailure) else "the answer is not an edit"
@@ -72,25 +74,30 @@ def verify_candidate(
         return candidate
     if run_tests:
         try:
-            run = run_project_tests(trial)
+            known = tests_before is not None and tests_before.passed is False and bool(tests_before.failing)
+            run = run_project_tests(trial, stop_first=not known).judged_against(tests_before)
         except ToolError as exc:
             run = None
             candidate.detail = f"tests could not run: {exc}"
         if run is not None:
             checks["tests"] = run.passed
+            candidate.failing = len(run.failing)
             if run.passed is False:
                 candidate.detail = f"the edit applies, but the tests fail: {run.summary}\n{run.report}"
+            elif run.failing:
+                candidate.detail = f"tests: {run.summary}"
     candidate.verified = checks["tests"] is not False and bool(checks["lint"])
     return candidate
 
 
 def choose(candidates: list[Candidate]) -> int | None:
-    """The index of the verified candidate with the highest log-probability (earliest on ties)."""
+    """The index of the verified candidate with the fewest tests failing (those that failed before
+    any edit), then the highest log-probability (earliest on ties)."""
     best, best_score = None, None
     for index, candidate in enumerate(candidates):
         if not candidate.verified:
             continue
-        score = candidate.logprob if candidate.logprob is not None else float("-inf")
+        score = (-candidate.failing, candidate.logprob if candidate.logprob is not None else float("-inf"))
         if best is None or score > best_score:
             best, best_score = index, score
     return best

@@ -62,6 +62,7 @@ class Candidate:
     temperature: float = 0.0
     detail: str = ""  # why a check failed
     changes: list[FileChange] = field(default_factory=list, repr=False)
+    failing: int = 0  # tests still failing with it (all of them failing before any edit too)
 
     def to_json(self) -> dict[str, Any]:
         return {"diff": self.diff, "verified": self.verified, "checks": dict(self.checks)}

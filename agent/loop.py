@@ -36,7 +36,7 @@ from .prompt import first_message, repo_map_for, select_documents, system_prompt
 from .protocol import Action, Done, ParseFailure, ToolCall, parse_action, render_tool_call
 from .sandbox import Workspace, trim_middle
 from .tools import ToolContext, ToolRegistry, default_registry
-from .tools.tests import run_project_tests
+from .tools.tests import TestRun, run_project_tests
 
 __all__ = ["AgentRequest", "AgentLoop", "run_agent"]
 
@@ -84,6 +84,7 @@ class AgentLoop:
         self.on_step = on_step
         self.should_stop = should_stop or (lambda: False)
         self._protect_tests = False
+        self._tests_before: TestRun | None = None  # the first run's tests, to the end
 
     # -- the episode ---------------------------------------------------------------------------
 
@@ -96,6 +97,7 @@ class AgentLoop:
         )
         # Asked about code (not its tests): a candidate that rewrites the tests is not verified by them.
         self._protect_tests = target is not None and not is_test_path(self.workspace.rel(target))
+        self._tests_before = None
         conversation = self._start(ctx, request, target, result)
         try:
             self._steps(ctx, conversation, request, target, result)
@@ -160,7 +162,7 @@ class AgentLoop:
 
     def _pretest(self, ctx: ToolContext, result: AgentResult) -> str | None:
         began = time.monotonic()
-        run = run_project_tests(ctx)
+        run = self._tests_before = run_project_tests(ctx, stop_first=False)
         if run.passed is None:
             return None
         text = f"{run.summary}\n{run.report}".strip() if not run.passed else f"all pass ({run.summary})"
@@ -309,7 +311,8 @@ class AgentLoop:
             parsed = action if index == 0 else self._action(sample, default_path)
             temperature = 0.0 if index == 0 else self.config.temperature
             result.candidates.append(verify_candidate(ctx, parsed, sample.text, temperature,
-                                                      protect_tests=self._protect_tests))
+                                                      protect_tests=self._protect_tests,
+                                                      tests_before=self._tests_before))
         fresh = result.candidates[round_start:]
         self._rank(conversation, samples, fresh)
         first_candidate = fresh[0]

@@ -8,9 +8,13 @@ out. For each held-out task one episode runs, as `squidcode agent` runs it (the 
 settings, K candidates, the pre-test run, Squid-composed documents), on a fresh copy with the bug in,
 asked with the task's instruction about the function's lines. Reported per task and in total:
 
-  solved        the episode's chosen candidate passes the tests (the user gets a working fix)
-  pass@1        candidate 0 (greedy) of the first round is verified
-  pass@K        one of the first round's K candidates is verified
+  solved        the episode's chosen candidate makes the task's tests pass (its test files, all of
+                them: the user gets a working fix); the agent chose it by its own checks, where a
+                test failing before any edit (toolz's `test_has_version` without the package's
+                metadata) does not reject an edit (`TestRun.judged_against`)
+  chosen        the episode chose a candidate (its own checks verified one)
+  pass@1        candidate 0 (greedy) of the first round makes the task's tests pass
+  pass@K        one of the first round's K candidates does
   reward        the mean trainer's reward (`repair_reward`) of the first round's candidates
   checks        the share of candidates that followed the format, applied, parsed, linted, passed
   steps         how many steps the episode took, and how many answers did not parse
@@ -98,14 +102,19 @@ def run_episode(backend, config, task: RepairTask, root: Path, original: str,
             AgentRequest(task.instruction, work / task.path, line_range=task.span, k=config.k))
         seconds = time.monotonic() - started
     round_one = result.candidates[: config.k]
-    verified = [c.verified and c.checks.get("tests") is True for c in round_one]
-    rewards = [repair_reward(task, c.text, scratch, original).reward for c in round_one]
+    verdicts = [repair_reward(task, c.text, scratch, original) for c in round_one]
+    verified = [v.checks.get("tests") is True for v in verdicts]
+    rewards = [v.reward for v in verdicts]
     chosen = result.candidates[result.chosen] if result.chosen is not None else None
+    # Solved: the edit the agent chose makes the task's tests pass (all of its test files), judged
+    # as the task was made; the agent's own check only chose it.
+    judged = repair_reward(task, chosen.text, scratch, original) if chosen is not None else None
     return {
         "task": task.id, "path": task.path, "function": task.function, "kind": task.kind,
         "seconds": round(seconds, 1), "stop_reason": result.stop_reason,
         "steps": len(result.steps), "invalid_steps": sum(s.tool == "invalid" for s in result.steps),
-        "solved": bool(chosen and chosen.checks.get("tests") is True),
+        "solved": bool(judged and judged.checks.get("tests") is True),
+        "chosen": chosen is not None,
         "pass@1": bool(verified[:1] and verified[0]), "pass@k": any(verified),
         "reward": statistics.fmean(rewards) if rewards else 0.0,
         "candidates": [{"checks": c.checks, "answer": c.text[:300]} for c in round_one],
@@ -177,7 +186,7 @@ def summarise(rows: list[dict]) -> dict:
     cands = [c for r in rows for c in r["candidates"]]
     return {
         "tasks": len(rows),
-        **{key: round(sum(r[key] for r in rows) / n, 3) for key in ("solved", "pass@1", "pass@k")},
+        **{key: round(sum(r[key] for r in rows) / n, 3) for key in ("solved", "chosen", "pass@1", "pass@k")},
         "reward": round(statistics.fmean(r["reward"] for r in rows), 3) if rows else 0.0,
         "checks": {check: round(sum(bool(c["checks"].get(check)) for c in cands) / max(len(cands), 1), 3)
                    for check in ("format", "applies", "parse", "lint", "tests")},

@@ -18,6 +18,7 @@ tests collected (unittest: pytest is not installed)", never as passing.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
@@ -44,14 +45,33 @@ _UNITTEST_REPORT = re.compile(r"^={20,}$", re.M)
 WITHOUT_PYTEST = "unittest: pytest is not installed"
 
 
+_FAILED_ID = re.compile(r"^(?:FAILED|ERROR) (\S+?)(?: - .*)?$", re.M)
+
+
 @dataclass(frozen=True)
 class TestRun:
-    """One pytest run: `passed` is None when there was nothing to run."""
+    """One pytest run: `passed` is None when there was nothing to run; `failing`, the ids of the
+    tests that failed (pytest's short summary; empty when it printed none)."""
 
     passed: bool | None
     summary: str
     report: str
     timed_out: bool
+    failing: tuple[str, ...] = ()
+
+    def judged_against(self, before: TestRun | None) -> TestRun:
+        """This run (after an edit) judged against `before` (the run before it), when that one
+        failed: passed when every test failing now failed before as well, and fewer fail. Tests that
+        fail whatever the edit does (a missing service, an uninstalled package's metadata) then
+        do not reject every edit, while an edit that breaks a passing test still fails."""
+        if before is None or before.passed is not False or not before.failing or self.passed is not False:
+            return self
+        if self.timed_out or not self.failing or not set(self.failing) < set(before.failing):
+            return self
+        fixed = len(before.failing) - len(self.failing)
+        summary = (f"{self.summary}; {fixed} of the {len(before.failing)} tests failing before the edit "
+                   "pass, the rest failed before it too")
+        return dataclasses.replace(self, passed=True, summary=summary)
 
 
 def _listed_files(ctx: ToolContext, root: Path) -> list[Path]:
@@ -145,10 +165,12 @@ def python_path(root: Path) -> str:
     return os.pathsep.join([str(src)] * with_src + [str(root)])
 
 
-def run_project_tests(ctx: ToolContext, target: str | None = None, timeout_s: float | None = None) -> TestRun:
+def run_project_tests(ctx: ToolContext, target: str | None = None, timeout_s: float | None = None,
+                      stop_first: bool = True) -> TestRun:
+    """The tests (all, or `target`) on the overlay; with `stop_first`, up to the first failure."""
     timeout = min(timeout_s or ctx.config.test_timeout_s, ctx.config.test_timeout_s)
-    argv = ["python", "-m", "pytest", "-q", "-x", "--tb=short", "-p", "no:cacheprovider", "--color=no",
-            "--capture=tee-sys"]
+    argv = ["python", "-m", "pytest", "-q", *["-x"] * stop_first, "--tb=short", "-p", "no:cacheprovider",
+            "--color=no", "--capture=tee-sys"]
     if target:
         node = target.split("::", 1)
         ctx.workspace.resolve(node[0])  # inside the workspace, or refused
@@ -181,7 +203,8 @@ def run_project_tests(ctx: ToolContext, target: str | None = None, timeout_s: fl
     summary = found[-1][0] if found else f"pytest exited with {result.returncode}"
     if result.returncode == 0:
         return TestRun(True, summary, "", False)
-    return TestRun(False, summary, _failure_report(output), False)
+    failing = tuple(dict.fromkeys(_FAILED_ID.findall(output)))
+    return TestRun(False, summary, _failure_report(output), False, failing)
 
 
 def run_tests(ctx: ToolContext, args: dict) -> ToolResult:

@@ -170,3 +170,37 @@ def test_whole_lines_match_where_a_line_starts_not_inside_a_more_indented_line(c
     piece = {"search": "in d:", "replace": "in e:"}
     thrice = default_registry().call(ctx, "edit", {"path": "calc.py", "blocks": [piece]})
     assert not thrice.ok and "matches 3 places" in thrice.output
+
+
+def test_tests_failing_before_any_edit_do_not_reject_a_fix_but_a_broken_test_does(ctx, project):
+    # `test_env` fails whatever the edit does (a variable the runner does not have); `test_add`
+    # fails on the bug. Run to the end before the edit, the fix is judged against that run.
+    from agent.best_of_k import choose, verify_candidate
+    from agent.protocol import ToolCall
+    from agent.tools.tests import run_project_tests
+
+    env_test = "import os\n\n\ndef test_env():\n    assert os.environ['SERVICE_URL']\n"
+    (project / "test_env.py").write_text(env_test, encoding="utf-8")
+    before = run_project_tests(ctx, stop_first=False)
+    assert before.passed is False
+    assert set(before.failing) == {"test_calc.py::test_add", "test_env.py::test_env"}
+    assert len(run_project_tests(ctx).failing) == 1  # stopped at the first failure
+
+    def candidate(search, replace):
+        edit = ToolCall("edit", {"path": "calc.py", "blocks": [{"search": search, "replace": replace}]})
+        return verify_candidate(ctx, edit, "", 0.0, tests_before=before)
+
+    fix = candidate("    return a - b", "    return a + b")
+    assert fix.verified and fix.checks["tests"] is True and fix.failing == 1
+    assert "1 of the 2 tests failing before the edit pass" in fix.detail
+    breaks = candidate("    return sum(values) / len(values)", "    return sum(values)")  # breaks test_mean
+    assert not breaks.verified and breaks.checks["tests"] is False
+    same = candidate("    return a - b", "    return a - b - 0")  # changes nothing the tests see
+    assert not same.verified and same.checks["tests"] is False
+    # Without the run before, the test that fails anyway rejects the fix, as it did.
+    edit = ToolCall("edit", FIX)
+    assert verify_candidate(ctx, edit, "", 0.0).checks["tests"] is False
+    # Of two verified candidates, the one that leaves fewer tests failing is chosen.
+    fix.logprob, worse = -2.0, candidate("    return a - b", "    return b + a")
+    worse.failing, worse.logprob = 2, -0.1
+    assert choose([worse, fix]) == 1
