@@ -37,7 +37,7 @@ def verify_candidate(
 
     `protect_tests` (a request about code, not about its tests): an edit that changes a test file
     fails the tests check, since tests it rewrote passing says nothing about the fix. `tests_before`:
-    the tests as they ran before any edit (the agent's first run, to the end): when some failed there,
+    the tests as they ran before any edit (the agent's first run, run to the end): when some failed there,
     the candidate's tests run to the end too and are judged against it (`TestRun.judged_against`)."""
     checks: dict[str, bool | None] = dict.fromkeys(CHECKS)
     if isinstance(action, ParseFailure) or not (isinstance(action, ToolCall) and action.name == "edit"):

@@ -162,7 +162,11 @@ class AgentLoop:
 
     def _pretest(self, ctx: ToolContext, result: AgentResult) -> str | None:
         began = time.monotonic()
-        run = self._tests_before = run_project_tests(ctx, stop_first=False)
+        run = self._tests_before = run_project_tests(ctx)
+        if run.passed is False and not run.timed_out:
+            # What the model is shown stops at the first failure; the candidates are judged against
+            # every test failing now, which a second run to the end finds.
+            self._tests_before = run_project_tests(ctx, stop_first=False)
         if run.passed is None:
             return None
         text = f"{run.summary}\n{run.report}".strip() if not run.passed else f"all pass ({run.summary})"
