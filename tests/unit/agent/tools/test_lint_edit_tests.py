@@ -204,3 +204,23 @@ def test_tests_failing_before_any_edit_do_not_reject_a_fix_but_a_broken_test_doe
     fix.logprob, worse = -2.0, candidate("    return a - b", "    return b + a")
     worse.failing, worse.logprob = 2, -0.1
     assert choose([worse, fix]) == 1
+
+
+def test_the_agents_first_run_shows_the_first_failure_and_judges_against_all(project):
+    # The model is shown the run that stops at the first failure (as it was trained to read it);
+    # candidates are judged against a second run to the end.
+    from agent.backends import LocalBackend
+    from agent.loop import AgentLoop, AgentRequest
+    from agent.sandbox import Workspace
+    from context.config import AgentConfig
+
+    class Runtime:  # a stand-in: the conversation is built before anything is generated
+        pass
+
+    env_test = "import os\n\n\ndef test_env():\n    assert os.environ['SERVICE_URL']\n"
+    (project / "test_env.py").write_text(env_test, encoding="utf-8")
+    loop = AgentLoop(LocalBackend(Runtime()), Workspace([project]), AgentConfig(test_timeout_s=30))
+    conversation = loop.first_conversation(AgentRequest("fix add", project / "calc.py"))
+    shown = conversation.messages[-1]["content"]
+    assert "stopping after 1 failures" in shown and shown.count("FAILED ") == 1
+    assert set(loop._tests_before.failing) == {"test_calc.py::test_add", "test_env.py::test_env"}
