@@ -163,7 +163,7 @@ class AgentLoop:
     def _pretest(self, ctx: ToolContext, result: AgentResult) -> str | None:
         began = time.monotonic()
         run = self._tests_before = run_project_tests(ctx)
-        if run.passed is False and run.failing and not run.timed_out:
+        if run.passed is False and run.failing and not run.timed_out and not self.should_stop():
             # What the model is shown stops at the first failure; the candidates are judged against
             # every test failing now, which a second run to the end finds (a run that names no
             # failing test, unittest's or one that crashed, has nothing to judge against).
