@@ -167,10 +167,13 @@ def python_path(root: Path) -> str:
 
 def run_project_tests(ctx: ToolContext, target: str | None = None, timeout_s: float | None = None,
                       stop_first: bool = True) -> TestRun:
-    """The tests (all, or `target`) on the overlay; with `stop_first`, up to the first failure."""
+    """The tests (all, or `target`) on the overlay; with `stop_first`, up to the first failure.
+    Without it, a test module that cannot be imported does not stop the run (pytest stops every test
+    at a collection error otherwise): it counts among the failing, and the other modules run."""
     timeout = min(timeout_s or ctx.config.test_timeout_s, ctx.config.test_timeout_s)
-    argv = ["python", "-m", "pytest", "-q", *["-x"] * stop_first, "--tb=short", "-p", "no:cacheprovider",
-            "--color=no", "--capture=tee-sys"]
+    to_the_end = [] if stop_first else ["--continue-on-collection-errors"]
+    argv = ["python", "-m", "pytest", "-q", *["-x"] * stop_first, *to_the_end, "--tb=short", "-p",
+            "no:cacheprovider", "--color=no", "--capture=tee-sys"]
     if target:
         node = target.split("::", 1)
         ctx.workspace.resolve(node[0])  # inside the workspace, or refused

@@ -224,3 +224,21 @@ def test_the_agents_first_run_shows_the_first_failure_and_judges_against_all(pro
     shown = conversation.messages[-1]["content"]
     assert "stopping after 1 failures" in shown and shown.count("FAILED ") == 1
     assert set(loop._tests_before.failing) == {"test_calc.py::test_add", "test_env.py::test_env"}
+
+
+def test_a_test_module_that_cannot_be_imported_does_not_reject_every_fix(ctx, project):
+    # pytest stops every test at a collection error unless told otherwise: the run to the end goes
+    # on past it, counts the module among the failing, and a fix elsewhere is judged on the rest.
+    from agent.best_of_k import verify_candidate
+    from agent.protocol import ToolCall
+    from agent.tools.tests import run_project_tests
+
+    (project / "test_broken.py").write_text("import module_nobody_installed\n\n\ndef test_it():\n    pass\n",
+                                            encoding="utf-8")
+    stopped = run_project_tests(ctx)
+    assert stopped.passed is False and stopped.failing == ("test_broken.py",)
+    before = run_project_tests(ctx, stop_first=False)
+    assert set(before.failing) == {"test_broken.py", "test_calc.py::test_add"}
+    fix = verify_candidate(ctx, ToolCall("edit", FIX), "", 0.0, tests_before=before)
+    assert fix.verified and fix.failing == 1
+    assert "1 of the 2 tests failing before the edit pass" in fix.detail
