@@ -27,7 +27,13 @@ has nothing to compare), then GRPO with the repair reward (its own attempts, che
 a group whose samples all earn the same gets the fix as its last sample, `train.guide_flat_groups`).
 
     python bench/bench_agent_repair.py --git-dir /work/.mirror/pytoolz+toolz/repo --commit 5eee30e \\
-        --tasks 24 --k 4 --threads 2 [--adapter DIR [--with-base]] [--no-copy-search] [--json out.json]
+        --tasks 24 --k 4 --threads 2 [--adapter DIR [--with-base]] [--no-copy-search] [--peer] \\
+        [--json out.json]
+
+`--peer`: the same episodes with the base model served by llama.cpp's server (llama-cpp-python,
+built by `.ci/install-llama-server.sh`) on the same GGUF, through the agent's OpenAI-compatible
+backend with the text tool protocol, as an admin who points squidcode at a local server would run
+it (the copy constraint of `agent.copy_search` needs the local model's logits: not there).
 
 toolz (BSD-3-Clause) at 5eee30e: the last commit before its pytest configuration turned warnings into
 errors (the agent runs tests with squidcode's interpreter, whose pytest plugins warn).
@@ -121,6 +127,40 @@ def run_episode(backend, config, task: RepairTask, root: Path, original: str,
         "step_kinds": [s.tool for s in result.steps],
         "invalid_answers": [s.answer[:300] for s in result.steps if s.tool == "invalid"][:3],
     }
+
+
+def _print_row(label: str, task: RepairTask, row: dict, k: int) -> None:
+    print(f"{label} {task.path}:{task.line} {task.kind:10} solved {row['solved']!s:5} "
+          f"pass@{k} {row['pass@k']!s:5} reward {row['reward']:.2f} "
+          f"steps {row['step_kinds']} {row['seconds']:.0f}s", flush=True)
+
+
+def run_peer(args, held: list[RepairTask], root: Path, tmp: Path) -> dict:
+    """The held-out episodes with the base model served by llama.cpp's server (the peer)."""
+    from bench_completion import LlamaServer
+
+    from agent.backends import OpenAIBackend
+    from context.config import AgentConfig
+
+    if not LlamaServer.available():
+        raise SystemExit("--peer: no llama.cpp server here (run .ci/install-llama-server.sh)")
+    server = LlamaServer(tmp / "llama.log", args.threads, n_ctx=8192)
+    rows = []
+    try:
+        server.wait_ready()
+        config = replace(AgentConfig(), k=args.k, memory=False, backend="openai", tool_protocol="text")
+        backend = OpenAIBackend(server.base_url, "smollm2", native_tools=False, timeout_s=600.0)
+        with RepairWorkspace(root) as scratch:
+            for task in held:
+                original = (root / task.path).read_text(encoding="utf-8")
+                rows.append(run_episode(backend, config, task, root, original, scratch))
+                _print_row("llama.cpp", task, rows[-1], args.k)
+        backend.close()
+    finally:
+        server.close()
+    summary = summarise(rows)
+    print(f"llama.cpp: {json.dumps(summary)}", flush=True)
+    return {"summary": summary, "tasks": rows}
 
 
 def train_adapter(args, train: list[RepairTask], root: Path, out: Path) -> dict:
@@ -220,6 +260,9 @@ def main() -> int:
                         help="agent.copy_search off (on by default, as in the product): the search text "
                              "of an edit block the model opens is not decoded as a copy of the file")
     parser.add_argument("--with-base", action="store_true", help="with --adapter: the base model too")
+    parser.add_argument("--peer", action="store_true",
+                        help="also the base model served by llama.cpp's server, through the OpenAI backend")
+    parser.add_argument("--only-peer", action="store_true", help="with --peer: no local model's episodes")
     parser.add_argument("--keep-adapter", type=Path, help="save the trained adapter here")
     parser.add_argument("--tasks-json", type=Path, help="write the tasks made (train and held out) here")
     parser.add_argument("--json", type=Path)
@@ -256,7 +299,11 @@ def main() -> int:
             shown = {k: v for k, v in training.items() if k != "sft_losses"}
             print(f"trained: {json.dumps(shown)}", flush=True)
             adapters.append(("trained", out, True))
+        if args.only_peer:
+            adapters = []
         results = {}
+        if args.peer:
+            results["llama.cpp"] = run_peer(args, held, root, Path(tmp))
         for label, adapter, fallback in adapters:
             config = replace(AgentConfig(), k=args.k, memory=False, edit_fallback=fallback,
                              copy_search=args.copy_search)
@@ -271,9 +318,7 @@ def main() -> int:
                     original = (root / task.path).read_text(encoding="utf-8")
                     row = run_episode(backend, config, task, root, original, scratch)
                     rows.append(row)
-                    print(f"{label} {task.path}:{task.line} {task.kind:10} solved {row['solved']!s:5} "
-                          f"pass@{args.k} {row['pass@k']!s:5} reward {row['reward']:.2f} "
-                          f"steps {row['step_kinds']} {row['seconds']:.0f}s", flush=True)
+                    _print_row(label, task, row, args.k)
             results[label] = {"summary": summarise(rows), "tasks": rows}
             print(f"{label}: {json.dumps(results[label]['summary'])}", flush=True)
     summary = {label: r["summary"] for label, r in results.items()}

@@ -560,7 +560,7 @@ def run_raw(positions: list[Position], runtime) -> list[dict]:
 class LlamaServer:
     """llama-cpp-python's server on the embedded GGUF, on a free loopback port."""
 
-    def __init__(self, log_path: Path, threads: int):
+    def __init__(self, log_path: Path, threads: int, n_ctx: int = 2048):
         from context.runtime import locate_embedded_gguf
 
         with socket.socket() as sock:
@@ -570,9 +570,10 @@ class LlamaServer:
         self.proc = subprocess.Popen(
             [str(LLAMA_SERVER_DIR / "bin" / "python"), "-m", "llama_cpp.server", "--model",
              str(locate_embedded_gguf()), "--host", "127.0.0.1", "--port", str(self.port),
-             "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", "2048"],
+             "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx)],
             stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{self.port}/v1/completions"
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.url = f"{self.base_url}/completions"
 
     @staticmethod
     def available() -> bool:
