@@ -8,7 +8,9 @@ the feedback store.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import difflib
 
 from context.index.retrieval import is_test_path
 
@@ -27,6 +29,35 @@ CHECKS = ("format", "applies", "parse", "lint", "tests")
 def _failed(checks: dict, name: str, detail: str, text: str, temperature: float) -> Candidate:
     checks[name] = False
     return Candidate("", False, checks, text, None, temperature, detail)
+
+
+def changed_spans(before: str, after: str) -> list[tuple[int, int]]:
+    """The lines of `after` (1-based, inclusive) an edit changed, each widened to the function or
+    method around it (the innermost `def` holding it; the changed lines alone at module level)."""
+    old, new = before.splitlines(), after.splitlines()
+    changed = [(j1 + 1, max(j1 + 1, j2)) for tag, _, _, j1, j2 in
+               difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes() if tag != "equal"]
+    try:
+        defs = [(n.lineno, n.end_lineno or n.lineno) for n in ast.walk(ast.parse(after))
+                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    except (SyntaxError, ValueError):
+        defs = []
+    spans = []
+    for a, b in changed:
+        around = [d for d in defs if d[0] <= a and b <= d[1]]
+        spans.append(max(around, key=lambda d: d[0]) if around else (a, b))
+    return spans
+
+
+def _partial_fix(run: TestRun, rel: str, before: str, after: str) -> TestRun:
+    """A run judged against the tests failing before the edit (`TestRun.judged_against`) passes
+    with some of them still failing; when one of those fails through the function the edit changed,
+    the edit is a partial fix of that function, not a fix that leaves unrelated failures alone."""
+    if not run.passed or not run.failing or not run.failing_through(rel, changed_spans(before, after)):
+        return run
+    summary = (f"{run.summary}; tests that failed before the edit still fail through the code it "
+               "changed (a partial fix)")
+    return dataclasses.replace(run, passed=False, summary=summary)
 
 
 def verify_candidate(
@@ -76,6 +107,7 @@ def verify_candidate(
         try:
             known = tests_before is not None and tests_before.passed is False and bool(tests_before.failing)
             run = run_project_tests(trial, stop_first=not known).judged_against(tests_before)
+            run = _partial_fix(run, ctx.workspace.rel(path), before, after)
         except ToolError as exc:
             run = None
             candidate.detail = f"tests could not run: {exc}"

@@ -46,6 +46,8 @@ WITHOUT_PYTEST = "unittest: pytest is not installed"
 
 
 _FAILED_ID = re.compile(r"^(?:FAILED|ERROR) (\S+?)(?: - .*)?$", re.M)
+# A frame of a short traceback: "toolz/itertoolz.py:801: in getter".
+_FRAME = re.compile(r"^(?:\./)?([^\s:<][^:\n]*\.py):(\d+): in ", re.M)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,13 @@ class TestRun:
     report: str
     timed_out: bool
     failing: tuple[str, ...] = ()
+    # (file, line) of every frame in the failures' tracebacks, the files relative to the workspace.
+    frames: tuple[tuple[str, int], ...] = ()
+
+    def failing_through(self, path: str, spans: list[tuple[int, int]]) -> bool:
+        """Whether a failing test's traceback passes through lines `spans` (1-based, inclusive) of
+        `path`: the code an edit changed still fails for some test."""
+        return any(file == path and any(a <= line <= b for a, b in spans) for file, line in self.frames)
 
     def judged_against(self, before: TestRun | None) -> TestRun:
         """This run (after an edit) judged against `before` (the run before it), when that one
@@ -207,7 +216,10 @@ def run_project_tests(ctx: ToolContext, target: str | None = None, timeout_s: fl
     if result.returncode == 0:
         return TestRun(True, summary, "", False)
     failing = tuple(dict.fromkeys(_FAILED_ID.findall(output)))
-    return TestRun(False, summary, _failure_report(output), False, failing)
+    section = _SECTION.search(output)
+    tracebacks = output[section.start() :] if section else ""
+    frames = tuple(dict.fromkeys((f, int(n)) for f, n in _FRAME.findall(tracebacks)))
+    return TestRun(False, summary, _failure_report(output), False, failing, frames)
 
 
 def run_tests(ctx: ToolContext, args: dict) -> ToolResult:

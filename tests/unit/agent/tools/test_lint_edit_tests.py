@@ -242,3 +242,40 @@ def test_a_test_module_that_cannot_be_imported_does_not_reject_every_fix(ctx, pr
     fix = verify_candidate(ctx, ToolCall("edit", FIX), "", 0.0, tests_before=before)
     assert fix.verified and fix.failing == 1
     assert "1 of the 2 tests failing before the edit pass" in fix.detail
+
+
+def test_a_partial_fix_is_not_verified_when_a_test_still_fails_through_the_code_it_changed(ctx, project):
+    # `ratio` fails for both tests; `test_env` fails whatever the edit does. An edit that fixes one
+    # of ratio's tests and still fails the other inside ratio is a partial fix, not verified; the
+    # whole fix is verified with only test_env still failing (its traceback never enters ratio).
+    from agent.best_of_k import changed_spans, verify_candidate
+    from agent.protocol import ToolCall
+    from agent.tools.tests import run_project_tests
+
+    (project / "ratios.py").write_text('"""Ratios."""\n\n\ndef ratio(a, b):\n    return a / b.total\n',
+                                       encoding="utf-8")
+    (project / "test_ratios.py").write_text(
+        "from ratios import ratio\n\n\ndef test_ratio():\n    assert ratio(6, 3) == 2\n\n\n"
+        "def test_ratio_float():\n    assert ratio(1.0, 4.0) == 0.25\n", encoding="utf-8")
+    env_test = "import os\n\n\ndef test_env():\n    assert os.environ['SERVICE_URL']\n"
+    (project / "test_env.py").write_text(env_test, encoding="utf-8")
+    (project / "calc.py").write_text((project / "calc.py").read_text().replace("a - b", "a + b"))
+    before = run_project_tests(ctx, stop_first=False)
+    assert set(before.failing) == {"test_ratios.py::test_ratio", "test_ratios.py::test_ratio_float",
+                                   "test_env.py::test_env"}
+    assert ("ratios.py", 5) in before.frames
+
+    def candidate(replace):
+        blocks = [{"search": "    return a / b.total", "replace": replace}]
+        return verify_candidate(ctx, ToolCall("edit", {"path": "ratios.py", "blocks": blocks}), "", 0.0,
+                                tests_before=before)
+
+    partial = candidate("    return a // b if isinstance(b, int) else a / b.total")
+    assert not partial.verified and partial.checks["tests"] is False and partial.failing == 2
+    assert "still fail through the code it changed" in partial.detail
+    whole = candidate("    return a / b")
+    assert whole.verified and whole.failing == 1
+    # The span widened to the function around the change; module-level lines stay as they are.
+    text = "X = 1\n\n\ndef f():\n    a = 1\n    return a\n"
+    assert changed_spans(text, text.replace("return a", "return a + 1")) == [(4, 6)]
+    assert changed_spans(text, text.replace("X = 1", "X = 2")) == [(1, 1)]
