@@ -147,17 +147,19 @@ def run_peer(args, held: list[RepairTask], root: Path, tmp: Path) -> dict:
     if not LlamaServer.available():
         raise SystemExit("--peer: no llama.cpp server here (run .ci/install-llama-server.sh)")
     server = LlamaServer(tmp / "llama.log", args.threads, n_ctx=8192)
+    config = replace(AgentConfig(), k=args.k, memory=False, backend="openai", tool_protocol="text")
     rows = []
     try:
         server.wait_ready()
-        config = replace(AgentConfig(), k=args.k, memory=False, backend="openai", tool_protocol="text")
         backend = OpenAIBackend(server.base_url, "smollm2", native_tools=False, timeout_s=600.0)
-        with RepairWorkspace(root) as scratch:
-            for task in held:
-                original = (root / task.path).read_text(encoding="utf-8")
-                rows.append(run_episode(backend, config, task, root, original, scratch))
-                _print_row("llama.cpp", task, rows[-1], args.k)
-        backend.close()
+        try:
+            with RepairWorkspace(root) as scratch:
+                for task in held:
+                    original = (root / task.path).read_text(encoding="utf-8")
+                    rows.append(run_episode(backend, config, task, root, original, scratch))
+                    _print_row("llama.cpp", task, rows[-1], args.k)
+        finally:
+            backend.close()
     finally:
         server.close()
     summary = summarise(rows)
@@ -264,7 +266,7 @@ def main() -> int:
     parser.add_argument("--with-base", action="store_true", help="with --adapter: the base model too")
     parser.add_argument("--peer", action="store_true",
                         help="also the base model served by llama.cpp's server, through the OpenAI backend")
-    parser.add_argument("--only-peer", action="store_true", help="with --peer: no local model's episodes")
+    parser.add_argument("--only-peer", action="store_true", help="the peer's episodes alone (implies --peer)")
     parser.add_argument("--keep-adapter", type=Path, help="save the trained adapter here")
     parser.add_argument("--tasks-json", type=Path, help="write the tasks made (train and held out) here")
     parser.add_argument("--json", type=Path)
@@ -304,7 +306,7 @@ def main() -> int:
         if args.only_peer:
             adapters = []
         results = {}
-        if args.peer:
+        if args.peer or args.only_peer:
             results["llama.cpp"] = run_peer(args, held, root, Path(tmp))
         for label, adapter, fallback in adapters:
             config = replace(AgentConfig(), k=args.k, memory=False, edit_fallback=fallback,
