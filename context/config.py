@@ -294,6 +294,12 @@ class TrainConfig:
     # one-line bug its tests catch, asked as the agent is asked), at most this many; they need the
     # workspace's tests to pass with pytest. 0: none.
     repair_tasks: int = field(default=0, metadata=_range(0, 10_000))
+    # A Squid reader distilled from the workspace's own files by the background scheduler when it has
+    # nothing new to train the adapter on (`feedback.train.reader_round`): this many task sets of 5
+    # (40: about an hour on one core for the embedded model), again when a quarter of the files
+    # changed; kept only if it reads held-out files' compositions closer to full prefill. Completions
+    # read through it while `squid.reader` is unset and no adapter is applied. 0: none.
+    reader_sets: int = field(default=0, metadata=_range(0, 10_000))
     # Whose weights encode a completion's Squid reference documents for the adapter being trained
     # (`feedback.train.references`): "round" = the adapter's as the round began, as the server held
     # them while it served (encoded once a round); "step" = the weights of each step (encoded again

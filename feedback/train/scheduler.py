@@ -5,7 +5,9 @@
 SIGTERM / SIGINT) stops the round at the next step boundary with its checkpoint saved, and the next
 round resumes it. A new round starts only when what it would train on changed since the last
 finished one (`service.training_inputs`: new or changed episodes, and with
-`train.repository_tasks` the workspace's files): an idle machine with nothing new stays idle.
+`train.repository_tasks` the workspace's files); with nothing new, and `train.reader_sets`, it
+distils the workspace's Squid reader when one is due (`reader_round`); otherwise an idle machine
+stays idle.
 `spawn_background` starts it detached from the editor (`squidcode train` in a new session); the
 server and `squidcode train status` follow it through the status file.
 """
@@ -62,20 +64,30 @@ def install_stop_signals(stop: threading.Event) -> None:
 def run_scheduler(
     config: SquidConfig, *, stop: threading.Event, rounds: int | None = None, poll_s: float = 30.0,
     idle: IdleDetector | None = None, steps: int | None = None, round_fn=None, inputs_fn=None,
+    reader_fn=None,
 ) -> int:
     """Run training rounds while idle until `stop` is set (or `rounds` rounds ran); returns rounds run.
 
     `inputs_fn(config)` digests what a round would train on (default `service.training_inputs` of
     the current directory); a round that finished (promoted or rejected) records it, and no new
-    round starts until it changes. A stopped round's checkpoint is always resumed.
+    round starts until it changes. A stopped round's checkpoint is always resumed. With nothing new
+    to train on, `reader_fn(config, paths=, should_stop=)` (default `reader_round.run_reader_round`:
+    the workspace's Squid reader, with `train.reader_sets`) may distil; a distillation counts as a
+    round, and None from it (none due) as nothing done.
     """
+    from .reader_round import run_reader_round
     from .service import run_round, training_inputs
 
     round_fn = round_fn or run_round
     inputs_fn = inputs_fn or training_inputs
+    reader_fn = reader_fn or run_reader_round
     paths = train_paths(config)
     idle = idle or IdleDetector(config.train.idle_load)
     _lower_priority(config.train.nice)
+
+    def should_stop() -> bool:
+        return stop.is_set() or not idle.is_idle(training=True)
+
     done = 0
     while not stop.is_set() and (rounds is None or done < rounds):
         if not idle.is_idle():
@@ -85,11 +97,14 @@ def run_scheduler(
         try:
             inputs = inputs_fn(config)
             if inputs == _last_inputs(paths) and not (paths.run_dir / "checkpoint").exists():
-                write_status(paths.status, "waiting", message="nothing new to train on since the last round")
-                stop.wait(poll_s)
+                if reader_fn(config, paths=paths, should_stop=should_stop) is None:
+                    write_status(paths.status, "waiting",
+                                 message="nothing new to train on since the last round")
+                    stop.wait(poll_s)
+                    continue
+                done += 1
                 continue
-            result = round_fn(config, steps=steps, paths=paths,
-                              should_stop=lambda: stop.is_set() or not idle.is_idle(training=True))
+            result = round_fn(config, steps=steps, paths=paths, should_stop=should_stop)
             if getattr(result, "state", None) in ("promoted", "rejected"):
                 _record_inputs(paths, inputs)
         except SquidcodeError as exc:
@@ -113,6 +128,7 @@ def _last_inputs(paths: TrainPaths) -> str | None:
 
 def _record_inputs(paths: TrainPaths, inputs: str) -> None:
     path = _inputs_file(paths)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(inputs)
     os.replace(tmp, path)

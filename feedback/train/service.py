@@ -39,6 +39,7 @@ __all__ = [
     "BUNDLED_TASKS",
     "RoundResult",
     "episode_reward",
+    "indexed_python",
     "load_training_data",
     "run_round",
     "task_reward",
@@ -159,19 +160,24 @@ def training_inputs(config: SquidConfig, source: EpisodeSource | None = None,
         digest.update(json.dumps([ex.id, ex.kept_text, ex.reverted, ex.reverted_text]).encode())
     roots = [Path.cwd()] if roots is None else roots
     if (config.train.repository_tasks > 0 or config.train.repair_tasks > 0) and roots:
-        from context.index.indexer import Indexer, default_index_path
-        from context.index.store import IndexStore
-
-        absolute = [Path(r).absolute() for r in roots]
-        store = IndexStore(default_index_path(absolute))
-        try:
-            Indexer(absolute, store, workers=0).index_all()
-            for row in store.all_files():
-                if row.language == "python":
-                    digest.update(f"\0{row.path}\0{row.content_hash}".encode())
-        finally:
-            store.close()
+        for path, content_hash in indexed_python(roots).items():
+            digest.update(f"\0{path}\0{content_hash}".encode())
     return digest.hexdigest()
+
+
+def indexed_python(roots: Sequence[Path]) -> dict[str, str]:
+    """The workspace's Python files as its index has them ({path: content hash}, in the index's
+    order), the index brought up to date first (after the server's first pass that only checks)."""
+    from context.index.indexer import Indexer, default_index_path
+    from context.index.store import IndexStore
+
+    absolute = [Path(r).absolute() for r in roots]
+    store = IndexStore(default_index_path(absolute))
+    try:
+        Indexer(absolute, store, workers=0).index_all()
+        return {row.path: row.content_hash for row in store.all_files() if row.language == "python"}
+    finally:
+        store.close()
 
 
 def repair_training_tasks(config: SquidConfig, runtime, roots: Sequence[Path],

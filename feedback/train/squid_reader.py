@@ -24,7 +24,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -36,7 +36,8 @@ from context.squid.reader import READER_FILE
 
 from .policy import attach_lora
 
-__all__ = ["ReaderReport", "ReaderSettings", "distil_reader", "source_documents"]
+__all__ = ["ReaderReport", "ReaderSettings", "ReaderStopped", "distil_reader", "source_documents",
+           "workspace_documents"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,14 @@ class ReaderReport:
     teacher_s: float = 0.0
     train_s: float = 0.0
     sources: list[str] = field(default_factory=list)  # the files the tasks were made from
+    # On held-out documents (`held_out`): the mean KL from full prefill of the composition read
+    # without the reader and with it (None: no held-out documents).
+    held_out_kl: float | None = None
+    held_out_kl_reader: float | None = None
+
+
+class ReaderStopped(Exception):
+    """`should_stop` said stop: the distillation ended between two tasks, nothing saved."""
 
 
 def source_documents(runtime, roots: list[Path], *, min_tokens: int, limit: int, seed: int = 0,
@@ -73,18 +82,35 @@ def source_documents(runtime, roots: list[Path], *, min_tokens: int, limit: int,
     drawn in an order shuffled by `seed`; a file whose path relative to its root matches a glob of
     `exclude` (`click/*`) is left out. A file is read as UTF-8 (undecodable bytes replaced); only its
     first `min_tokens * 12` characters are tokenized."""
-    files = sorted({p.resolve() for root in roots for p in Path(root).rglob("*.py")
-                    if p.is_file() and p.stat().st_size > min_tokens * 3
-                    and not any(fnmatch.fnmatch(p.relative_to(root).as_posix(), g) for g in exclude)})
+    files = [p for root in roots for p in Path(root).rglob("*.py")
+             if not any(fnmatch.fnmatch(p.relative_to(root).as_posix(), g) for g in exclude)]
+    return workspace_documents(runtime, files, min_tokens=min_tokens, limit=limit, seed=seed)
+
+
+def workspace_documents(runtime, files: list[Path], *, min_tokens: int, limit: int,
+                        seed: int = 0) -> list[tuple[str, list[int]]]:
+    """`source_documents` of a list of files (the index's, say)."""
+    files = sorted({p.resolve() for p in files if _size(p) > min_tokens * 3})
     random.Random(seed).shuffle(files)
     out = []
     for path in files:
-        ids = runtime.encode(path.read_text(encoding="utf-8", errors="replace")[: min_tokens * 12])
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:  # gone since it was listed
+            continue
+        ids = runtime.encode(text[: min_tokens * 12])
         if len(ids) >= min_tokens:
             out.append((str(path), ids))
             if len(out) >= limit:
                 break
     return out
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size if path.is_file() else 0
+    except OSError:
+        return 0
 
 
 def _queries(rng: random.Random, documents: list[list[int]], others: list[list[int]],
@@ -114,11 +140,13 @@ class _Task:
     teacher: torch.Tensor  # [len(ids), vocab] log-probs, bfloat16
 
 
-def _teacher_tasks(runtime, prefix, entries, texts, settings: ReaderSettings, log):
+def _teacher_tasks(runtime, prefix, entries, texts, settings: ReaderSettings, log, should_stop):
     """(tasks, the documents of each set): the teacher's half of the distillation."""
     rng = random.Random(settings.seed)
     tasks, sets = [], []
     for index in range(settings.sets):
+        if should_stop():
+            raise ReaderStopped(f"stopped at task set {index + 1} of {settings.sets}")
         chosen = rng.sample(range(len(entries)), settings.docs)
         docs = [entries[i] for i in chosen]
         sets.append(docs)
@@ -139,9 +167,16 @@ def _teacher_tasks(runtime, prefix, entries, texts, settings: ReaderSettings, lo
 
 def distil_reader(runtime, documents: list[tuple[str, list[int]]], out_dir: Path,
                   settings: ReaderSettings = ReaderSettings(),
-                  log: Callable[[str], None] = lambda message: None) -> ReaderReport:
+                  log: Callable[[str], None] = lambda message: None, *,
+                  held_out: list[tuple[str, list[int]]] = (),
+                  should_stop: Callable[[], bool] = lambda: False) -> ReaderReport:
     """Train a reader on `documents` (name, token ids) and save it to `out_dir` (peft files plus
-    `READER_FILE`). `runtime` must be the base model (no adapter applied); it is left so."""
+    `READER_FILE`). `runtime` must be the base model (no adapter applied); it is left so.
+
+    With `held_out` documents (at least 3), task sets made from them alone measure the reader: the
+    report's `held_out_kl` (the composition read without it) and `held_out_kl_reader` (with it).
+    `should_stop` is asked between tasks; when it says stop, ReaderStopped is raised and nothing
+    is saved."""
     if runtime.adapter_id is not None:
         raise ValueError(f"adapter {runtime.adapter_id} is applied: a reader is distilled from the base "
                          "model")
@@ -152,19 +187,30 @@ def distil_reader(runtime, documents: list[tuple[str, list[int]]], out_dir: Path
     started = time.perf_counter()
     with torch.inference_mode():
         prefix = encode_prefix(runtime)
-        entries = [encode_document(runtime, prefix, ids[: settings.doc_tokens],
-                                   document_key(runtime, prefix, f"reader:{name}"), source=name)
-                   for name, ids in documents]
-        texts = [ids for _, ids in documents]
-        tasks, sets = _teacher_tasks(runtime, prefix, entries, texts, settings, log)
+
+        def teacher(docs, task_settings):
+            entries = [encode_document(runtime, prefix, ids[: task_settings.doc_tokens],
+                                       document_key(runtime, prefix, f"reader:{name}"), source=name)
+                       for name, ids in docs]
+            return _teacher_tasks(runtime, prefix, entries, [ids for _, ids in docs], task_settings, log,
+                                  should_stop)
+
+        tasks, sets = teacher(documents, settings)
+        held_settings = _held_out_settings(settings, len(held_out))
+        held_tasks, held_sets = teacher(held_out, held_settings) if held_settings else ([], [])
     report = ReaderReport(str(out_dir), len(tasks), len(documents), teacher_s=time.perf_counter() - started,
                           sources=[name for name, _ in documents])
     identity = model_identity(runtime)
     wrapper = attach_lora(runtime.model, settings.rank, settings.alpha, seed=settings.seed)
     try:
         started = time.perf_counter()
-        report.epoch_losses = _train(runtime, wrapper, tasks, prefix, sets, settings, log)
+        report.epoch_losses = _train(runtime, wrapper, tasks, prefix, sets, settings, log, should_stop)
         report.train_s = time.perf_counter() - started
+        if held_tasks:
+            report.held_out_kl, report.held_out_kl_reader = _held_out_kl(
+                runtime, wrapper, held_tasks, prefix, held_sets, settings.recovery)
+            log(f"reader: held-out KL {report.held_out_kl:.4f} without the reader, "
+                f"{report.held_out_kl_reader:.4f} with it")
         out_dir.mkdir(parents=True, exist_ok=True)
         wrapper.save_pretrained(str(out_dir))
     finally:
@@ -174,6 +220,45 @@ def distil_reader(runtime, documents: list[tuple[str, list[int]]], out_dir: Path
             "settings": settings_json, "report": asdict(report)}
     (out_dir / READER_FILE).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     return report
+
+
+def _held_out_settings(settings: ReaderSettings, documents: int) -> ReaderSettings | None:
+    """The task sets held-out documents make: a quarter as many sets (at least 2), of as many
+    documents as leave one outside for the other-file queries; None below 3 documents."""
+    if documents < 3:
+        return None
+    return replace(settings, sets=max(2, settings.sets // 4), docs=min(settings.docs, documents - 1),
+                   seed=settings.seed + 1)
+
+
+def _kl(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of KL(teacher || student), both log-probs [positions, vocab]."""
+    return (teacher.exp() * (teacher - student)).sum(-1).mean()
+
+
+@torch.no_grad()
+def _held_out_kl(runtime, wrapper, tasks: list[_Task], prefix, sets,
+                 recovery: Recovery) -> tuple[float, float]:
+    """(without the reader, with it): the mean KL from full prefill on `tasks`."""
+    without, reading = [], []
+    current, composed = None, None
+    for task in tasks:
+        if task.set_index != current:
+            current = task.set_index
+            composed = None
+            composed = _composition(runtime, wrapper, prefix, sets[current], recovery)
+        keys, values, length = composed
+        teacher = task.teacher.float()
+        reading.append(float(_kl(teacher, _student(runtime, keys, values, task.ids, length))))
+        with wrapper.disable_adapter():
+            without.append(float(_kl(teacher, _student(runtime, keys, values, task.ids, length))))
+    return statistics.mean(without), statistics.mean(reading)
+
+
+def _student(runtime, keys, values, ids: list[int], start: int) -> torch.Tensor:
+    """Log-probs [len(ids), vocab] of `ids` read after the composition (`keys`, `values`)."""
+    cache = build_cache(runtime.model.config, keys, values)
+    return torch.log_softmax(_logits(runtime, cache, ids, start), -1)
 
 
 def _composition(runtime, wrapper, prefix, docs, recovery: Recovery):
@@ -198,7 +283,8 @@ def _epoch_order(tasks: list[_Task], seed: int) -> list[int]:
     return order
 
 
-def _train(runtime, wrapper, tasks: list[_Task], prefix, sets, settings: ReaderSettings, log) -> list[float]:
+def _train(runtime, wrapper, tasks: list[_Task], prefix, sets, settings: ReaderSettings, log,
+           should_stop) -> list[float]:
     params = [p for p in wrapper.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=0.0)
     wrapper.train()
@@ -206,16 +292,15 @@ def _train(runtime, wrapper, tasks: list[_Task], prefix, sets, settings: ReaderS
     for epoch in range(settings.epochs):
         seen, current, composed = [], None, None
         for index in _epoch_order(tasks, settings.seed + epoch):
+            if should_stop():
+                raise ReaderStopped(f"stopped in epoch {epoch + 1} of {settings.epochs}")
             task = tasks[index]
             if task.set_index != current:
                 current = task.set_index
                 composed = None  # one set's composition at a time
                 composed = _composition(runtime, wrapper, prefix, sets[current], settings.recovery)
             keys, values, length = composed
-            student = torch.log_softmax(_logits(runtime, build_cache(runtime.model.config, keys, values),
-                                                task.ids, length), -1)
-            teacher = task.teacher.float()
-            loss = (teacher.exp() * (teacher - student)).sum(-1).mean()
+            loss = _kl(task.teacher.float(), _student(runtime, keys, values, task.ids, length))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
