@@ -222,11 +222,14 @@ def check_squid_reader(config: SquidConfig) -> Check:
     """The Squid reader completions read their references through (`squid.reader`), if any."""
     from context.errors import AdapterError
     from context.squid.reader import reader_info
+    from feedback.train.reader_round import workspace_reader
 
-    if not config.squid.reader:
-        return Check("squid reader", True, "none (squid.reader): the model reads composed references as "
-                     "it is; `squidcode train reader` distils one", required=False)
-    path = Path(config.squid.reader).expanduser()
+    path = workspace_reader(config)
+    if path is None:
+        waiting = (" (train.reader_sets: the background trainer has not kept one yet)"
+                   if config.train.reader_sets > 0 else "")
+        return Check("squid reader", True, f"none (squid.reader){waiting}: the model reads composed "
+                     "references as it is; `squidcode train reader` distils one", required=False)
     try:
         info = reader_info(path)
     except AdapterError as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -181,3 +182,26 @@ def test_doctor_says_which_reader_completions_read_through(runtime, tmp_path):
     broken = check_squid_reader(_config(tmp_path, reader=str(tmp_path / "nowhere")))
     assert not broken.ok and not broken.required and "no Squid reader" in broken.detail
     assert "squidcode train reader" in broken.fix
+
+
+def test_the_reader_the_background_trainer_kept_is_read_through_and_named_by_the_doctor(
+        runtime, tmp_path, workspace):  # noqa: F811 - fixture
+    from context.config import TrainConfig
+    from lsp_server.doctor import check_squid_reader
+
+    root, index = workspace
+    current = root / "app/main.py"
+    config = replace(_config(tmp_path), train=TrainConfig(dir=str(tmp_path / "train"), reader_sets=40))
+    waiting = check_squid_reader(config)
+    assert waiting.ok and "has not kept one yet" in waiting.detail
+    ls = _server_state(tmp_path, index, config, {current: current.read_text()})
+    try:
+        assert completion_references(ls, current.as_uri(), runtime).reader is None  # none kept yet
+        # The scheduler keeps one:
+        path = reader_with_weights(runtime, tmp_path / "train" / "reader", scale=0.0)
+        completion_references(ls, current.as_uri(), runtime)  # picked up at the next request
+        ls.squid_reader.join(120)
+        assert completion_references(ls, current.as_uri(), runtime).reader.reader_path == path
+        assert check_squid_reader(config).detail.startswith(f"{path}: for ")
+    finally:
+        stop_squid(ls)
