@@ -47,7 +47,7 @@ HELD_OUT_SHARE = 0.25
 
 @dataclass(frozen=True)
 class ReaderRound:
-    state: str  # "promoted" | "rejected" | "stopped" | "skipped"
+    state: str  # "promoted" | "rejected" | "stopped" | "skipped" | "failed"
     message: str
     held_out_kl: float | None = None
     held_out_kl_reader: float | None = None
@@ -147,7 +147,7 @@ def run_reader_round(config: SquidConfig, *, paths: TrainPaths, should_stop: Cal
     result = replace(result, seconds=time.perf_counter() - started)
     if result.state != "stopped":
         _record(paths, inputs)  # the same files are not tried again, kept or not
-    state = {"skipped": "idle"}.get(result.state, result.state)
+    state = {"skipped": "idle", "failed": "error"}.get(result.state, result.state)
     write_status(paths.status, state, message=f"Squid reader: {result.message}", reader=result.__dict__)
     log.info("squid reader: %s", result.message)
     return result
@@ -166,7 +166,7 @@ def _distil(config: SquidConfig, paths: TrainPaths, files: dict[str, str], roots
     train, held = split_documents(documents, roots)
     if len(train) < 3 or not held:
         return ReaderRound("skipped", f"{len(documents)} Python files of {2 * settings.doc_tokens}+ tokens; "
-                           "a reader needs at least 9 (6 to learn from, 3 to check it on)")
+                           "a reader needs at least 6 (3 to learn from, 3 to check it on)")
     settings = replace(settings, docs=min(settings.docs, len(train) - 1))
     next_dir = paths.root / f"{READER_DIR}.next"
     shutil.rmtree(next_dir, ignore_errors=True)
@@ -180,6 +180,9 @@ def _distil(config: SquidConfig, paths: TrainPaths, files: dict[str, str], roots
     except ReaderStopped as exc:
         shutil.rmtree(next_dir, ignore_errors=True)
         return ReaderRound("stopped", f"{exc}; the next idle period starts it again")
+    except (ValueError, RuntimeError, OSError) as exc:  # the trainer goes on; these files are not retried
+        shutil.rmtree(next_dir, ignore_errors=True)
+        return ReaderRound("failed", f"failed: {exc}")
     without, reading = report.held_out_kl, report.held_out_kl_reader
     figures = (f"held-out KL {without:.4f} without it, {reading:.4f} with it ({len(held)} files held out, "
                f"{len(train)} read)")

@@ -133,13 +133,13 @@ def test_a_stopped_distillation_saves_nothing_and_is_due_again(runtime, workspac
 def test_too_few_long_files_is_said_and_not_tried_again(runtime, tmp_path):
     folder = tmp_path / "ws"
     folder.mkdir()
-    for name in FILES[:4]:
+    for name in FILES[:5]:
         shutil.copy(STDLIB / name, folder / name)
     config = _config(tmp_path)
     paths = train_paths(config)
     result = run_reader_round(config, paths=paths, should_stop=lambda: False, roots=[folder], runtime=runtime,
                               settings=SMALL)
-    assert result.state == "skipped" and "at least 9" in result.message
+    assert result.state == "skipped" and "at least 6" in result.message
     assert read_status(paths.status)["state"] == "idle"
     assert run_reader_round(config, paths=paths, should_stop=lambda: False, roots=[folder], runtime=runtime,
                             settings=SMALL) is None
@@ -163,3 +163,24 @@ def test_the_scheduler_distils_a_reader_only_when_it_has_nothing_new_to_train_on
                          inputs_fn=lambda c: "same", reader_fn=reader_fn)
     # The first pass trains (new inputs); the second has nothing new and distils; then none is due.
     assert done == 2 and rounds == [None] and readers == [False]
+
+
+def test_a_failed_distillation_is_reported_and_the_trainer_goes_on(runtime, workspace, tmp_path, monkeypatch):
+    from feedback.train import squid_reader
+
+    def broken(*args, **kwargs):
+        (tmp_path / "train" / "reader.next").mkdir(parents=True)
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(squid_reader, "distil_reader", broken)
+    config = _config(tmp_path)
+    paths = train_paths(config)
+    result = run_reader_round(config, paths=paths, should_stop=lambda: False, roots=[workspace],
+                              runtime=runtime, settings=SMALL)
+    assert result.state == "failed" and "out of memory" in result.message
+    status = read_status(paths.status)
+    assert status["state"] == "error" and "out of memory" in status["message"]
+    assert workspace_reader(config) is None and not (paths.root / "reader.next").exists()
+    # Not tried again on the same files.
+    assert run_reader_round(config, paths=paths, should_stop=lambda: False, roots=[workspace],
+                            runtime=runtime, settings=SMALL) is None
