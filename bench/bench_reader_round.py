@@ -84,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
                      "--json"],
                     capture_output=True, text=True, cwd=tmp, check=True)
                 out["squid"][seed] = json.loads(proc.stdout.strip().splitlines()[-1])
-                print(f"bench squid seed {seed}: {json.dumps(out['squid'][seed].get('quality', {}))[:600]}",
-                      flush=True)
+                for variant in out["squid"][seed].get("variants", []):
+                    print(f"  seed {seed} {variant['name']}: {variant['speedup_vs_full']}x, top-1 "
+                          f"{variant['top1_agreement']:.3f}, KL {variant['mean_kl']:.4f}", flush=True)
     meta = {"argv": sys.argv, "cpu": platform.processor(), "cores": os.cpu_count(),
             "date": time.strftime("%Y-%m-%d")}
     path = args.out or REPO / "bench" / "results" / f"reader-round-{time.strftime('%Y-%m-%d-%H%M')}.json"
