@@ -30,7 +30,7 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FILES = ("textwrap.py", "shlex.py", "fnmatch.py", "bisect.py", "colorsys.py", "glob.py", "calendar.py",
          "csv.py", "difflib.py", "enum.py", "fractions.py", "heapq.py")
 SMALL = ReaderSettings(docs=3, doc_tokens=32, query_tokens=12, continuation=6, queries_per_set=2, sets=2,
-                       epochs=2, learning_rate=2e-3, rank=4, alpha=8)
+                       epochs=1, learning_rate=2e-3, rank=4, alpha=8)
 
 
 @pytest.fixture
