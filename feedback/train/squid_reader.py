@@ -156,6 +156,8 @@ def _teacher_tasks(runtime, prefix, entries, texts, settings: ReaderSettings, lo
         outside = set(range(len(texts))) - set(chosen)
         others = [texts[i] for i in sorted(outside)]
         for query in _queries(rng, [list(d.token_ids) for d in docs], others, settings):
+            if should_stop():  # a set's queries take most of a minute on two cores
+                raise ReaderStopped(f"stopped in task set {index + 1} of {settings.sets}")
             continuation = greedy_continuation(runtime, keys, values, query, len(ids), settings.continuation)
             seq = query + continuation[:-1]
             teacher = torch.log_softmax(_logits(runtime, build_cache(runtime.model.config, keys, values), seq,
@@ -189,9 +191,12 @@ def distil_reader(runtime, documents: list[tuple[str, list[int]]], out_dir: Path
         prefix = encode_prefix(runtime)
 
         def teacher(docs, task_settings):
-            entries = [encode_document(runtime, prefix, ids[: task_settings.doc_tokens],
-                                       document_key(runtime, prefix, f"reader:{name}"), source=name)
-                       for name, ids in docs]
+            entries = []
+            for name, ids in docs:  # up to 120 documents: asked between them too
+                if should_stop():
+                    raise ReaderStopped(f"stopped encoding the documents ({len(entries)} of {len(docs)})")
+                entries.append(encode_document(runtime, prefix, ids[: task_settings.doc_tokens],
+                                               document_key(runtime, prefix, f"reader:{name}"), source=name))
             return _teacher_tasks(runtime, prefix, entries, [ids for _, ids in docs], task_settings, log,
                                   should_stop)
 

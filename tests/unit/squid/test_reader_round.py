@@ -119,7 +119,7 @@ def test_a_stopped_distillation_saves_nothing_and_is_due_again(runtime, workspac
 
     def should_stop() -> bool:
         asked.append(1)
-        return len(asked) > 3  # stops during the teacher's task sets
+        return len(asked) > 3  # stops while the documents are encoded
 
     result = run_reader_round(config, paths=paths, should_stop=should_stop, roots=[workspace],
                               runtime=runtime, settings=SMALL)
