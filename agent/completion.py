@@ -89,9 +89,10 @@ class Completion:
 
 def fim_format(runtime, config: CompletionConfig) -> FimFormat | None:
     """The fill-in-the-middle format `completion.fim` asks for with this model; None: the prefix
-    prompt ("off", or "auto" with a model without FIM tokens)."""
+    prompt ("off", or "auto" with a model without FIM tokens). "auto" with an adapter applied that
+    was trained in a format (`ModelRuntime.adapter_fim`): that one."""
     if config.fim == "auto":
-        return getattr(runtime, "fim_format", None)
+        return getattr(runtime, "adapter_fim", None) or getattr(runtime, "fim_format", None)
     return resolve(config.fim, ())
 
 

@@ -171,6 +171,14 @@ def train_sft(model, tokenizer, train, args, seed: int) -> tuple[float, list[flo
 
 # -- a repository's history: train at one commit, ask for the lines written after it -------------
 
+def fim_of(args):
+    """The fill-in-the-middle format the tasks are prompted in (`--fim`, as `completion.fim`); None:
+    the text before the cursor only."""
+    from context.fim import resolve
+
+    return resolve(args.fim, ()) if args.fim else None
+
+
 def _git(root: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True,
                           text=True).stdout
@@ -206,7 +214,8 @@ def history_tasks(args, root: Path, codec, index_path: Path):
                  args.eval_path).split()[: args.eval_commits]
     _git(root, "checkout", "-q", base)
     train = workspace_tasks([root], codec, index_path=index_path, per_file=args.per_file,
-                            max_tasks=args.max_tasks, seed=0, require_reference=not args.all_statements)
+                            max_tasks=args.max_tasks, seed=0, require_reference=not args.all_statements,
+                            fim=fim_of(args))
     store = IndexStore(index_path)
     held = []
     try:
@@ -233,7 +242,7 @@ def history_tasks(args, root: Path, codec, index_path: Path):
 
                 held += repository_tasks([(str(file), text)], symbols=store.symbols_named, codec=codec,
                                          roots=[root], per_file=None, max_tasks=10_000,
-                                         require_reference=False, positions_of=written,
+                                         require_reference=False, positions_of=written, fim=fim_of(args),
                                          label=lambda path, c=commit, r=rel: f"{c[:8]}:{r}")
     finally:
         store.close()
@@ -270,7 +279,7 @@ def run_package(package: str, args, seeds: list[int], work: Path) -> dict:
         copy_package(package, root)
         tasks = workspace_tasks([root], TokenizerCodec(tokenizer), index_path=work / f"{package}.db",
                                 per_file=args.per_file, max_tasks=args.max_tasks, seed=0,
-                                require_reference=not args.all_statements)
+                                require_reference=not args.all_statements, fim=fim_of(args))
         train, held = split_files(tasks, args.holdout, seed=0)
     made_s = time.perf_counter() - started
     files = len({t.group for t in train}), len({t.group for t in held})
@@ -382,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="at most this many of the later statements (a seeded choice)")
     parser.add_argument("--without-refs-off", action="store_true",
                         help="score only with the references (half the evaluation time)")
+    parser.add_argument("--fim", default="", help="prompt every task in this fill-in-the-middle format "
+                        "(a `completion.fim` template with {prefix} and {suffix}): the text after the cursor too")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]

@@ -3,20 +3,23 @@
 peft injects the LoRA layers into the runtime's own model object, so `runtime.model` keeps its
 identity and its generation code works unchanged; `runtime.adapter_id` names what is applied, and
 anything derived from activations (Squid KV caches) is keyed by it, so caches made under another
-adapter are never reused. Swaps hold the runtime's generation lock: a generation in progress
+adapter are never reused. An adapter trained on fill-in-the-middle prompts (its version's meta.json
+names the format) sets `runtime.adapter_fim`, the format completions are then served in. Swaps hold the runtime's generation lock: a generation in progress
 finishes with the weights it started with.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import weakref
 from pathlib import Path
 
 from .errors import AdapterError
+from .fim import FimFormat, resolve
 from .loading import model_loading
 
-__all__ = ["apply_adapter", "current_adapter", "remove_adapter"]
+__all__ = ["adapter_fim", "apply_adapter", "current_adapter", "remove_adapter"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,7 @@ def apply_adapter(runtime, path: Path, adapter_id: str) -> None:
         wrapper.eval()
         _WRAPPERS[runtime] = wrapper
         runtime.adapter_id = adapter_id
+        runtime.adapter_fim = adapter_fim(path)
     log.info("adapter %s applied (was %s)", adapter_id, previous or "base model")
 
 
@@ -70,6 +74,24 @@ def _unload_locked(runtime) -> None:
         # unload() takes the LoRA layers out of the model in place and returns the base model.
         runtime.model = wrapper.unload()
     runtime.adapter_id = None
+    runtime.adapter_fim = None
+
+
+def adapter_fim(path: Path) -> FimFormat | None:
+    """The fill-in-the-middle format the adapter at `path` was trained to answer in: its version's
+    `meta.json` "fim" (a family's name or a template, `feedback.train`); None: none recorded, or
+    one this version cannot read (served with the model's own prompt)."""
+    try:
+        setting = json.loads((Path(path) / "meta.json").read_text()).get("fim")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(setting, str) or not setting:
+        return None
+    try:
+        return resolve(setting, ())
+    except ValueError:
+        log.warning("adapter at %s names a FIM format this version does not know (%r); ignored", path, setting)
+        return None
 
 
 def _unreadable_errors() -> tuple[type[Exception], ...]:

@@ -290,6 +290,12 @@ class TrainConfig:
     # a statement hidden, asked for with the Squid references the server would compose there), at
     # most this many, mixed with the episodes; their held-out files join the gate. 0: none.
     repository_tasks: int = field(default=0, metadata=_range(0, 100_000))
+    # The fill-in-the-middle format those tasks (and the gate's spots) are asked in, the text after
+    # the cursor too (`context.fim`): "auto" = the model's own family, or for a model without FIM
+    # tokens (the embedded SmolLM2) the format the trainer teaches it (`context.fim.TAUGHT_TEMPLATE`);
+    # "off" = the text before the cursor only; a family's name or a template. An adapter trained on
+    # them records it, and the server answers in it while that adapter is applied.
+    fim: str = field(default="off", metadata={"check": _fim_setting})
     # Repair tasks for the agent made from the workspace's code (`feedback.train.repair_tasks`: a
     # one-line bug its tests catch, asked as the agent is asked), at most this many; they need the
     # workspace's tests to pass with pytest. 0: none.

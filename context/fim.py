@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["FAMILIES", "FimFormat", "detect", "fim_prompt", "resolve", "special_tokens_of", "trim_suffix"]
+__all__ = ["FAMILIES", "FILE_SEPARATOR", "TAUGHT_TEMPLATE", "FimFormat", "detect", "fim_prompt", "resolve", "special_tokens_of",
+           "taught", "trim_suffix"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,13 @@ FAMILIES: dict[str, FimFormat] = {
     # Codestral puts the suffix first.
     "codestral": FimFormat("codestral", "[SUFFIX]{suffix}[PREFIX]{prefix}", ("[SUFFIX]", "[PREFIX]")),
 }
+# The format the trainer teaches a model without FIM tokens of its own (the embedded SmolLM2, whose
+# tokenizer has a file separator): the text after the cursor first, then the window, so that the
+# answer still continues the window as left-to-right text and a model that never saw the format
+# reads the suffix as code in front of it. A LoRA adapter trained on tasks in it is served in it
+# (`taught`).
+FILE_SEPARATOR = "<file_sep>"
+TAUGHT_TEMPLATE = f"{FILE_SEPARATOR}{{suffix}}{FILE_SEPARATOR}{{prefix}}"
 # StarCoder2 and Qwen share nothing; checked most specific first (Qwen's tokens contain no others').
 _ORDER = ("qwen2.5-coder", "deepseek-coder", "starcoder2", "codellama", "codestral")
 
@@ -94,6 +102,14 @@ def resolve(setting: str, special_tokens: Iterable[str]) -> FimFormat | None:
         return FimFormat("template", setting, ())
     raise ValueError(f"completion.fim must be auto, off, one of {', '.join(FAMILIES)}, or a template with "
                      f"{{prefix}} and {{suffix}}; got {setting!r}")
+
+
+def taught(setting: str, special_tokens: Iterable[str]) -> FimFormat | None:
+    """The format `train.fim` asks the trainer to prompt completion tasks in: "auto" = the model's
+    own family, or the taught template for a model without one; otherwise as `resolve`."""
+    if setting == "auto":
+        return detect(special_tokens) or FimFormat("template", TAUGHT_TEMPLATE, ())
+    return resolve(setting, special_tokens)
 
 
 def trim_suffix(suffix: str, budget_tokens: int, count_tokens: Callable[[str], int]) -> str:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from .config import ModelConfig, default_cache_dir
 from .errors import GenerationCancelled, ModelLoadError, ModelNotFoundError
-from .fim import FimFormat, special_tokens_of
+from .fim import FILE_SEPARATOR, FimFormat, special_tokens_of
 from .fim import detect as detect_fim
 from .foreground import foreground, foreground_busy
 from .loading import file_lock, model_loading
@@ -289,6 +289,9 @@ class ModelRuntime:
         self._lock = threading.Lock()
         self._eos_ids: set[int] = set()
         self.fim_format: FimFormat | None = None  # the tokenizer's fill-in-the-middle family, if any
+        # The format the applied adapter was trained to answer in (`context.adapters`); None: none
+        # (no adapter, or one trained on the prompts the model serves without it).
+        self.adapter_fim: FimFormat | None = None
         self._token_texts: list[str] | None = None
         self._healing_masks: dict[tuple[str, int], object] = {}
         self._engine = None
@@ -393,10 +396,13 @@ class ModelRuntime:
             self._eos_ids.add(self.tokenizer.eos_token_id)
         # A code model's fill-in-the-middle format: its end markers (a next file's separator, the
         # padding token) end every answer too; decoded text never shows them to stop on.
+        # A file separator that is a special token ends an answer whatever the format (the taught
+        # one's marker, `context.fim.TAUGHT_TEMPLATE`, is one).
         self.fim_format = detect_fim(special_tokens_of(self.tokenizer))
-        if self.fim_format is not None:
-            vocab = self.tokenizer.get_vocab()
-            self._eos_ids |= {vocab[token] for token in self.fim_format.stops if token in vocab}
+        vocab = self.tokenizer.get_vocab()
+        stops = set(self.fim_format.stops if self.fim_format is not None else ())
+        stops |= {FILE_SEPARATOR} & special_tokens_of(self.tokenizer)
+        self._eos_ids |= {vocab[token] for token in stops if token in vocab}
 
     # -- tokens --------------------------------------------------------------------------------
 

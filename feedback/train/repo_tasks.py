@@ -35,6 +35,7 @@ from pathlib import Path
 
 from context.boundary import cursor_context
 from context.config import CompletionConfig, SquidCacheConfig
+from context.fim import FimFormat
 from context.prompt_record import Codec, ReferenceIdentity, ServedPrompt
 from context.squid.keys import token_hash
 from context.squid.references import select_definitions
@@ -130,12 +131,14 @@ def repository_tasks(
     completion: CompletionConfig = _COMPLETION, squid: SquidCacheConfig = _SQUID,
     roots: Iterable[Path] = (), per_file: int | None = 4, max_tasks: int = 64, seed: int = 0,
     require_reference: bool = True, label: Callable[[str], str] | None = None,
-    positions_of: Callable[[str], list[Position]] | None = None,
+    positions_of: Callable[[str], list[Position]] | None = None, fim: FimFormat | None = None,
 ) -> list[TrainingExample]:
     """Up to `per_file` tasks from each of `files` ((path, text) pairs of Python files), at most
     `max_tasks` in all, picked at random (`seed`) among the statements a reference can help with
     (all statements without `require_reference`). `symbols` is the index's `symbols_named`.
     `positions_of`: where the tasks may be in a file's text (default: `statement_positions`).
+    `fim`: the fill-in-the-middle format the prompts are built in (the text after the cursor too,
+    as the server builds them with that `completion.fim`); None: the text before the cursor only.
 
     `per_file` None spreads the tasks: the files in a random order, one task from each in turn
     until `max_tasks` (as many from a file as that takes when files are few), so that they come
@@ -145,7 +148,8 @@ def repository_tasks(
 
     def make(path: str, text: str, position: Position) -> TrainingExample | None:
         return _task(path, text, position, symbols=symbols, codec=codec, completion=completion, squid=squid,
-                     roots=roots, require_reference=require_reference, group=label(path) if label else path)
+                     roots=roots, require_reference=require_reference, group=label(path) if label else path,
+                     fim=fim)
 
     def shuffled_positions(text: str) -> list[Position]:
         positions = (statement_positions(text, completion.max_lines) if positions_of is None
@@ -204,7 +208,7 @@ def _spread(files: list[tuple[str, str]], rng: random.Random, make, shuffled_pos
 
 
 def _task(path, text, position: Position, *, symbols, codec, completion, squid, roots,
-          require_reference: bool, group: str) -> TrainingExample | None:
+          require_reference: bool, group: str, fim: FimFormat | None = None) -> TrainingExample | None:
     lines = text.splitlines(keepends=True)
     before = "".join(lines[: position.start])
     hidden = "".join(lines[position.start : position.end]).rstrip("\r\n")
@@ -224,7 +228,7 @@ def _task(path, text, position: Position, *, symbols, codec, completion, squid, 
     helps = any(_defines(doc.text, name) for doc in documents for name in code_names)
     if require_reference and not helps:
         return None
-    served = ServedPrompt.build(codec, ctx, completion)
+    served = ServedPrompt.build(codec, ctx, completion, fim, after=document[offset:])
     references = tuple(
         ReferenceIdentity(token_hash(ids), doc.source, len(ids), doc.text)
         for doc in documents

@@ -20,7 +20,7 @@ from context.errors import TrainingError
 from feedback.preference import PreferenceFit, fit_preference
 from feedback.rewards import RewardWeights, score_output
 
-from .adapters import AdapterRegistry
+from .adapters import AdapterRef, AdapterRegistry
 from .dataset import (
     EpisodeSource,
     TrainingExample,
@@ -33,6 +33,8 @@ from .status import TrainPaths, train_paths, write_status
 from .store_source import NEXT_EDIT_SOURCE
 
 if TYPE_CHECKING:
+    from context.fim import FimFormat
+
     from .trainer import StepRecord
 
 __all__ = [
@@ -137,9 +139,28 @@ def repository_training_tasks(config: SquidConfig, tokenizer, roots: Sequence[Pa
     squid = _served_squid(config)
     tasks = workspace_tasks(list(roots), TokenizerCodec(tokenizer), completion=config.completion, squid=squid,
                             max_tasks=config.train.repository_tasks, seed=config.train.seed,
-                            require_reference=squid.max_documents > 0)
+                            require_reference=squid.max_documents > 0, fim=task_fim(config, tokenizer))
     log.info("repository tasks: %d from %s", len(tasks), ", ".join(map(str, roots)))
     return tasks
+
+
+def task_fim(config: SquidConfig, tokenizer) -> FimFormat | None:
+    """The fill-in-the-middle format the workspace's completion tasks are asked in (`train.fim`);
+    None: the text before the cursor only."""
+    from context.fim import special_tokens_of, taught
+
+    return taught(config.train.fim, special_tokens_of(tokenizer))
+
+
+def trained_fim(config: SquidConfig, tokenizer, repository: Sequence[TrainingExample],
+                promoted: AdapterRef | None) -> str:
+    """The format an adapter of this round answers in, for its meta.json ("" = none): the tasks'
+    format when the round trained on the workspace's completion tasks, else the format of the
+    adapter it continues (recorded episodes are asked as they were served)."""
+    fmt = task_fim(config, tokenizer)
+    if fmt is not None and any(ex.served is not None and ex.served.fim for ex in repository):
+        return fmt.template if fmt.name == "template" else fmt.name
+    return str((promoted.meta if promoted else {}).get("fim") or "")
 
 
 def training_inputs(config: SquidConfig, source: EpisodeSource | None = None,
@@ -294,6 +315,8 @@ def run_round(
                          "seconds": round(r.seconds, 2), "groups": r.groups, "skipped": r.skipped_groups,
                          "user_texts": r.user_texts}
                         for r in trainer.history]
+    # The format the adapter answers in, which the server serves it with (`context.adapters`).
+    metrics["fim"] = trained_fim(config, runtime.tokenizer, repository, promoted)
     result = _finish(registry, model, paths, decision, metrics, trainer.step_count)
     write_status(paths.status, result.state, step=result.steps, steps=target, adapter=registry.current_id(),
                  message=result.message, metrics=metrics)
@@ -329,7 +352,7 @@ def gate_spots(config: SquidConfig, tokenizer, roots: Sequence[Path],
 
     tasks = workspace_tasks(list(roots), TokenizerCodec(tokenizer), completion=config.completion, squid=squid,
                             max_tasks=config.train.gate_spots, seed=config.train.seed, per_file=None,
-                            require_reference=False, positions_of=positions,
+                            require_reference=False, positions_of=positions, fim=task_fim(config, tokenizer),
                             skip=lambda path: str(Path(path).absolute()) in worked)
     log.info("gate spots: %d in files no episode is about (%d files with episodes)", len(tasks), len(worked))
     return [replace(t, id=f"spot-{t.id}", verification={**t.verification, "source": GATE_SPOT})

@@ -71,3 +71,45 @@ def test_a_broken_adapter_is_a_clear_error_and_leaves_the_base_model(runtime, tm
         remove_adapter(runtime)
     assert runtime.adapter_id is None
     assert torch.allclose(next_logits(runtime), base, atol=1e-5)
+
+
+def test_an_adapter_trained_in_a_fim_format_is_served_in_it(runtime, tmp_path):
+    """A version whose meta.json names the format it was trained in (`feedback.train`) sets the
+    runtime's `adapter_fim`; "auto" completions then build that hole, the text after the cursor in
+    it; taking the adapter off (or one without the field) goes back to the prefix prompt."""
+    import json
+
+    from agent.completion import CompletionRequest, fim_format, served_prompt
+    from context.boundary import cursor_context
+    from context.config import CompletionConfig
+    from context.fim import TAUGHT_TEMPLATE
+
+    taught = write_adapter(runtime, tmp_path / "taught", seed=4)
+    (taught / "meta.json").write_text(json.dumps({"id": "v0001", "fim": TAUGHT_TEMPLATE}))
+    plain = write_adapter(runtime, tmp_path / "plain", seed=5)
+    (plain / "meta.json").write_text(json.dumps({"id": "v0002"}))
+    unknown = write_adapter(runtime, tmp_path / "unknown", seed=6)
+    (unknown / "meta.json").write_text(json.dumps({"id": "v0003", "fim": "a format from a later version"}))
+    text = "def area(r):\n    return \n\nprint(area(2))\n"
+    offset = text.index("return ") + len("return ")
+    request = CompletionRequest(text=text, offset=offset, language="python")
+    ctx = cursor_context(text, offset, 8)
+    config = CompletionConfig()
+    try:
+        assert fim_format(runtime, config) is None  # the embedded model has no FIM tokens of its own
+        apply_adapter(runtime, taught, "v0001")
+        assert runtime.adapter_fim is not None and runtime.adapter_fim.template == TAUGHT_TEMPLATE
+        served = served_prompt(runtime, request, ctx, config)
+        assert served.fim == TAUGHT_TEMPLATE and served.suffix == "\n\nprint(area(2))\n"
+        separator = runtime.encode("<file_sep>")
+        assert len(separator) == 1 and list(served.ids).count(separator[0]) == 2
+        assert runtime.decode(list(served.ids)).startswith("\n\nprint(area(2))")
+        assert fim_format(runtime, CompletionConfig(fim="off")) is None  # the setting still rules
+        apply_adapter(runtime, plain, "v0002")
+        assert runtime.adapter_fim is None and not served_prompt(runtime, request, ctx, config).fim
+        apply_adapter(runtime, unknown, "v0003")
+        assert runtime.adapter_fim is None
+        apply_adapter(runtime, taught, "v0001")
+    finally:
+        remove_adapter(runtime)
+    assert runtime.adapter_fim is None and fim_format(runtime, config) is None

@@ -200,3 +200,15 @@ def test_a_local_code_model_completes_in_its_fim_format(tmp_path):
     plain = served_prompt(runtime, request, cursor, CompletionConfig(fim="off"))
     assert not plain.fim and plain.pinned_tokens == 0
     assert runtime.tokenizer.decode(list(plain.ids)) + plain.heal == text[:offset]
+
+
+def test_the_trainer_asks_in_the_models_own_format_or_teaches_one():
+    from context.fim import TAUGHT_TEMPLATE, taught
+
+    plain = special_tokens_of(tokenizer_with(()))
+    assert taught("auto", plain).template == TAUGHT_TEMPLATE
+    assert taught("auto", special_tokens_of(tokenizer_with(FAMILIES["starcoder2"].markers))) is FAMILIES["starcoder2"]
+    assert taught("off", plain) is None
+    assert taught("codellama", plain) is FAMILIES["codellama"]
+    with pytest.raises(ValueError, match="completion.fim must be"):
+        taught("the middle please", plain)

@@ -282,3 +282,41 @@ def test_gate_spots_fill_their_count_in_a_small_workspace_and_spread_over_a_larg
     assert [s.id for s in gate_spots(config, runtime.tokenizer, [large], [])] == [s.id for s in spots]
     other = SquidConfig(train=TrainConfig(gate_spots=12, seed=1))
     assert {s.group for s in gate_spots(other, runtime.tokenizer, [large], [])} != set(groups)
+
+
+def test_a_task_in_the_taught_fim_format_is_the_prompt_served_in_it(runtime, workspace, tmp_path):
+    """`train.fim`: the task carries the text after the cursor in the format, and its ids are the
+    ones a completion at that cursor is served with in that format (as while an adapter trained in it
+    is applied); the adapter's meta then names the format (`trained_fim`), and a round without such
+    tasks keeps the format of the adapter it continues."""
+    from context.config import SquidConfig
+    from context.fim import TAUGHT_TEMPLATE, taught
+    from feedback.train.adapters import AdapterRef
+    from feedback.train.service import task_fim, trained_fim
+
+    fmt = taught("auto", ())
+    with IndexStore(tmp_path / "index.db") as store:
+        Indexer([workspace], store, workers=0).index_all()
+        path = str(workspace / "client.py")
+        (task,) = repository_tasks([(path, CLIENT)], symbols=store.symbols_named, codec=runtime,
+                                   squid=replace(SQUID, max_documents=0), roots=[workspace],
+                                   require_reference=False, per_file=1, fim=fmt)
+    line = task.verification["line"] - 1
+    lines = CLIENT.splitlines(keepends=True)
+    assert task.served.fim == TAUGHT_TEMPLATE and task.served.suffix == "\n" + "".join(lines[line + 1:])
+    document = "".join(lines[:line]) + task.prompt_lead + "\n" + "".join(lines[line + 1:])
+    offset = len("".join(lines[:line])) + len(task.prompt_lead)
+    runtime.forget_prefix()
+    completion = complete(runtime, CompletionRequest(document, offset, "python", path),
+                          replace(CompletionConfig(), max_tokens=4, fim=TAUGHT_TEMPLATE))
+    assert completion is not None and completion.prompt.ids == task.served.ids
+
+    config = SquidConfig(train=TrainConfig(fim="auto"))
+    assert task_fim(config, runtime.tokenizer) == fmt
+    assert trained_fim(config, runtime.tokenizer, [task], None) == TAUGHT_TEMPLATE
+    earlier = AdapterRef("v0001", tmp_path, {"fim": "codellama"})
+    assert trained_fim(config, runtime.tokenizer, [], earlier) == "codellama"
+    assert trained_fim(config, runtime.tokenizer, [], None) == ""
+    off = SquidConfig(train=TrainConfig(fim="off"))
+    assert task_fim(off, runtime.tokenizer) is None
+    assert trained_fim(off, runtime.tokenizer, [task], earlier) == "codellama"
