@@ -392,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--without-refs-off", action="store_true",
                         help="score only with the references (half the evaluation time)")
     parser.add_argument("--fim", default="", help="prompt every task in this fill-in-the-middle format "
-                        "(a `completion.fim` template with {prefix} and {suffix}): the text after the cursor too")
+                        "(a `completion.fim` template with {prefix} and {suffix}): the text after the "
+                        "cursor too")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]

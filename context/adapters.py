@@ -4,8 +4,8 @@ peft injects the LoRA layers into the runtime's own model object, so `runtime.mo
 identity and its generation code works unchanged; `runtime.adapter_id` names what is applied, and
 anything derived from activations (Squid KV caches) is keyed by it, so caches made under another
 adapter are never reused. An adapter trained on fill-in-the-middle prompts (its version's meta.json
-names the format) sets `runtime.adapter_fim`, the format completions are then served in. Swaps hold the runtime's generation lock: a generation in progress
-finishes with the weights it started with.
+names the format) sets `runtime.adapter_fim`, the format completions are then served in. Swaps hold
+the runtime's generation lock: a generation in progress finishes with the weights it started with.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def adapter_fim(path: Path) -> FimFormat | None:
     try:
         return resolve(setting, ())
     except ValueError:
-        log.warning("adapter at %s names a FIM format this version does not know (%r); ignored", path, setting)
+        log.warning("adapter at %s names a FIM format this version does not know (%r); ignored",
+                    path, setting)
         return None
 
 

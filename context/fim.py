@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["FAMILIES", "FILE_SEPARATOR", "TAUGHT_TEMPLATE", "FimFormat", "detect", "fim_prompt", "resolve", "special_tokens_of",
-           "taught", "trim_suffix"]
+__all__ = ["FAMILIES", "FILE_SEPARATOR", "TAUGHT_TEMPLATE", "FimFormat", "detect", "fim_prompt", "resolve",
+           "special_tokens_of", "taught", "trim_suffix"]
 
 
 @dataclass(frozen=True)

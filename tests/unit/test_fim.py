@@ -207,7 +207,8 @@ def test_the_trainer_asks_in_the_models_own_format_or_teaches_one():
 
     plain = special_tokens_of(tokenizer_with(()))
     assert taught("auto", plain).template == TAUGHT_TEMPLATE
-    assert taught("auto", special_tokens_of(tokenizer_with(FAMILIES["starcoder2"].markers))) is FAMILIES["starcoder2"]
+    star = special_tokens_of(tokenizer_with(FAMILIES["starcoder2"].markers))
+    assert taught("auto", star) is FAMILIES["starcoder2"]
     assert taught("off", plain) is None
     assert taught("codellama", plain) is FAMILIES["codellama"]
     with pytest.raises(ValueError, match="completion.fim must be"):
