@@ -176,7 +176,8 @@ def fim_of(args):
     the text before the cursor only."""
     from context.fim import resolve
 
-    return resolve(args.fim, ()) if args.fim else None
+    setting = getattr(args, "fim", "")
+    return resolve(setting, ()) if setting else None
 
 
 def _git(root: Path, *args: str) -> str:
