@@ -395,9 +395,8 @@ class ModelRuntime:
         if self.tokenizer.eos_token_id is not None:
             self._eos_ids.add(self.tokenizer.eos_token_id)
         # A code model's fill-in-the-middle format: its end markers (a next file's separator, the
-        # padding token) end every answer too; decoded text never shows them to stop on.
-        # A file separator that is a special token ends an answer whatever the format (the taught
-        # one's marker, `context.fim.TAUGHT_TEMPLATE`, is one).
+        # padding token) end every answer too, and so does a file separator that is a special token
+        # whatever the format (the taught one's marker); decoded text never shows them to stop on.
         self.fim_format = detect_fim(special_tokens_of(self.tokenizer))
         vocab = self.tokenizer.get_vocab()
         stops = set(self.fim_format.stops if self.fim_format is not None else ())

@@ -228,7 +228,7 @@ def _task(path, text, position: Position, *, symbols, codec, completion, squid, 
     helps = any(_defines(doc.text, name) for doc in documents for name in code_names)
     if require_reference and not helps:
         return None
-    served = ServedPrompt.build(codec, ctx, completion, fim, after=document[offset:])
+    served = ServedPrompt.build(codec, ctx, completion, fim, after=document[offset:] if fim else "")
     references = tuple(
         ReferenceIdentity(token_hash(ids), doc.source, len(ids), doc.text)
         for doc in documents
